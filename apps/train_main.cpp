@@ -1,0 +1,61 @@
+// shardgan-train: mpirun -np N shardgan-train config.yaml [--set key=value ...] [--resume DIR]
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "shardgan/comm/factory.h"
+#include "shardgan/train/config.h"
+#include "shardgan/train/trainer.h"
+#include "shardgan/util/log.h"
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+
+  CLI::App app{"shardgan-train: ZeRO-sharded GAN training (run under mpirun or srun)"};
+  std::string config_path, resume;
+  std::vector<std::string> overrides;
+  app.add_option("config", config_path, "YAML config file (see configs/)")->required();
+  app.add_option("--set", overrides, "override a config key, e.g. --set train.steps=200");
+  app.add_option("--resume", resume, "continue from a checkpoint, checkpoints folder or run dir");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Parse by hand so that help and errors print once and MPI is finalized.
+    int code = rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
+    MPI_Finalize();
+    return code;
+  }
+
+  try {
+    shardgan::TrainConfig cfg = shardgan::load_config(config_path, overrides);
+    shardgan::init_logging(rank, cfg.run_dir);
+    auto [local_rank, local_size] = shardgan::local_rank_and_size(MPI_COMM_WORLD);
+    const int cores = std::max(1u, std::thread::hardware_concurrency());
+    const int threads = cfg.threads > 0 ? static_cast<int>(cfg.threads) : std::max(1, cores / local_size);
+    torch::set_num_threads(threads);
+    torch::set_num_interop_threads(1);
+    auto comm = shardgan::make_communicator(cfg.backend, MPI_COMM_WORLD, cfg.timeout_s);
+    if (rank == 0) spdlog::info("config {} ({} threads per rank, local rank {} of {})", config_path, threads, local_rank, local_size);
+    shardgan::Trainer trainer(cfg, *comm);
+    if (!resume.empty()) trainer.resume(resume);
+    trainer.run();
+    comm->barrier();
+  } catch (const std::exception& e) {
+    // Library code throws; here we end the job on every rank so that no peer hangs.
+    std::fprintf(stderr, "shardgan-train: error on rank %d: %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,69 @@
+#pragma once
+/// A small RAII layer over the HDF5 C API (serial; one file per rank). Every C call is
+/// checked; a failure throws H5Error with the file, the object path and HDF5's own
+/// error stack. Torch-free: data moves as raw buffers with an explicit DType.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace shardgan::h5 {
+
+class H5Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Element types stored on disk (little-endian IEEE / two's complement).
+enum class DType { kF32, kF64, kI64, kU8 };
+int64_t dtype_bytes(DType t);
+const char* dtype_name(DType t);
+
+class File {
+ public:
+  /// Creates (truncating) `path` for writing. Throws H5Error naming the path.
+  static File create(const std::string& path);
+  /// Opens `path` read-only. Throws H5Error naming the path if missing or not HDF5.
+  static File open_read(const std::string& path);
+
+  File(File&& o) noexcept;
+  File& operator=(File&& o) noexcept;
+  File(const File&) = delete;
+  ~File();
+
+  /// Writes a contiguous dataset at `path` ("a/b/c"; groups are created as needed).
+  /// `shape` in elements; `data` holds product(shape) elements of `dt`.
+  void write(const std::string& path, DType dt, const std::vector<int64_t>& shape,
+             const void* data);
+  /// Reads dataset `path` into `out`, which must hold `numel` elements of `dt`. Throws
+  /// H5Error if the dataset is missing or its element count or type class differs.
+  void read(const std::string& path, DType dt, void* out, int64_t numel) const;
+  /// Shape of dataset `path` (elements per dimension).
+  std::vector<int64_t> shape(const std::string& path) const;
+  bool exists(const std::string& path) const;
+
+  /// Attributes on the object at `obj` ("/" for the root), overwritten if present.
+  void set_attr(const std::string& obj, const std::string& name, int64_t v);
+  void set_attr(const std::string& obj, const std::string& name, double v);
+  void set_attr(const std::string& obj, const std::string& name, const std::string& v);
+  int64_t attr_int(const std::string& obj, const std::string& name) const;
+  double attr_double(const std::string& obj, const std::string& name) const;
+  std::string attr_string(const std::string& obj, const std::string& name) const;
+
+  /// Flushes HDF5's buffers to the OS (pair with an fsync of the file for durability).
+  void flush();
+  /// Closes the file now (the destructor does it too, without throwing).
+  void close();
+  const std::string& path() const { return path_; }
+
+ private:
+  File(int64_t id, std::string path) : id_(id), path_(std::move(path)) {}
+  int64_t id_ = -1;
+  std::string path_;
+};
+
+/// fsyncs a file or directory so that a rename after it is durable. Throws
+/// std::runtime_error naming the path.
+void fsync_path(const std::string& path);
+
+}  // namespace shardgan::h5

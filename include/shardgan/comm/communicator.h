@@ -1,0 +1,95 @@
+#pragma once
+/// Collective communication over torch tensors: the one interface the sharding engine uses.
+///
+/// Contract (as in c10d): every method here is a collective. All ranks of the communicator
+/// call the same collectives in the same order with matching sizes and dtypes. Each call
+/// blocks until it completes or until `timeout_s` elapses; a timeout throws
+/// CollectiveTimeout, and the program's main() must then end the job on every rank
+/// (MPI_Abort), since the peers may be stuck inside the same collective.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+namespace shardgan {
+
+/// Default collective timeout: 10 minutes, as in torch.distributed.
+inline constexpr double kDefaultCollectiveTimeoutS = 600.0;
+
+enum class ReduceOp { kSum, kAvg, kMax };
+
+const char* to_string(ReduceOp op);
+
+/// Thrown when a collective fails (a library error, or mismatched arguments).
+/// The message names the operation, the rank and the sizes.
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Thrown when a collective does not complete within the communicator's timeout:
+/// a peer never joined, or died.
+class CollectiveTimeout : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
+
+/// Counters of what a communicator moved, per collective type (bytes this rank sent and
+/// received, as the algorithm-independent volume: see the ZeRO paper, Sec. 7).
+struct CommStats {
+  int64_t all_gather_calls = 0, reduce_scatter_calls = 0, all_reduce_calls = 0,
+          broadcast_calls = 0, barrier_calls = 0;
+  int64_t all_gather_bytes = 0;      ///< bytes of the full (gathered) output, per call summed
+  int64_t reduce_scatter_bytes = 0;  ///< bytes of the full (unreduced) input, per call summed
+  int64_t all_reduce_bytes = 0;      ///< bytes of the reduced tensor, per call summed
+  int64_t broadcast_bytes = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  /// This process's rank in [0, world_size()).
+  virtual int rank() const = 0;
+  /// Number of ranks in the communicator.
+  virtual int world_size() const = 0;
+  /// "mpi" or "nccl".
+  virtual std::string backend() const = 0;
+
+  /// Collective. Concatenates every rank's `shard` into `full`, in rank order.
+  /// `shard`: contiguous 1-D, numel S. `full`: contiguous 1-D, numel S * world_size(),
+  /// same dtype and device. Supported dtypes: float32, float64, bfloat16, float16 (and
+  /// uint8/int64 for bookkeeping). Throws CollectiveError on a size/dtype mismatch.
+  virtual void all_gather(at::Tensor& full, const at::Tensor& shard) = 0;
+
+  /// Collective. Reduces `full` (contiguous 1-D, numel S * world_size()) element-wise across
+  /// ranks and writes block `rank()` of the result into `shard` (contiguous 1-D, numel S).
+  /// 16-bit floats are reduced in float32 and rounded once.
+  virtual void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) = 0;
+
+  /// Collective. Reduces `t` (contiguous, any shape) in place across ranks.
+  virtual void all_reduce(at::Tensor& t, ReduceOp op) = 0;
+
+  /// Collective. Copies `t` (contiguous) from rank `root` to every rank, in place.
+  virtual void broadcast(at::Tensor& t, int root) = 0;
+
+  /// Collective. Returns once every rank has entered it.
+  virtual void barrier() = 0;
+
+  /// Seconds a collective may take before it throws CollectiveTimeout.
+  double timeout_s() const { return timeout_s_; }
+  void set_timeout_s(double s) { timeout_s_ = s; }
+
+  /// Traffic counters since construction or the last reset (local, not a collective).
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = CommStats{}; }
+
+ protected:
+  double timeout_s_ = kDefaultCollectiveTimeoutS;
+  CommStats stats_;
+};
+
+}  // namespace shardgan

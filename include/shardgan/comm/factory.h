@@ -1,0 +1,20 @@
+#pragma once
+#include <memory>
+#include <string>
+
+#include <mpi.h>
+
+#include "shardgan/comm/communicator.h"
+
+namespace shardgan {
+
+/// Builds the communicator for `backend` ("mpi" or "nccl") over `comm` (collective over
+/// `comm`: NCCL's bootstrap broadcasts its unique id). Throws std::invalid_argument for an
+/// unknown backend, or for "nccl" in a build without CUDA and NCCL.
+std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
+                                                double timeout_s);
+
+/// Rank of this process among the ranks on its node (MPI_Comm_split_type), and their count.
+std::pair<int, int> local_rank_and_size(MPI_Comm comm);
+
+}  // namespace shardgan

@@ -1,0 +1,40 @@
+#pragma once
+/// MPI backend of Communicator for CPU tensors (Open MPI, MPI-3 non-blocking collectives).
+#include <mpi.h>
+
+#include "shardgan/comm/communicator.h"
+
+namespace shardgan {
+
+/// Runs each collective as an MPI-3 non-blocking call (MPI_Iallgather, ...) and polls it
+/// with MPI_Test until it completes or timeout_s() passes, so that a peer that never joins
+/// raises CollectiveTimeout instead of hanging. bfloat16 and float16 are reduced by
+/// converting to float32, reducing, and rounding back once. Tensors must be on the CPU.
+class MpiCommunicator final : public Communicator {
+ public:
+  /// `comm` is not duplicated or freed; it must outlive this object (MPI_COMM_WORLD,
+  /// MPI_COMM_SELF, or a communicator the caller owns). MPI must be initialized.
+  explicit MpiCommunicator(MPI_Comm comm, double timeout_s = kDefaultCollectiveTimeoutS);
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string backend() const override { return "mpi"; }
+
+  void all_gather(at::Tensor& full, const at::Tensor& shard) override;
+  void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
+  void all_reduce(at::Tensor& t, ReduceOp op) override;
+  void broadcast(at::Tensor& t, int root) override;
+  void barrier() override;
+
+  MPI_Comm comm() const { return comm_; }
+
+ private:
+  /// Waits for `req`; throws CollectiveTimeout naming `what` after timeout_s().
+  void wait(MPI_Request& req, const std::string& what);
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int world_size_ = 1;
+};
+
+}  // namespace shardgan

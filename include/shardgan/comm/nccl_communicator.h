@@ -1,0 +1,77 @@
+#pragma once
+/// NCCL backend of Communicator for CUDA tensors (one GPU per process).
+///
+/// This header deliberately includes no CUDA or NCCL header (the state is behind a pimpl),
+/// so code built without CUDA can include it. The implementation is compiled only when
+/// CMake finds CUDA and NCCL (SHARDGAN_HAVE_NCCL).
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "shardgan/comm/communicator.h"
+
+namespace shardgan {
+
+/// Runs each collective on a dedicated non-blocking CUDA stream of a non-blocking NCCL
+/// communicator, and polls it until it completes or timeout_s() passes, so that a peer that
+/// never joins raises CollectiveTimeout instead of hanging; the communicator is then aborted
+/// and every later call throws CollectiveError.
+///
+/// Ordering: each collective first waits (on the GPU, not the host) for all work queued so
+/// far on the legacy default CUDA stream (stream 0), and returns only once the collective has
+/// finished, so results are ready for any stream afterwards.
+///
+/// Tensors: contiguous CUDA tensors on device `device_index`. Supported dtypes: float32,
+/// float64, bfloat16, float16 (and uint8/int32/int64 for bookkeeping). As in the MPI backend,
+/// bfloat16/float16 reductions are done in float32 and rounded once (a float32 temporary of
+/// the tensor's size is allocated on the device).
+///
+/// Errors: a validation failure (undefined, non-contiguous, non-CUDA or wrong-device tensor,
+/// mismatched size/dtype, bad root, unsupported dtype) or any CUDA/NCCL error throws
+/// CollectiveError naming the operation, rank, and the library's error string; a timeout
+/// throws CollectiveTimeout. Every method except the accessors is a collective.
+class NcclCommunicator final : public Communicator {
+ public:
+  /// Collective over `bootstrap`: rank 0 creates the NCCL unique id and broadcasts it with
+  /// MPI_Bcast; every rank then selects CUDA device `device_index` (cudaSetDevice, left set
+  /// on return) and joins the NCCL communicator, whose rank and size are those of
+  /// `bootstrap`. `bootstrap` is used only here (not kept). MPI must be initialized.
+  /// Throws CollectiveError on an MPI/CUDA/NCCL error, CollectiveTimeout if the NCCL
+  /// initialization does not finish within `timeout_s` seconds.
+  NcclCommunicator(MPI_Comm bootstrap, int device_index,
+                   double timeout_s = kDefaultCollectiveTimeoutS);
+  /// Aborts (never destroys: that can block on a dead peer) the NCCL communicator and frees
+  /// the stream, events and buffer. Does not throw.
+  ~NcclCommunicator() override;
+
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string backend() const override { return "nccl"; }
+  /// The CUDA device this communicator runs on.
+  int device_index() const { return device_index_; }
+
+  /// See Communicator::all_gather. `shard`: numel S, `full`: numel S * world_size(),
+  /// both contiguous CUDA tensors on device_index() with equal dtypes. Runs ncclAllGather.
+  void all_gather(at::Tensor& full, const at::Tensor& shard) override;
+  /// See Communicator::reduce_scatter. Shapes as in all_gather. Runs ncclReduceScatter.
+  void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
+  /// See Communicator::all_reduce. `t`: contiguous CUDA tensor, any shape. ncclAllReduce.
+  void all_reduce(at::Tensor& t, ReduceOp op) override;
+  /// See Communicator::broadcast. `t`: contiguous CUDA tensor; `root` in [0, world_size()).
+  void broadcast(at::Tensor& t, int root) override;
+  /// See Communicator::barrier: an all-reduce of one float on the device.
+  void barrier() override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  int device_index_ = 0;
+};
+
+}  // namespace shardgan

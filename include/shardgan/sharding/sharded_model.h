@@ -1,0 +1,74 @@
+#pragma once
+/// A model split into sharding units that run in sequence (FSDP-style explicit wrapping:
+/// the LibTorch C++ frontend has no module forward hooks, so units are wrapped by hand).
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardgan/sharding/sharded_unit.h"
+
+namespace shardgan {
+
+/// Bytes one rank holds for a model's training state, as the sharding layer counts them.
+struct MemoryStats {
+  int64_t param_shard_bytes = 0;      ///< persistent parameter shards (all units)
+  int64_t grad_shard_bytes = 0;       ///< averaged gradient shards
+  int64_t optimizer_state_bytes = 0;  ///< filled in by the optimizer (ShardedAdam)
+  int64_t full_param_bytes_alive = 0; ///< gathered full parameters right now
+  int64_t peak_full_param_bytes = 0;  ///< most gathered bytes alive at once so far
+  int64_t padding_elements = 0;       ///< pad elements this rank holds in its shards
+  /// Parameter shards + gradient shards + optimizer state (the "model states" of ZeRO).
+  int64_t model_state_bytes() const {
+    return param_shard_bytes + grad_shard_bytes + optimizer_state_bytes;
+  }
+};
+
+class ShardedModel {
+ public:
+  /// `name` is "generator" or "discriminator" in the trainer; it prefixes log messages
+  /// and checkpoint paths. `comm` must outlive the model.
+  ShardedModel(std::string name, Communicator& comm, ShardingConfig cfg);
+  ~ShardedModel();
+
+  /// Adds a unit (call in forward order, identically on every rank).
+  ShardedUnit& add_unit(std::string unit_name, std::shared_ptr<torch::nn::Module> module,
+                        ShardedUnit::Forward forward);
+
+  /// Collective (stage 3: one all-gather per unit). Runs the units in order.
+  at::Tensor forward(at::Tensor x);
+
+  /// Local: freezes or unfreezes every parameter (BigGAN's frozen D during the G step).
+  void set_requires_grad(bool on);
+  /// Local: zeroes every unit's gradient shard.
+  void zero_grad();
+  /// Local: train or eval mode on every unit's module.
+  void train(bool on);
+
+  /// Collective at stage 3: every parameter, full and unsharded, as (qualified name, tensor).
+  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
+  /// Local: the modules' buffers (e.g. BatchNorm running stats), replicated on all ranks.
+  std::vector<std::pair<std::string, at::Tensor>> named_buffers();
+
+  /// Local accounting of this rank's bytes (optimizer_state_bytes left 0).
+  MemoryStats memory_stats() const;
+
+  const std::string& name() const { return name_; }
+  const ShardingConfig& config() const { return cfg_; }
+  Communicator& comm() { return comm_; }
+  std::vector<std::unique_ptr<ShardedUnit>>& units() { return units_; }
+
+  // Called by units from autograd hooks. Not for users.
+  void on_unit_gathered();
+  void ensure_backward_callback();
+
+ private:
+  std::string name_;
+  Communicator& comm_;
+  ShardingConfig cfg_;
+  std::vector<std::unique_ptr<ShardedUnit>> units_;
+  bool callback_queued_ = false;
+  int64_t peak_full_bytes_ = 0;
+};
+
+}  // namespace shardgan

@@ -1,0 +1,58 @@
+#pragma once
+/// The training configuration: a YAML file (yaml-cpp) plus `--set key=value` overrides.
+/// Keys are dotted paths ("train.steps"); configs/fmnist-dcgan.yaml lists them all.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "shardgan/optim/sharded_adam.h"
+#include "shardgan/sharding/sharded_unit.h"
+#include "shardgan/train/dcgan.h"
+
+namespace shardgan {
+
+/// A bad config: the message names the file and the key, and says what is accepted.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainConfig {
+  std::string source;        ///< the YAML file it came from (for messages)
+  std::string resolved_yaml; ///< every key with its final value, stored in checkpoints
+
+  std::string run_dir = "runs/fmnist-dcgan";  ///< run.dir: samples, metrics, checkpoints
+  uint64_t seed = 1234;                       ///< run.seed
+
+  std::string data_source = "fashion-mnist";  ///< data.source: fashion-mnist | synthetic
+  std::string data_path = "/usr/share/datasets/fashion-mnist";  ///< data.path
+  int64_t synthetic_size = 240;               ///< data.synthetic_size (images)
+
+  int64_t steps = 600;            ///< train.steps: total optimizer steps (each D then G)
+  int64_t global_batch = 64;      ///< train.global_batch, split evenly over ranks
+  int64_t log_every = 10;         ///< train.log_every (steps)
+  int64_t sample_every = 100;     ///< train.sample_every (steps; 0 = only at the end)
+  int64_t checkpoint_every = 200; ///< train.checkpoint_every (steps; 0 = only at the end)
+  int64_t threads = 0;            ///< train.threads per rank (0 = cores / local ranks)
+
+  DcganConfig model;              ///< model.{dtype,z_dim,g_width,d_width}
+  ShardingConfig g_sharding;      ///< sharding.generator.{stage,reshard_after_forward}
+  ShardingConfig d_sharding;      ///< sharding.discriminator.{...}
+  AdamConfig g_optim;             ///< optim.generator.{lr,beta1,beta2,eps}
+  AdamConfig d_optim;             ///< optim.discriminator.{...}
+
+  std::string backend = "mpi";    ///< dist.backend: mpi | nccl
+  double timeout_s = 600.0;       ///< dist.timeout_s: per collective (seconds)
+};
+
+/// Reads `path` and applies `overrides` ("key=value", e.g. "train.steps=200"). Throws
+/// ConfigError naming the file and key for a missing file, a YAML syntax error, an unknown
+/// key, or a value of the wrong type or out of range.
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
+
+/// The same from YAML text; `source` names it in messages.
+TrainConfig parse_config(const std::string& yaml_text, const std::string& source,
+                         const std::vector<std::string>& overrides);
+
+}  // namespace shardgan

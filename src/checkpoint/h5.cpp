@@ -1,0 +1,253 @@
+#include "shardgan/checkpoint/h5.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <hdf5.h>
+
+namespace shardgan::h5 {
+namespace {
+
+// Collects HDF5's error stack into a string (instead of letting it print to stderr).
+herr_t walk(unsigned n, const H5E_error2_t* e, void* data) {
+  auto* s = static_cast<std::string*>(data);
+  *s += "\n  #" + std::to_string(n) + " " + (e->func_name ? e->func_name : "?") + ": " +
+        (e->desc ? e->desc : "");
+  return 0;
+}
+
+[[noreturn]] void fail(const std::string& what) {
+  std::string stack;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk, &stack);
+  H5Eclear2(H5E_DEFAULT);
+  throw H5Error(what + (stack.empty() ? "" : "; HDF5 says:" + stack));
+}
+
+hid_t check(hid_t id, const std::string& what) {
+  if (id < 0) fail(what);
+  return id;
+}
+
+void check_status(herr_t st, const std::string& what) {
+  if (st < 0) fail(what);
+}
+
+struct Handle {  // closes any hid_t with the given closer
+  hid_t id;
+  herr_t (*closer)(hid_t);
+  ~Handle() {
+    if (id >= 0) closer(id);
+  }
+};
+
+hid_t mem_type(DType t) {
+  switch (t) {
+    case DType::kF32: return H5T_NATIVE_FLOAT;
+    case DType::kF64: return H5T_NATIVE_DOUBLE;
+    case DType::kI64: return H5T_NATIVE_INT64;
+    case DType::kU8: return H5T_NATIVE_UINT8;
+  }
+  return H5T_NATIVE_UINT8;
+}
+
+hid_t file_type(DType t) {
+  switch (t) {
+    case DType::kF32: return H5T_IEEE_F32LE;
+    case DType::kF64: return H5T_IEEE_F64LE;
+    case DType::kI64: return H5T_STD_I64LE;
+    case DType::kU8: return H5T_STD_U8LE;
+  }
+  return H5T_STD_U8LE;
+}
+
+struct SilenceAuto {  // we report errors ourselves
+  SilenceAuto() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+};
+const SilenceAuto silence_auto;
+
+}  // namespace
+
+int64_t dtype_bytes(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kF64: return 8;
+    case DType::kI64: return 8;
+    case DType::kU8: return 1;
+  }
+  return 1;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "float32";
+    case DType::kF64: return "float64";
+    case DType::kI64: return "int64";
+    case DType::kU8: return "uint8";
+  }
+  return "?";
+}
+
+File File::create(const std::string& path) {
+  hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (id < 0) fail("cannot create HDF5 file '" + path + "'");
+  return File(id, path);
+}
+
+File File::open_read(const std::string& path) {
+  hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (id < 0) fail("cannot open HDF5 file '" + path + "' (missing, truncated or not HDF5)");
+  return File(id, path);
+}
+
+File::File(File&& o) noexcept : id_(o.id_), path_(std::move(o.path_)) { o.id_ = -1; }
+
+File& File::operator=(File&& o) noexcept {
+  if (this != &o) {
+    if (id_ >= 0) H5Fclose(id_);
+    id_ = o.id_;
+    path_ = std::move(o.path_);
+    o.id_ = -1;
+  }
+  return *this;
+}
+
+File::~File() {
+  if (id_ >= 0) H5Fclose(id_);
+}
+
+void File::close() {
+  if (id_ < 0) return;
+  hid_t id = id_;
+  id_ = -1;
+  check_status(H5Fclose(id), path_ + ": close failed");
+}
+
+void File::flush() { check_status(H5Fflush(id_, H5F_SCOPE_GLOBAL), path_ + ": flush failed"); }
+
+void File::write(const std::string& path, DType dt, const std::vector<int64_t>& shape,
+                 const void* data) {
+  const std::string where = path_ + ":/" + path;
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Handle space{check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                     where + ": bad shape"), H5Sclose};
+  Handle lcpl{check(H5Pcreate(H5P_LINK_CREATE), where), H5Pclose};
+  check_status(H5Pset_create_intermediate_group(lcpl.id, 1), where);
+  Handle ds{check(H5Dcreate2(id_, path.c_str(), file_type(dt), space.id, lcpl.id, H5P_DEFAULT,
+                             H5P_DEFAULT), where + ": cannot create dataset"), H5Dclose};
+  check_status(H5Dwrite(ds.id, mem_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
+               where + ": write failed");
+}
+
+std::vector<int64_t> File::shape(const std::string& path) const {
+  const std::string where = path_ + ":/" + path;
+  Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
+  Handle space{check(H5Dget_space(ds.id), where), H5Sclose};
+  int nd = H5Sget_simple_extent_ndims(space.id);
+  std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 0)));
+  H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+  return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+void File::read(const std::string& path, DType dt, void* out, int64_t numel) const {
+  const std::string where = path_ + ":/" + path;
+  int64_t n = 1;
+  for (int64_t d : shape(path)) n *= d;
+  if (n != numel) {
+    throw H5Error(where + ": holds " + std::to_string(n) + " elements, expected " +
+                  std::to_string(numel) + " (checkpoint from a different model or config?)");
+  }
+  Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
+  Handle ft{check(H5Dget_type(ds.id), where), H5Tclose};
+  if (H5Tget_class(ft.id) != H5Tget_class(mem_type(dt))) {
+    throw H5Error(where + ": stored type class differs from the expected " + dtype_name(dt));
+  }
+  check_status(H5Dread(ds.id, mem_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, out),
+               where + ": read failed (corrupt or truncated file?)");
+}
+
+bool File::exists(const std::string& path) const {
+  // Check each prefix: H5Lexists fails on a missing intermediate group.
+  size_t pos = 0;
+  while (true) {
+    pos = path.find('/', pos + 1);
+    std::string prefix = path.substr(0, pos);
+    if (H5Lexists(id_, prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (pos == std::string::npos) return true;
+  }
+}
+
+namespace {
+
+void write_attr(hid_t file, const std::string& fpath, const std::string& obj,
+                const std::string& name, hid_t type, const void* v) {
+  const std::string where = fpath + ":" + obj + "@" + name;
+  if (H5Aexists_by_name(file, obj.c_str(), name.c_str(), H5P_DEFAULT) > 0) {
+    check_status(H5Adelete_by_name(file, obj.c_str(), name.c_str(), H5P_DEFAULT), where);
+  }
+  Handle space{check(H5Screate(H5S_SCALAR), where), H5Sclose};
+  Handle a{check(H5Acreate_by_name(file, obj.c_str(), name.c_str(), type, space.id, H5P_DEFAULT,
+                                   H5P_DEFAULT, H5P_DEFAULT), where + ": cannot create attribute"),
+           H5Aclose};
+  check_status(H5Awrite(a.id, type, v), where);
+}
+
+hid_t open_attr(hid_t file, const std::string& fpath, const std::string& obj,
+                const std::string& name) {
+  hid_t a = H5Aopen_by_name(file, obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT);
+  if (a < 0) fail(fpath + ":" + obj + "@" + name + ": missing attribute");
+  return a;
+}
+
+}  // namespace
+
+void File::set_attr(const std::string& obj, const std::string& name, int64_t v) {
+  write_attr(id_, path_, obj, name, H5T_NATIVE_INT64, &v);
+}
+
+void File::set_attr(const std::string& obj, const std::string& name, double v) {
+  write_attr(id_, path_, obj, name, H5T_NATIVE_DOUBLE, &v);
+}
+
+void File::set_attr(const std::string& obj, const std::string& name, const std::string& v) {
+  Handle t{check(H5Tcopy(H5T_C_S1), path_), H5Tclose};
+  check_status(H5Tset_size(t.id, std::max<size_t>(1, v.size())), path_);
+  check_status(H5Tset_cset(t.id, H5T_CSET_UTF8), path_);
+  std::string buf = v.empty() ? std::string(1, '\0') : v;
+  write_attr(id_, path_, obj, name, t.id, buf.data());
+}
+
+int64_t File::attr_int(const std::string& obj, const std::string& name) const {
+  Handle a{open_attr(id_, path_, obj, name), H5Aclose};
+  int64_t v = 0;
+  check_status(H5Aread(a.id, H5T_NATIVE_INT64, &v), path_ + ":" + obj + "@" + name);
+  return v;
+}
+
+double File::attr_double(const std::string& obj, const std::string& name) const {
+  Handle a{open_attr(id_, path_, obj, name), H5Aclose};
+  double v = 0;
+  check_status(H5Aread(a.id, H5T_NATIVE_DOUBLE, &v), path_ + ":" + obj + "@" + name);
+  return v;
+}
+
+std::string File::attr_string(const std::string& obj, const std::string& name) const {
+  Handle a{open_attr(id_, path_, obj, name), H5Aclose};
+  Handle t{check(H5Aget_type(a.id), path_), H5Tclose};
+  size_t n = H5Tget_size(t.id);
+  std::string s(n, '\0');
+  check_status(H5Aread(a.id, t.id, s.data()), path_ + ":" + obj + "@" + name);
+  s.resize(strnlen(s.data(), n));
+  return s;
+}
+
+void fsync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error("cannot open '" + path + "' to fsync it");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw std::runtime_error("fsync of '" + path + "' failed");
+}
+
+}  // namespace shardgan::h5

@@ -1,0 +1,37 @@
+#include "shardgan/comm/factory.h"
+
+#include <stdexcept>
+
+#include "shardgan/comm/mpi_communicator.h"
+#ifdef SHARDGAN_HAVE_NCCL
+#include "shardgan/comm/nccl_communicator.h"
+#endif
+
+namespace shardgan {
+
+std::pair<int, int> local_rank_and_size(MPI_Comm comm) {
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int r = 0, n = 1;
+  MPI_Comm_rank(node, &r);
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return {r, n};
+}
+
+std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
+                                                double timeout_s) {
+  if (backend == "mpi") return std::make_unique<MpiCommunicator>(comm, timeout_s);
+  if (backend == "nccl") {
+#ifdef SHARDGAN_HAVE_NCCL
+    return std::make_unique<NcclCommunicator>(comm, local_rank_and_size(comm).first, timeout_s);
+#else
+    throw std::invalid_argument(
+        "dist.backend 'nccl': this build has no NCCL backend (CUDA and NCCL were not found "
+        "at configure time). Use dist.backend=mpi or rebuild with CUDA and NCCL");
+#endif
+  }
+  throw std::invalid_argument("dist.backend '" + backend + "': expected mpi or nccl");
+}
+
+}  // namespace shardgan

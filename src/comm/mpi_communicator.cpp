@@ -1,0 +1,181 @@
+#include "shardgan/comm/mpi_communicator.h"
+
+#include <chrono>
+#include <sstream>
+#include <thread>
+
+#include <torch/torch.h>
+
+namespace shardgan {
+namespace {
+
+MPI_Datatype mpi_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return MPI_FLOAT;
+    case at::kDouble: return MPI_DOUBLE;
+    case at::kLong: return MPI_INT64_T;
+    case at::kInt: return MPI_INT32_T;
+    case at::kByte: return MPI_UINT8_T;
+    // 16-bit floats travel as raw 16-bit words; reductions upcast first.
+    case at::kBFloat16:
+    case at::kHalf: return MPI_UINT16_T;
+    default:
+      throw CollectiveError(std::string("MPI backend: unsupported dtype ") + c10::toString(t));
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return MPI_SUM;  // kAvg divides afterwards
+    case ReduceOp::kMax: return MPI_MAX;
+  }
+  return MPI_SUM;
+}
+
+bool is_16bit_float(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+void check_cpu_contiguous(const at::Tensor& t, const char* op, const char* arg, int rank) {
+  if (!t.defined() || !t.is_contiguous() || !t.device().is_cpu()) {
+    std::ostringstream s;
+    s << op << " on rank " << rank << ": argument '" << arg
+      << "' must be a defined, contiguous CPU tensor (the MPI backend handles CPU tensors only)";
+    throw CollectiveError(s.str());
+  }
+}
+
+std::string describe(const char* op, int rank, int world, const at::Tensor& t) {
+  std::ostringstream s;
+  s << op << " (rank " << rank << " of " << world << ", numel " << t.numel() << ", dtype "
+    << c10::toString(t.scalar_type()) << ", " << t.numel() * t.element_size() << " bytes)";
+  return s.str();
+}
+
+}  // namespace
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+  }
+  return "?";
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s) : comm_(comm) {
+  timeout_s_ = timeout_s;
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &world_size_);
+}
+
+void MpiCommunicator::wait(MPI_Request& req, const std::string& what) {
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s_);
+  // Spin briefly, then back off to sleeping: ranks are often oversubscribed on few cores.
+  auto nap = std::chrono::microseconds(0);
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      char msg[MPI_MAX_ERROR_STRING];
+      int len = 0;
+      MPI_Error_string(rc, msg, &len);
+      throw CollectiveError(what + " failed: " + std::string(msg, len));
+    }
+    if (done) return;
+    if (clock::now() > deadline) {
+      std::ostringstream s;
+      s << what << " timed out after " << timeout_s_
+        << " s: a peer rank never joined or died. HINT: check that every rank calls the "
+           "same collectives in the same order, or raise dist.timeout_s";
+      throw CollectiveTimeout(s.str());
+    }
+    if (polls > 64) {
+      nap = std::min(std::chrono::microseconds(1000), nap + std::chrono::microseconds(20));
+      std::this_thread::sleep_for(nap);
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+void MpiCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
+  check_cpu_contiguous(full, "all_gather", "full", rank_);
+  check_cpu_contiguous(shard, "all_gather", "shard", rank_);
+  if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
+    std::ostringstream s;
+    s << "all_gather on rank " << rank_ << ": full numel " << full.numel() << " must be shard numel "
+      << shard.numel() << " x world size " << world_size_ << " with equal dtypes";
+    throw CollectiveError(s.str());
+  }
+  stats_.all_gather_calls++;
+  stats_.all_gather_bytes += full.numel() * full.element_size();
+  MPI_Datatype dt = mpi_type(shard.scalar_type());
+  MPI_Request req;
+  MPI_Iallgather(shard.data_ptr(), static_cast<int>(shard.numel()), dt, full.data_ptr(),
+                 static_cast<int>(shard.numel()), dt, comm_, &req);
+  wait(req, describe("all_gather", rank_, world_size_, full));
+}
+
+void MpiCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {
+  check_cpu_contiguous(full, "reduce_scatter", "full", rank_);
+  check_cpu_contiguous(shard, "reduce_scatter", "shard", rank_);
+  if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
+    std::ostringstream s;
+    s << "reduce_scatter on rank " << rank_ << ": full numel " << full.numel()
+      << " must be shard numel " << shard.numel() << " x world size " << world_size_
+      << " with equal dtypes";
+    throw CollectiveError(s.str());
+  }
+  stats_.reduce_scatter_calls++;
+  stats_.reduce_scatter_bytes += full.numel() * full.element_size();
+  const bool up = is_16bit_float(full);
+  at::Tensor in = up ? full.to(at::kFloat) : full;
+  at::Tensor out = up ? at::empty({shard.numel()}, in.options()) : shard;
+  MPI_Datatype dt = mpi_type(in.scalar_type());
+  MPI_Request req;
+  MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), static_cast<int>(out.numel()), dt,
+                            mpi_op(op), comm_, &req);
+  wait(req, describe("reduce_scatter", rank_, world_size_, full));
+  if (op == ReduceOp::kAvg) out.div_(world_size_);
+  if (up) shard.copy_(out);
+}
+
+void MpiCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
+  check_cpu_contiguous(t, "all_reduce", "t", rank_);
+  stats_.all_reduce_calls++;
+  stats_.all_reduce_bytes += t.numel() * t.element_size();
+  const bool up = is_16bit_float(t);
+  at::Tensor buf = up ? t.to(at::kFloat) : t;
+  MPI_Request req;
+  MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), static_cast<int>(buf.numel()),
+                 mpi_type(buf.scalar_type()), mpi_op(op), comm_, &req);
+  wait(req, describe("all_reduce", rank_, world_size_, t));
+  if (op == ReduceOp::kAvg) buf.div_(world_size_);
+  if (up) t.copy_(buf);
+}
+
+void MpiCommunicator::broadcast(at::Tensor& t, int root) {
+  check_cpu_contiguous(t, "broadcast", "t", rank_);
+  if (root < 0 || root >= world_size_) {
+    throw CollectiveError("broadcast on rank " + std::to_string(rank_) + ": root " +
+                          std::to_string(root) + " is outside [0, world size)");
+  }
+  stats_.broadcast_calls++;
+  stats_.broadcast_bytes += t.numel() * t.element_size();
+  MPI_Request req;
+  MPI_Ibcast(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t.scalar_type()), root, comm_,
+             &req);
+  wait(req, describe("broadcast", rank_, world_size_, t));
+}
+
+void MpiCommunicator::barrier() {
+  stats_.barrier_calls++;
+  MPI_Request req;
+  MPI_Ibarrier(comm_, &req);
+  wait(req, "barrier (rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) + ")");
+}
+
+}  // namespace shardgan

@@ -1,0 +1,324 @@
+// NCCL backend of Communicator. Compiled only when CMake finds CUDA and NCCL
+// (SHARDGAN_HAVE_NCCL). Raw device pointers come from at::Tensor::data_ptr(); no c10::cuda.
+#include "shardgan/comm/nccl_communicator.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <sstream>
+#include <thread>
+
+#include <ATen/ATen.h>
+
+namespace shardgan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kHalf: return ncclFloat16;
+    case at::kByte: return ncclUint8;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    default:
+      throw CollectiveError(std::string("NCCL backend: unsupported dtype ") + c10::toString(t));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+bool is_16bit_float(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+void check_cuda_contiguous(const at::Tensor& t, const char* op, const char* arg, int rank,
+                           int device) {
+  if (!t.defined() || !t.is_contiguous() || !t.is_cuda() || t.get_device() != device) {
+    std::ostringstream s;
+    s << op << " on rank " << rank << ": argument '" << arg
+      << "' must be a defined, contiguous CUDA tensor on device " << device
+      << " (the NCCL backend handles CUDA tensors only)";
+    throw CollectiveError(s.str());
+  }
+}
+
+std::string describe(const char* op, int rank, int world, const at::Tensor& t) {
+  std::ostringstream s;
+  s << op << " (rank " << rank << " of " << world << ", numel " << t.numel() << ", dtype "
+    << c10::toString(t.scalar_type()) << ", " << t.numel() * t.element_size() << " bytes)";
+  return s.str();
+}
+
+/// Now + `seconds`, clamped to a year so that a huge timeout cannot overflow.
+Clock::time_point deadline_after(double seconds) {
+  const double s = std::min(std::max(seconds, 0.0), 365.0 * 24 * 3600);
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+/// Calls `done` until it returns true (-> true) or `deadline` passes (-> false). Spins
+/// briefly, then backs off to sleeping, as the MPI backend does.
+bool poll_until(Clock::time_point deadline, const std::function<bool()>& done) {
+  auto nap = std::chrono::microseconds(0);
+  for (int polls = 0;; ++polls) {
+    if (done()) return true;
+    if (Clock::now() > deadline) return false;
+    if (polls > 64) {
+      nap = std::min(std::chrono::microseconds(1000), nap + std::chrono::microseconds(20));
+      std::this_thread::sleep_for(nap);
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+}  // namespace
+
+#define SG_NCCL_CHECK(impl, call, what) (impl).check_nccl((call), #call, __FILE__, __LINE__, (what))
+#define SG_CUDA_CHECK(impl, call, what) (impl).check_cuda((call), #call, __FILE__, __LINE__, (what))
+
+struct NcclCommunicator::Impl {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ready = nullptr;  // recorded on the legacy default stream before a collective
+  cudaEvent_t done = nullptr;   // recorded on `stream` after a collective
+  float* barrier_buf = nullptr;
+  int device = 0;
+
+  ~Impl() {
+    abort();
+    if (done) cudaEventDestroy(done);
+    if (ready) cudaEventDestroy(ready);
+    if (stream) cudaStreamDestroy(stream);
+    if (barrier_buf) cudaFree(barrier_buf);
+  }
+
+  /// Aborts the communicator (idempotent); later collectives throw CollectiveError.
+  void abort() {
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
+  }
+
+  /// ncclInProgress is not an error on a non-blocking communicator: wait_async resolves it.
+  void check_nccl(ncclResult_t r, const char* expr, const char* file, int line,
+                  const std::string& what) {
+    if (r == ncclSuccess || r == ncclInProgress) return;
+    std::ostringstream s;
+    s << file << ":" << line << ": " << what << " failed: " << expr << ": "
+      << ncclGetErrorString(r);
+    const char* last = ncclGetLastError(comm);
+    if (last && *last) s << " (" << last << ")";
+    abort();  // NCCL requires aborting a communicator after an error
+    throw CollectiveError(s.str());
+  }
+
+  void check_cuda(cudaError_t e, const char* expr, const char* file, int line,
+                  const std::string& what) {
+    if (e == cudaSuccess) return;
+    std::ostringstream s;
+    s << file << ":" << line << ": " << what << " failed: " << expr << ": "
+      << cudaGetErrorName(e) << ": " << cudaGetErrorString(e);
+    throw CollectiveError(s.str());
+  }
+
+  [[noreturn]] void timeout(const std::string& what, double timeout_s) {
+    abort();
+    std::ostringstream s;
+    s << what << " timed out after " << timeout_s
+      << " s: a peer rank never joined or died. HINT: check that every rank calls the "
+         "same collectives in the same order, or raise dist.timeout_s";
+    throw CollectiveTimeout(s.str());
+  }
+
+  /// Polls the communicator's state until it leaves ncclInProgress (init, or an enqueue).
+  void wait_async(const std::string& what, Clock::time_point deadline, double timeout_s) {
+    ncclResult_t state = ncclInProgress;
+    const bool ok = poll_until(deadline, [&] {
+      SG_NCCL_CHECK(*this, ncclCommGetAsyncError(comm, &state), what);
+      check_nccl(state, "communicator state", __FILE__, __LINE__, what);
+      return state != ncclInProgress;
+    });
+    if (!ok) timeout(what, timeout_s);
+  }
+
+  /// Runs one collective: `enqueue` issues it on `stream`, after the work already queued
+  /// on the legacy default stream; returns once it has finished on the device.
+  void run(const std::string& what, double timeout_s,
+           const std::function<ncclResult_t()>& enqueue) {
+    if (!comm) {
+      throw CollectiveError(what + " failed: the NCCL communicator was aborted after an "
+                                   "earlier error or timeout");
+    }
+    const auto deadline = deadline_after(timeout_s);
+    SG_CUDA_CHECK(*this, cudaSetDevice(device), what);
+    SG_CUDA_CHECK(*this, cudaEventRecord(ready, cudaStreamLegacy), what);
+    SG_CUDA_CHECK(*this, cudaStreamWaitEvent(stream, ready, 0), what);
+    SG_NCCL_CHECK(*this, enqueue(), what);
+    wait_async(what, deadline, timeout_s);
+    SG_CUDA_CHECK(*this, cudaEventRecord(done, stream), what);
+    const bool ok = poll_until(deadline, [&] {
+      const cudaError_t e = cudaEventQuery(done);
+      if (e == cudaSuccess) return true;
+      if (e != cudaErrorNotReady) check_cuda(e, "cudaEventQuery(done)", __FILE__, __LINE__, what);
+      ncclResult_t state = ncclSuccess;  // a peer's failure surfaces here
+      SG_NCCL_CHECK(*this, ncclCommGetAsyncError(comm, &state), what);
+      check_nccl(state, "communicator state", __FILE__, __LINE__, what);
+      return false;
+    });
+    if (!ok) timeout(what, timeout_s);
+  }
+};
+
+NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int device_index, double timeout_s)
+    : impl_(std::make_unique<Impl>()), device_index_(device_index) {
+  timeout_s_ = timeout_s;
+  MPI_Comm_rank(bootstrap, &rank_);
+  MPI_Comm_size(bootstrap, &world_size_);
+  Impl& im = *impl_;
+  im.device = device_index;
+  const std::string what = "NCCL init (rank " + std::to_string(rank_) + " of " +
+                           std::to_string(world_size_) + ", device " +
+                           std::to_string(device_index) + ")";
+  const auto deadline = deadline_after(timeout_s_);
+
+  // Rank 0 makes the unique id and broadcasts it with a success flag, so that a failure on
+  // rank 0 is an error on every rank rather than a hang in the other ranks' MPI_Bcast.
+  struct {
+    int ok;
+    ncclUniqueId id;
+  } boot{};
+  std::string rank0_error;
+  if (rank_ == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&boot.id);
+    boot.ok = r == ncclSuccess;
+    if (!boot.ok) rank0_error = ncclGetErrorString(r);
+  }
+  const int rc = MPI_Bcast(&boot, static_cast<int>(sizeof(boot)), MPI_BYTE, 0, bootstrap);
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw CollectiveError(what + " failed: MPI_Bcast of the NCCL unique id: " +
+                          std::string(msg, len));
+  }
+  if (!boot.ok) {
+    throw CollectiveError(what + " failed: ncclGetUniqueId failed on rank 0" +
+                          (rank0_error.empty() ? std::string() : ": " + rank0_error));
+  }
+
+  SG_CUDA_CHECK(im, cudaSetDevice(device_index), what);
+  SG_CUDA_CHECK(im, cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking), what);
+  SG_CUDA_CHECK(im, cudaEventCreateWithFlags(&im.ready, cudaEventDisableTiming), what);
+  SG_CUDA_CHECK(im, cudaEventCreateWithFlags(&im.done, cudaEventDisableTiming), what);
+  SG_CUDA_CHECK(im, cudaMalloc(reinterpret_cast<void**>(&im.barrier_buf), sizeof(float)), what);
+  SG_CUDA_CHECK(im, cudaMemset(im.barrier_buf, 0, sizeof(float)), what);
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // non-blocking: init and collectives can be polled with a timeout
+  SG_NCCL_CHECK(im, ncclCommInitRankConfig(&im.comm, world_size_, boot.id, rank_, &config),
+                what);
+  im.wait_async(what, deadline, timeout_s_);
+}
+
+NcclCommunicator::~NcclCommunicator() = default;  // Impl::~Impl aborts and frees; never throws
+
+void NcclCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
+  check_cuda_contiguous(full, "all_gather", "full", rank_, device_index_);
+  check_cuda_contiguous(shard, "all_gather", "shard", rank_, device_index_);
+  if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
+    std::ostringstream s;
+    s << "all_gather on rank " << rank_ << ": full numel " << full.numel() << " must be shard numel "
+      << shard.numel() << " x world size " << world_size_ << " with equal dtypes";
+    throw CollectiveError(s.str());
+  }
+  const ncclDataType_t dt = nccl_type(shard.scalar_type());
+  stats_.all_gather_calls++;
+  stats_.all_gather_bytes += full.numel() * full.element_size();
+  Impl& im = *impl_;
+  im.run(describe("all_gather", rank_, world_size_, full), timeout_s_, [&] {
+    return ncclAllGather(shard.data_ptr(), full.data_ptr(), static_cast<size_t>(shard.numel()),
+                         dt, im.comm, im.stream);
+  });
+}
+
+void NcclCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {
+  check_cuda_contiguous(full, "reduce_scatter", "full", rank_, device_index_);
+  check_cuda_contiguous(shard, "reduce_scatter", "shard", rank_, device_index_);
+  if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
+    std::ostringstream s;
+    s << "reduce_scatter on rank " << rank_ << ": full numel " << full.numel()
+      << " must be shard numel " << shard.numel() << " x world size " << world_size_
+      << " with equal dtypes";
+    throw CollectiveError(s.str());
+  }
+  nccl_type(full.scalar_type());  // reject unsupported dtypes before counting
+  stats_.reduce_scatter_calls++;
+  stats_.reduce_scatter_bytes += full.numel() * full.element_size();
+  // 16-bit floats: reduce in float32 and round once (the Communicator contract).
+  const bool up = is_16bit_float(full);
+  at::Tensor in = up ? full.to(at::kFloat) : full;
+  at::Tensor out = up ? at::empty({shard.numel()}, in.options()) : shard;
+  Impl& im = *impl_;
+  im.run(describe("reduce_scatter", rank_, world_size_, full), timeout_s_, [&] {
+    return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
+                             nccl_type(in.scalar_type()), nccl_op(op), im.comm, im.stream);
+  });
+  if (up) shard.copy_(out);
+}
+
+void NcclCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
+  check_cuda_contiguous(t, "all_reduce", "t", rank_, device_index_);
+  nccl_type(t.scalar_type());  // reject unsupported dtypes before counting
+  stats_.all_reduce_calls++;
+  stats_.all_reduce_bytes += t.numel() * t.element_size();
+  const bool up = is_16bit_float(t);
+  at::Tensor buf = up ? t.to(at::kFloat) : t;
+  Impl& im = *impl_;
+  im.run(describe("all_reduce", rank_, world_size_, t), timeout_s_, [&] {
+    return ncclAllReduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()),
+                         nccl_type(buf.scalar_type()), nccl_op(op), im.comm, im.stream);
+  });
+  if (up) t.copy_(buf);
+}
+
+void NcclCommunicator::broadcast(at::Tensor& t, int root) {
+  check_cuda_contiguous(t, "broadcast", "t", rank_, device_index_);
+  if (root < 0 || root >= world_size_) {
+    throw CollectiveError("broadcast on rank " + std::to_string(rank_) + ": root " +
+                          std::to_string(root) + " is outside [0, world size)");
+  }
+  const ncclDataType_t dt = nccl_type(t.scalar_type());
+  stats_.broadcast_calls++;
+  stats_.broadcast_bytes += t.numel() * t.element_size();
+  Impl& im = *impl_;
+  im.run(describe("broadcast", rank_, world_size_, t), timeout_s_, [&] {
+    return ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), dt, root,
+                         im.comm, im.stream);
+  });
+}
+
+void NcclCommunicator::barrier() {
+  stats_.barrier_calls++;
+  Impl& im = *impl_;
+  im.run("barrier (rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) + ")",
+         timeout_s_, [&] {
+           return ncclAllReduce(im.barrier_buf, im.barrier_buf, 1, ncclFloat32, ncclSum, im.comm,
+                                im.stream);
+         });
+}
+
+}  // namespace shardgan

@@ -1,0 +1,90 @@
+#include "shardgan/sharding/sharded_model.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/torch.h>
+
+namespace shardgan {
+
+ShardedModel::ShardedModel(std::string name, Communicator& comm, ShardingConfig cfg)
+    : name_(std::move(name)), comm_(comm), cfg_(cfg) {}
+
+ShardedModel::~ShardedModel() = default;
+
+ShardedUnit& ShardedModel::add_unit(std::string unit_name,
+                                    std::shared_ptr<torch::nn::Module> module,
+                                    ShardedUnit::Forward forward) {
+  units_.push_back(std::make_unique<ShardedUnit>(std::move(unit_name), std::move(module),
+                                                 std::move(forward), comm_, cfg_, this));
+  return *units_.back();
+}
+
+at::Tensor ShardedModel::forward(at::Tensor x) {
+  for (auto& u : units_) x = u->forward(x);
+  return x;
+}
+
+void ShardedModel::set_requires_grad(bool on) {
+  for (auto& u : units_) u->set_requires_grad(on);
+}
+
+void ShardedModel::zero_grad() {
+  for (auto& u : units_) u->grad_shard().zero_();
+}
+
+void ShardedModel::train(bool on) {
+  for (auto& u : units_) u->module().train(on);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedModel::gather_full_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& u : units_) {
+    at::Tensor flat = u->gather_full_copy();
+    for (auto& s : u->slots()) {
+      out.emplace_back(u->name() + "." + s.name, flat.narrow(0, s.offset, s.numel).view(s.shape));
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedModel::named_buffers() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& u : units_) {
+    for (auto& kv : u->module().named_buffers(true)) {
+      out.emplace_back(u->name() + "." + kv.key(), kv.value());
+    }
+  }
+  return out;
+}
+
+MemoryStats ShardedModel::memory_stats() const {
+  MemoryStats m;
+  for (auto& u : units_) {
+    const int64_t el = u->shard().element_size();
+    m.param_shard_bytes += u->shard_numel() * el;
+    m.grad_shard_bytes += u->shard_numel() * el;
+    m.full_param_bytes_alive += u->full_bytes_alive();
+    const int64_t owned_end = u->shard_offset() + u->shard_numel();
+    m.padding_elements += std::max<int64_t>(0, owned_end - std::max(u->numel(), u->shard_offset()));
+  }
+  m.peak_full_param_bytes = std::max(peak_full_bytes_, m.full_param_bytes_alive);
+  return m;
+}
+
+void ShardedModel::on_unit_gathered() {
+  int64_t alive = 0;
+  for (auto& u : units_) alive += u->full_bytes_alive();
+  peak_full_bytes_ = std::max(peak_full_bytes_, alive);
+}
+
+void ShardedModel::ensure_backward_callback() {
+  if (callback_queued_) return;
+  callback_queued_ = true;
+  // Runs once the whole backward pass is done: reduce and free whatever is still armed,
+  // in reverse forward order, which is the same on every rank.
+  torch::autograd::Engine::get_default_engine().queue_callback([this] {
+    for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->finish_backward();
+    callback_queued_ = false;
+  });
+}
+
+}  // namespace shardgan

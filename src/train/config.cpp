@@ -1,0 +1,183 @@
+#include "shardgan/train/config.h"
+
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+namespace shardgan {
+namespace {
+
+using Flat = std::map<std::string, std::string>;
+
+void flatten(const YAML::Node& node, const std::string& prefix, Flat& out,
+             const std::string& source) {
+  if (node.IsMap()) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      std::string key = it->first.as<std::string>();
+      flatten(it->second, prefix.empty() ? key : prefix + "." + key, out, source);
+    }
+  } else if (node.IsScalar()) {
+    out[prefix] = node.Scalar();
+  } else if (node.IsNull()) {
+    out[prefix] = "";
+  } else {
+    throw ConfigError(source + ": key '" + prefix + "' must be a scalar or a map");
+  }
+}
+
+// Typed reads that remember which keys the schema knows, so that leftovers are errors.
+class Reader {
+ public:
+  Reader(Flat values, std::string source) : values_(std::move(values)), source_(std::move(source)) {}
+
+  template <typename T>
+  T get(const std::string& key, T fallback) {
+    known_.insert(key);
+    auto it = values_.find(key);
+    T v = fallback;
+    if (it != values_.end()) {
+      try {
+        v = YAML::Load(it->second).as<T>();
+      } catch (const YAML::Exception&) {
+        throw ConfigError(source_ + ": key '" + key + "' has value '" + it->second +
+                          "', which is not a valid " + type_name<T>());
+      }
+    }
+    std::ostringstream s;
+    s << std::boolalpha << v;
+    resolved_ << key << ": " << s.str() << "\n";
+    return v;
+  }
+
+  void check_all_known() const {
+    for (auto& kv : values_) {
+      if (known_.count(kv.first)) continue;
+      std::string list;
+      for (auto& k : known_) list += "\n  " + k;
+      throw ConfigError(source_ + ": unknown config key '" + kv.first +
+                        "'. Fix or remove it; known keys are:" + list);
+    }
+  }
+
+  const std::string& source() const { return source_; }
+  std::string resolved() const { return resolved_.str(); }
+
+ private:
+  template <typename T>
+  static const char* type_name() {
+    if constexpr (std::is_same_v<T, bool>) return "boolean (true/false)";
+    else if constexpr (std::is_integral_v<T>) return "integer";
+    else if constexpr (std::is_floating_point_v<T>) return "number";
+    else return "string";
+  }
+  Flat values_;
+  std::string source_;
+  std::set<std::string> known_;
+  std::ostringstream resolved_;
+};
+
+void require(bool ok, const Reader& r, const std::string& key, const std::string& what) {
+  if (!ok) throw ConfigError(r.source() + ": key '" + key + "' " + what);
+}
+
+ShardingConfig read_sharding(Reader& r, const std::string& who) {
+  ShardingConfig c;
+  const std::string k = "sharding." + who + ".stage";
+  c.stage = r.get<int>(k, 3);
+  require(c.stage == 0 || c.stage == 3, r, k, "must be 0 or 3 (stages 1 and 2 come later)");
+  c.reshard_after_forward = r.get<bool>("sharding." + who + ".reshard_after_forward", true);
+  return c;
+}
+
+AdamConfig read_adam(Reader& r, const std::string& who) {
+  AdamConfig c;
+  const std::string p = "optim." + who + ".";
+  c.lr = r.get<double>(p + "lr", 2e-4);
+  require(c.lr > 0, r, p + "lr", "must be > 0");
+  c.beta1 = r.get<double>(p + "beta1", 0.5);
+  require(c.beta1 >= 0 && c.beta1 < 1, r, p + "beta1", "must be in [0, 1)");
+  c.beta2 = r.get<double>(p + "beta2", 0.999);
+  require(c.beta2 >= 0 && c.beta2 < 1, r, p + "beta2", "must be in [0, 1)");
+  c.eps = r.get<double>(p + "eps", 1e-8);
+  require(c.eps >= 0, r, p + "eps", "must be >= 0");
+  return c;
+}
+
+}  // namespace
+
+TrainConfig parse_config(const std::string& yaml_text, const std::string& source,
+                         const std::vector<std::string>& overrides) {
+  Flat flat;
+  try {
+    YAML::Node root = YAML::Load(yaml_text);
+    if (!root.IsNull()) {
+      if (!root.IsMap()) throw ConfigError(source + ": the top level must be a map of sections");
+      flatten(root, "", flat, source);
+    }
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(source + ": YAML error: " + e.what());
+  }
+  for (const auto& o : overrides) {
+    auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw ConfigError("--set '" + o + "': expected key=value, e.g. train.steps=200");
+    }
+    flat[o.substr(0, eq)] = o.substr(eq + 1);
+  }
+  Reader r(flat, source);
+  TrainConfig c;
+  c.source = source;
+  c.run_dir = r.get<std::string>("run.dir", c.run_dir);
+  c.seed = r.get<uint64_t>("run.seed", c.seed);
+  c.data_source = r.get<std::string>("data.source", c.data_source);
+  require(c.data_source == "fashion-mnist" || c.data_source == "synthetic", r, "data.source",
+          "must be 'fashion-mnist' or 'synthetic'");
+  c.data_path = r.get<std::string>("data.path", c.data_path);
+  c.synthetic_size = r.get<int64_t>("data.synthetic_size", c.synthetic_size);
+  require(c.synthetic_size > 0, r, "data.synthetic_size", "must be > 0");
+  c.steps = r.get<int64_t>("train.steps", c.steps);
+  require(c.steps >= 0, r, "train.steps", "must be >= 0");
+  c.global_batch = r.get<int64_t>("train.global_batch", c.global_batch);
+  require(c.global_batch > 0, r, "train.global_batch", "must be > 0");
+  c.log_every = r.get<int64_t>("train.log_every", c.log_every);
+  require(c.log_every > 0, r, "train.log_every", "must be > 0");
+  c.sample_every = r.get<int64_t>("train.sample_every", c.sample_every);
+  require(c.sample_every >= 0, r, "train.sample_every", "must be >= 0");
+  c.checkpoint_every = r.get<int64_t>("train.checkpoint_every", c.checkpoint_every);
+  require(c.checkpoint_every >= 0, r, "train.checkpoint_every", "must be >= 0");
+  c.threads = r.get<int64_t>("train.threads", c.threads);
+  require(c.threads >= 0, r, "train.threads", "must be >= 0");
+  std::string dtype = r.get<std::string>("model.dtype", "float32");
+  require(dtype == "float32" || dtype == "float64", r, "model.dtype", "must be float32 or float64");
+  c.model.dtype = dtype == "float64" ? at::kDouble : at::kFloat;
+  c.model.z_dim = r.get<int64_t>("model.z_dim", c.model.z_dim);
+  require(c.model.z_dim > 0, r, "model.z_dim", "must be > 0");
+  c.model.g_width = r.get<int64_t>("model.g_width", c.model.g_width);
+  require(c.model.g_width > 0, r, "model.g_width", "must be > 0");
+  c.model.d_width = r.get<int64_t>("model.d_width", c.model.d_width);
+  require(c.model.d_width > 0, r, "model.d_width", "must be > 0");
+  c.g_sharding = read_sharding(r, "generator");
+  c.d_sharding = read_sharding(r, "discriminator");
+  c.g_optim = read_adam(r, "generator");
+  c.d_optim = read_adam(r, "discriminator");
+  c.backend = r.get<std::string>("dist.backend", c.backend);
+  require(c.backend == "mpi" || c.backend == "nccl", r, "dist.backend", "must be mpi or nccl");
+  c.timeout_s = r.get<double>("dist.timeout_s", c.timeout_s);
+  require(c.timeout_s > 0, r, "dist.timeout_s", "must be > 0 (seconds)");
+  r.check_all_known();
+  c.resolved_yaml = r.resolved();
+  return c;
+}
+
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("cannot open config file '" + path + "': check the path");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+}  // namespace shardgan

@@ -1,0 +1,93 @@
+#include "shardgan/train/sync_batchnorm.h"
+
+#include <torch/torch.h>
+
+namespace shardgan {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+Communicator* comm_from(AutogradContext* ctx) {
+  return reinterpret_cast<Communicator*>(ctx->saved_data["comm"].toInt());
+}
+
+struct SyncBatchNormFn : torch::autograd::Function<SyncBatchNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::Tensor weight,
+                            at::Tensor bias, at::Tensor running_mean, at::Tensor running_var,
+                            double eps, double momentum, int64_t comm_ptr) {
+    auto* comm = reinterpret_cast<Communicator*>(comm_ptr);
+    const int64_t c = x.size(1);
+    const std::vector<int64_t> dims{0, 2, 3};
+    // Statistics accumulate in float64 whatever the compute dtype, so that E[x^2] - E[x]^2
+    // does not cancel catastrophically in float32.
+    at::Tensor stats = torch::empty({2 * c + 1}, x.options().dtype(at::kDouble));
+    stats.narrow(0, 0, c).copy_(x.sum(dims, false, at::kDouble));
+    stats.narrow(0, c, c).copy_((x.to(at::kDouble) * x.to(at::kDouble)).sum(dims));
+    stats[2 * c] = static_cast<double>(x.numel() / c);
+    comm->all_reduce(stats, ReduceOp::kSum);
+    const double n = stats[2 * c].item<double>();
+    at::Tensor mean = stats.narrow(0, 0, c) / n;
+    at::Tensor var = (stats.narrow(0, c, c) / n - mean * mean).clamp_min(0.0);
+    at::Tensor invstd = (var + eps).rsqrt();
+    {
+      torch::NoGradGuard g;
+      running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.scalar_type()), momentum);
+      const double unbias = n > 1 ? n / (n - 1) : 1.0;
+      running_var.mul_(1.0 - momentum).add_(var.to(running_var.scalar_type()), momentum * unbias);
+    }
+    auto shape = std::vector<int64_t>{1, c, 1, 1};
+    at::Tensor mean_x = mean.to(x.scalar_type()).view(shape);
+    at::Tensor invstd_x = invstd.to(x.scalar_type()).view(shape);
+    at::Tensor xhat = (x - mean_x) * invstd_x;
+    ctx->save_for_backward({xhat, invstd_x, weight});
+    ctx->saved_data["comm"] = comm_ptr;
+    ctx->saved_data["n"] = n;
+    return xhat * weight.view(shape) + bias.view(shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    at::Tensor xhat = saved[0], invstd = saved[1], weight = saved[2];
+    at::Tensor dy = grads[0].contiguous();
+    const double n = ctx->saved_data["n"].toDouble();
+    const int64_t c = xhat.size(1);
+    const std::vector<int64_t> dims{0, 2, 3};
+    at::Tensor sum_dy = dy.sum(dims);
+    at::Tensor sum_dy_xhat = (dy * xhat).sum(dims);
+    at::Tensor red = torch::cat({sum_dy, sum_dy_xhat});
+    comm_from(ctx)->all_reduce(red, ReduceOp::kSum);
+    auto shape = std::vector<int64_t>{1, c, 1, 1};
+    at::Tensor mean_dy = (red.narrow(0, 0, c) / n).view(shape);
+    at::Tensor mean_dy_xhat = (red.narrow(0, c, c) / n).view(shape);
+    at::Tensor dx = (dy - mean_dy - xhat * mean_dy_xhat) * (invstd * weight.view(shape));
+    // Local parameter gradients: the data-parallel gradient average makes them global.
+    return {dx, sum_dy_xhat, sum_dy, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
+SyncBatchNorm2dImpl::SyncBatchNorm2dImpl(int64_t channels, Communicator* comm, double eps,
+                                         double momentum)
+    : channels_(channels), comm_(comm), eps_(eps), momentum_(momentum) {
+  weight = register_parameter("weight", torch::ones({channels}));
+  bias = register_parameter("bias", torch::zeros({channels}));
+  running_mean = register_buffer("running_mean", torch::zeros({channels}));
+  running_var = register_buffer("running_var", torch::ones({channels}));
+}
+
+at::Tensor SyncBatchNorm2dImpl::forward(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 4 && x.size(1) == channels_, "SyncBatchNorm2d: expected [B, ",
+              channels_, ", H, W], got ", x.sizes());
+  if (!is_training()) {
+    auto shape = std::vector<int64_t>{1, channels_, 1, 1};
+    return (x - running_mean.view(shape)) * (running_var.view(shape) + eps_).rsqrt() *
+               weight.view(shape) + bias.view(shape);
+  }
+  return SyncBatchNormFn::apply(x.contiguous(), weight, bias, running_mean, running_var, eps_,
+                                momentum_, reinterpret_cast<int64_t>(comm_));
+}
+
+}  // namespace shardgan

@@ -1,0 +1,175 @@
+#include "shardgan/train/trainer.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "shardgan/train/dcgan.h"
+#include "shardgan/train/image_grid.h"
+
+namespace shardgan {
+namespace F = torch::nn::functional;
+
+Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images)
+    : cfg_(std::move(cfg)), comm_(comm), images_(std::move(images)) {
+  if (!images_.defined()) {
+    images_ = cfg_.data_source == "synthetic"
+                  ? make_synthetic_images(cfg_.synthetic_size, cfg_.seed + 17, cfg_.model.dtype)
+                  : load_fashion_mnist(cfg_.data_path, cfg_.model.dtype);
+  }
+  sampler_ = std::make_unique<DistributedSampler>(images_.size(0), cfg_.global_batch,
+                                                  comm_.rank(), comm_.world_size(), cfg_.seed);
+  g_ = build_generator(cfg_.model, comm_, cfg_.g_sharding, cfg_.seed + 1);
+  d_ = build_discriminator(cfg_.model, comm_, cfg_.d_sharding, cfg_.seed + 2);
+  opt_g_ = std::make_unique<ShardedAdam>(*g_, cfg_.g_optim);
+  opt_d_ = std::make_unique<ShardedAdam>(*d_, cfg_.d_optim);
+  noise_gen_ = at::detail::createCPUGenerator(cfg_.seed + 3);
+  auto fixed_gen = at::detail::createCPUGenerator(cfg_.seed + 4);
+  fixed_z_ = at::randn({64, cfg_.model.z_dim, 1, 1}, fixed_gen,
+                       torch::TensorOptions().dtype(cfg_.model.dtype));
+}
+
+Trainer::~Trainer() = default;
+
+at::Tensor Trainer::draw_noise() {
+  // Every rank draws the whole global batch and keeps its slice, so the latents do not
+  // depend on the world size (required for parity with the one-rank reference).
+  at::Tensor z = at::randn({cfg_.global_batch, cfg_.model.z_dim, 1, 1}, noise_gen_,
+                           torch::TensorOptions().dtype(cfg_.model.dtype));
+  const int64_t local = cfg_.global_batch / comm_.world_size();
+  return z.narrow(0, comm_.rank() * local, local).contiguous();
+}
+
+StepMetrics Trainer::train_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  at::Tensor idx = sampler_->indices(counters_.epoch, counters_.batch_in_epoch);
+  if (++counters_.batch_in_epoch == sampler_->batches_per_epoch()) {
+    counters_.batch_in_epoch = 0;
+    ++counters_.epoch;
+  }
+  at::Tensor real = images_.index_select(0, idx);
+
+  // D step: G runs without autograd, so G gets no gradients.
+  at::Tensor fake;
+  {
+    torch::NoGradGuard no_grad;
+    fake = g_->forward(draw_noise());
+  }
+  at::Tensor d_real = d_->forward(real).view(-1);
+  at::Tensor d_fake = d_->forward(fake).view(-1);
+  at::Tensor loss_d = F::softplus(-d_real).mean() + F::softplus(d_fake).mean();
+  loss_d.backward();
+  opt_d_->step();
+  d_->zero_grad();
+
+  // G step: D is frozen; it is gathered for forward and backward but yields input
+  // gradients only (no D parameter gradients, no D reduce-scatter).
+  d_->set_requires_grad(false);
+  at::Tensor out = d_->forward(g_->forward(draw_noise())).view(-1);
+  at::Tensor loss_g = F::softplus(-out).mean();
+  loss_g.backward();
+  d_->set_requires_grad(true);
+  opt_g_->step();
+  g_->zero_grad();
+  ++counters_.step;
+
+  at::Tensor m = torch::stack({loss_d.detach().to(at::kDouble), loss_g.detach().to(at::kDouble),
+                               torch::sigmoid(d_real.detach()).mean().to(at::kDouble),
+                               torch::sigmoid(d_fake.detach()).mean().to(at::kDouble)});
+  comm_.all_reduce(m, ReduceOp::kAvg);
+  StepMetrics r;
+  r.step = counters_.step;
+  r.loss_d = m[0].item<double>();
+  r.loss_g = m[1].item<double>();
+  r.d_real = m[2].item<double>();
+  r.d_fake = m[3].item<double>();
+  r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+MemoryStats Trainer::memory_stats(ShardedModel& m) const {
+  MemoryStats s = m.memory_stats();
+  s.optimizer_state_bytes = (&m == g_.get() ? opt_g_ : opt_d_)->state_bytes();
+  return s;
+}
+
+void Trainer::log_step(const StepMetrics& m) {
+  if (comm_.rank() != 0) return;
+  const double sps = cfg_.global_batch / std::max(m.step_time_s, 1e-9);
+  spdlog::info("step {:>6}/{}  loss_d {:.4f}  loss_g {:.4f}  D(x) {:.3f}  D(G(z)) {:.3f}  {:.3f} s/step  {:.0f} img/s",
+               m.step, cfg_.steps, m.loss_d, m.loss_g, m.d_real, m.d_fake, m.step_time_s, sps);
+  nlohmann::json j = {{"step", m.step},       {"loss_d", m.loss_d},
+                      {"loss_g", m.loss_g},   {"d_real", m.d_real},
+                      {"d_fake", m.d_fake},   {"step_time_s", m.step_time_s},
+                      {"images_per_s", sps},  {"world_size", comm_.world_size()},
+                      {"g_model_state_bytes", memory_stats(*g_).model_state_bytes()},
+                      {"d_model_state_bytes", memory_stats(*d_).model_state_bytes()}};
+  std::ofstream(cfg_.run_dir + "/metrics.jsonl", std::ios::app) << j.dump() << "\n";
+}
+
+std::string Trainer::write_samples() {
+  at::Tensor imgs;
+  {
+    torch::NoGradGuard no_grad;
+    g_->train(false);
+    imgs = g_->forward(fixed_z_);
+    g_->train(true);
+  }
+  char name[48];
+  std::snprintf(name, sizeof(name), "samples-step-%08lld.png", static_cast<long long>(counters_.step));
+  const std::string path = cfg_.run_dir + "/samples/" + name;
+  if (comm_.rank() == 0) {
+    std::filesystem::create_directories(cfg_.run_dir + "/samples");
+    write_png_grid(path, imgs.narrow(2, 2, 28).narrow(3, 2, 28), 8);
+  }
+  return path;
+}
+
+std::string Trainer::save() {
+  counters_.noise_rng_state = noise_gen_.get_state();
+  return save_checkpoint(cfg_.run_dir, counters_, {{g_.get(), opt_g_.get()}, {d_.get(), opt_d_.get()}},
+                         cfg_.resolved_yaml, comm_);
+}
+
+void Trainer::resume(const std::string& path) {
+  const std::string dir = resolve_checkpoint_dir(path);
+  load_checkpoint(dir, counters_, {{g_.get(), opt_g_.get()}, {d_.get(), opt_d_.get()}}, comm_);
+  noise_gen_.set_state(counters_.noise_rng_state);
+  if (comm_.rank() == 0) spdlog::info("resumed from {} at step {}", dir, counters_.step);
+}
+
+void Trainer::run() {
+  std::filesystem::create_directories(cfg_.run_dir);
+  if (comm_.rank() == 0) {
+    auto mg = memory_stats(*g_), md = memory_stats(*d_);
+    spdlog::info("world size {}, backend {}, G stage {} ({} param-shard bytes), D stage {} ({} param-shard bytes)",
+                 comm_.world_size(), comm_.backend(), cfg_.g_sharding.stage,
+                 mg.param_shard_bytes, cfg_.d_sharding.stage, md.param_shard_bytes);
+    spdlog::info("model-state bytes per rank: G {}  D {}", mg.model_state_bytes(), md.model_state_bytes());
+  }
+  std::string last_ckpt, last_samples;
+  while (counters_.step < cfg_.steps) {
+    StepMetrics m = train_step();
+    if (m.step % cfg_.log_every == 0 || m.step == cfg_.steps) log_step(m);
+    if (cfg_.sample_every > 0 && m.step % cfg_.sample_every == 0) last_samples = write_samples();
+    if (cfg_.checkpoint_every > 0 && m.step % cfg_.checkpoint_every == 0 && m.step != cfg_.steps) {
+      last_ckpt = save();
+      if (comm_.rank() == 0) spdlog::info("checkpoint {}", last_ckpt);
+    }
+  }
+  last_ckpt = save();
+  last_samples = write_samples();
+  if (comm_.rank() == 0) {
+    spdlog::info("done: {} steps", counters_.step);
+    spdlog::info("samples:     {}", last_samples);
+    spdlog::info("metrics:     {}/metrics.jsonl", cfg_.run_dir);
+    spdlog::info("checkpoints: {} (latest: {})", cfg_.run_dir + "/checkpoints", last_ckpt);
+  }
+}
+
+}  // namespace shardgan
