@@ -63,8 +63,7 @@ MemoryStats ShardedModel::memory_stats() const {
     m.param_shard_bytes += u->shard_numel() * el;
     m.grad_shard_bytes += u->shard_numel() * el;
     m.full_param_bytes_alive += u->full_bytes_alive();
-    const int64_t owned_end = u->shard_offset() + u->shard_numel();
-    m.padding_elements += std::max<int64_t>(0, owned_end - std::max(u->numel(), u->shard_offset()));
+    m.padding_elements += u->padded_numel() - u->numel();
   }
   m.peak_full_param_bytes = std::max(peak_full_bytes_, m.full_param_bytes_alive);
   return m;

@@ -17,7 +17,8 @@ struct MemoryStats {
   int64_t optimizer_state_bytes = 0;  ///< filled in by the optimizer (ShardedAdam)
   int64_t full_param_bytes_alive = 0; ///< gathered full parameters right now
   int64_t peak_full_param_bytes = 0;  ///< most gathered bytes alive at once so far
-  int64_t padding_elements = 0;       ///< pad elements this rank holds in its shards
+  int64_t padding_elements = 0;       ///< zero padding of the flat parameters, P - T summed
+                                      ///< over units (a rank holds at most this many extra)
   /// Parameter shards + gradient shards + optimizer state (the "model states" of ZeRO).
   int64_t model_state_bytes() const {
     return param_shard_bytes + grad_shard_bytes + optimizer_state_bytes;

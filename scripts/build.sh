@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Configures and builds shardgan in Release into build/ (ccache is used when present).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > build.cmake.log 2>&1 || { cat build.cmake.log; exit 1; }
+cmake --build build -j "$(nproc)"

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The main job from a fresh machine: install what is missing, build, and train the ZeRO-3
+# DCGAN on Fashion-MNIST with 2 ranks. Extra arguments go to shardgan-train
+# (e.g. scripts/demo.sh --set train.steps=200).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+NP=${NP:-2}
+exec mpirun -np "$NP" --oversubscribe build/shardgan-train configs/fmnist-dcgan.yaml "$@"

@@ -1,0 +1,59 @@
+// Config parsing: defaults, overrides, and errors that name the file and the key.
+#include <gtest/gtest.h>
+
+#include "shardgan/train/config.h"
+
+using namespace shardgan;
+
+namespace {
+
+std::string error_of(const std::string& yaml, std::vector<std::string> overrides = {}) {
+  try {
+    parse_config(yaml, "test.yaml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, ShippedConfigParses) {
+  TrainConfig c = load_config(SHARDGAN_SOURCE_DIR "/configs/fmnist-dcgan.yaml", {});
+  EXPECT_EQ(c.g_sharding.stage, 3);
+  EXPECT_EQ(c.d_sharding.stage, 3);
+  EXPECT_DOUBLE_EQ(c.g_optim.lr, 2e-4);
+  EXPECT_DOUBLE_EQ(c.g_optim.beta1, 0.5);
+  EXPECT_EQ(c.data_source, "fashion-mnist");
+}
+
+TEST(Config, OverridesWin) {
+  TrainConfig c = parse_config("train: {steps: 10}\n", "t.yaml",
+                               {"train.steps=200", "optim.discriminator.lr=4e-4", "model.dtype=float64"});
+  EXPECT_EQ(c.steps, 200);
+  EXPECT_DOUBLE_EQ(c.d_optim.lr, 4e-4);
+  EXPECT_EQ(c.model.dtype, at::kDouble);
+}
+
+TEST(Config, UnknownKeyIsNamed) {
+  EXPECT_NE(error_of("train: {stepz: 3}\n").find("unknown config key 'train.stepz'"), std::string::npos);
+  EXPECT_NE(error_of("", {"optim.g.lr=1"}).find("'optim.g.lr'"), std::string::npos);
+  EXPECT_NE(error_of("train: {stepz: 3}\n").find("test.yaml"), std::string::npos);
+}
+
+TEST(Config, BadValuesAreNamed) {
+  EXPECT_NE(error_of("train: {steps: abc}\n").find("'train.steps' has value 'abc'"), std::string::npos);
+  EXPECT_NE(error_of("sharding: {generator: {stage: 2}}\n").find("sharding.generator.stage"), std::string::npos);
+  EXPECT_NE(error_of("model: {dtype: float8}\n").find("model.dtype"), std::string::npos);
+  EXPECT_NE(error_of("", {"train.steps"}).find("expected key=value"), std::string::npos);
+  EXPECT_NE(error_of("train: [1, 2]\n").find("'train'"), std::string::npos);
+}
+
+TEST(Config, MissingFileIsNamed) {
+  try {
+    load_config("/nonexistent/cfg.yaml", {});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/cfg.yaml"), std::string::npos);
+  }
+}
+
+}  // namespace

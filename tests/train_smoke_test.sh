@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The main job on real Fashion-MNIST, shortened: 2 ranks, ZeRO-3, 10 steps. Checks the run
+# directory holds samples, metrics and a committed checkpoint, and that losses are finite.
+TRAIN=$1; SRC=$3
+source "$(dirname "$0")/lib.sh"
+T=$(mktemp -d /tmp/shardgan-smoke.XXXXXX)
+"${MPIRUN[@]}" -np 2 "$TRAIN" "$SRC/configs/fmnist-dcgan.yaml" --set train.steps=10 --set train.log_every=5 \
+  --set run.dir="$T/run" > "$T/log" 2>&1 && ok "training exits 0" || bad "training failed: $(tail -5 "$T/log")"
+[ -s "$T/run/samples/samples-step-00000010.png" ] && ok "sample grid written" || bad "no sample grid"
+[ "$(wc -l < "$T/run/metrics.jsonl")" -eq 2 ] && ok "two metrics lines" || bad "metrics.jsonl: $(cat "$T/run/metrics.jsonl")"
+grep -q '"loss_d":[0-9]' "$T/run/metrics.jsonl" && ok "finite losses" || bad "losses not finite"
+[ "$(cat "$T/run/checkpoints/latest")" = "step-00000010" ] && ok "latest names step 10" || bad "latest pointer wrong"
+[ -f "$T/run/checkpoints/step-00000010/rank-00001.h5" ] && ok "rank files present" || bad "rank files missing"
+h5dump -a /step "$T/run/checkpoints/step-00000010/rank-00000.h5" | grep -q "(0): 10" && ok "h5dump reads the step" || bad "h5dump cannot read step"
+tail -3 "$T/log" | grep -q "checkpoints:" && ok "last lines say where outputs are" || bad "no closing summary"
+rm -rf "$T"
+finish
