@@ -1,5 +1,6 @@
 #include "shardgan/checkpoint/checkpoint.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -8,7 +9,7 @@
 
 #include "shardgan/checkpoint/h5.h"
 #include "shardgan/comm/communicator.h"
-#include "shardgan/optim/sharded_adam.h"
+#include "shardgan/optim/optimizer.h"
 #include "shardgan/sharding/sharded_model.h"
 
 namespace shardgan {
@@ -57,7 +58,8 @@ void write_atomically(const std::string& path, const std::string& text) {
 
 std::string save_checkpoint(const std::string& run_dir, const TrainCounters& counters,
                             const std::vector<ModelAndOptimizer>& models,
-                            const std::string& config_yaml, Communicator& comm) {
+                            const std::string& config_yaml, Communicator& comm,
+                            int keep_last) {
   const std::string root = run_dir + "/checkpoints";
   char name[32];
   std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(counters.step));
@@ -83,17 +85,18 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
         ShardedUnit& u = *m.units()[i];
         const std::string g = m.name() + "/units/" + u.name();
         put(f, g + "/param_shard", u.shard());
-        put(f, g + "/exp_avg", mo.optim->exp_avg()[i]);
-        put(f, g + "/exp_avg_sq", mo.optim->exp_avg_sq()[i]);
+        for (auto& [sname, st] : mo.optim->unit_state(i)) put(f, g + "/optim/" + sname, st);
+        for (auto& [ename, fn] : mo.extra) put(f, g + "/" + ename, fn(i));
         f.set_attr(g, "numel", u.numel());
         f.set_attr(g, "padded_numel", u.padded_numel());
         f.set_attr(g, "shard_offset", u.shard_offset());
       }
       for (auto& [bname, buf] : m.named_buffers()) put(f, m.name() + "/buffers/" + bname, buf);
-      f.set_attr(m.name(), "adam_step", mo.optim->step_count());
+      f.set_attr(m.name(), "optim_step", mo.optim->step_count());
       f.set_attr(m.name(), "stage", static_cast<int64_t>(m.config().stage));
     }
     put(f, "rng/noise", counters.noise_rng_state);
+    for (auto& [k, v] : counters.scalars) f.set_attr("/", "scalar." + k, v);
     f.flush();
     f.close();
     h5::fsync_path(path);
@@ -106,6 +109,13 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
     h5::fsync_path(root);
     write_atomically(root + "/latest", name);
     h5::fsync_path(root);
+    std::vector<std::string> committed;
+    for (auto& e : fs::directory_iterator(root)) {
+      const std::string n = e.path().filename().string();
+      if (e.is_directory() && n.rfind("step-", 0) == 0 && n.find(".tmp") == std::string::npos) committed.push_back(n);
+    }
+    std::sort(committed.begin(), committed.end());
+    for (size_t i = 0; i + std::max(keep_last, 1) < committed.size(); ++i) fs::remove_all(root + "/" + committed[i]);
   }
   comm.barrier();
   return final_dir;
@@ -152,6 +162,7 @@ void load_checkpoint(const std::string& ckpt_dir, TrainCounters& counters,
   counters.step = f.attr_int("/", "step");
   counters.epoch = f.attr_int("/", "epoch");
   counters.batch_in_epoch = f.attr_int("/", "batch_in_epoch");
+  for (auto& [k, v] : counters.scalars) v = f.attr_double("/", "scalar." + k);
   torch::NoGradGuard no_grad;
   for (const auto& mo : models) {
     ShardedModel& m = *mo.model;
@@ -165,11 +176,14 @@ void load_checkpoint(const std::string& ckpt_dir, TrainCounters& counters,
       ShardedUnit& u = *m.units()[i];
       const std::string g = m.name() + "/units/" + u.name();
       get(f, g + "/param_shard", u.shard());
-      get(f, g + "/exp_avg", mo.optim->exp_avg()[i]);
-      get(f, g + "/exp_avg_sq", mo.optim->exp_avg_sq()[i]);
+      for (auto& [sname, st] : mo.optim->unit_state(i)) get(f, g + "/optim/" + sname, st);
+      for (auto& [ename, fn] : mo.extra) {
+        at::Tensor t = fn(i);
+        get(f, g + "/" + ename, t);
+      }
     }
     for (auto& [bname, buf] : m.named_buffers()) get(f, m.name() + "/buffers/" + bname, buf);
-    mo.optim->set_step_count(f.attr_int(m.name(), "adam_step"));
+    mo.optim->set_step_count(f.attr_int(m.name(), "optim_step"));
   }
   const auto rng_shape = f.shape("rng/noise");
   counters.noise_rng_state = torch::empty({rng_shape.at(0)}, torch::kUInt8);

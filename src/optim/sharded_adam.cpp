@@ -9,7 +9,8 @@
 
 namespace shardgan {
 
-ShardedAdam::ShardedAdam(ShardedModel& model, AdamConfig cfg) : model_(model), cfg_(cfg) {
+ShardedAdam::ShardedAdam(ShardedModel& model, AdamConfig cfg)
+    : ShardedOptimizer(model, cfg.lr), cfg_(cfg) {
   if (!(cfg.lr >= 0)) throw std::invalid_argument("Invalid learning rate: " + std::to_string(cfg.lr));
   if (!(cfg.beta1 >= 0 && cfg.beta1 < 1) || !(cfg.beta2 >= 0 && cfg.beta2 < 1)) {
     throw std::invalid_argument("Invalid Adam betas: (" + std::to_string(cfg.beta1) + ", " +
@@ -27,7 +28,7 @@ void ShardedAdam::step() {
   ++step_;
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(step_));
-  const double step_size = cfg_.lr / bc1;
+  const double step_size = lr_ / bc1;
   auto& units = model_.units();
   for (size_t i = 0; i < units.size(); ++i) {
     at::Tensor& p = units[i]->shard();
@@ -39,13 +40,8 @@ void ShardedAdam::step() {
   }
 }
 
-int64_t ShardedAdam::state_bytes() const {
-  int64_t b = 0;
-  for (size_t i = 0; i < exp_avg_.size(); ++i) {
-    b += exp_avg_[i].numel() * exp_avg_[i].element_size();
-    b += exp_avg_sq_[i].numel() * exp_avg_sq_[i].element_size();
-  }
-  return b;
+std::vector<std::pair<std::string, at::Tensor>> ShardedAdam::unit_state(size_t unit) {
+  return {{"exp_avg", exp_avg_.at(unit)}, {"exp_avg_sq", exp_avg_sq_.at(unit)}};
 }
 
 }  // namespace shardgan

@@ -148,6 +148,8 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   require(c.sample_every >= 0, r, "train.sample_every", "must be >= 0");
   c.checkpoint_every = r.get<int64_t>("train.checkpoint_every", c.checkpoint_every);
   require(c.checkpoint_every >= 0, r, "train.checkpoint_every", "must be >= 0");
+  c.keep_checkpoints = r.get<int64_t>("train.keep_checkpoints", c.keep_checkpoints);
+  require(c.keep_checkpoints >= 1, r, "train.keep_checkpoints", "must be >= 1");
   c.threads = r.get<int64_t>("train.threads", c.threads);
   require(c.threads >= 0, r, "train.threads", "must be >= 0");
   std::string dtype = r.get<std::string>("model.dtype", "float32");

@@ -113,12 +113,16 @@ void Trainer::log_step(const StepMetrics& m) {
 }
 
 std::string Trainer::write_samples() {
+  // As DCGAN's reference code does, sample in train mode (BatchNorm statistics of the fixed
+  // batch); the running statistics are restored so that sampling never changes training.
   at::Tensor imgs;
   {
     torch::NoGradGuard no_grad;
-    g_->train(false);
+    std::vector<at::Tensor> saved;
+    for (auto& kv : g_->named_buffers()) saved.push_back(kv.second.clone());
     imgs = g_->forward(fixed_z_);
-    g_->train(true);
+    size_t i = 0;
+    for (auto& kv : g_->named_buffers()) kv.second.copy_(saved[i++]);
   }
   char name[48];
   std::snprintf(name, sizeof(name), "samples-step-%08lld.png", static_cast<long long>(counters_.step));
@@ -133,7 +137,7 @@ std::string Trainer::write_samples() {
 std::string Trainer::save() {
   counters_.noise_rng_state = noise_gen_.get_state();
   return save_checkpoint(cfg_.run_dir, counters_, {{g_.get(), opt_g_.get()}, {d_.get(), opt_d_.get()}},
-                         cfg_.resolved_yaml, comm_);
+                         cfg_.resolved_yaml, comm_, static_cast<int>(cfg_.keep_checkpoints));
 }
 
 void Trainer::resume(const std::string& path) {

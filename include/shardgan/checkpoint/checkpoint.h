@@ -4,16 +4,18 @@
 /// sampler position. Layout of a rank file (schema 1):
 ///   /                              attrs: schema_version, world_size, rank, step, epoch,
 ///                                         batch_in_epoch, config (resolved YAML)
-///   /<model>                       attrs: adam_step, stage
+///   /<model>                       attrs: optim_step, stage
 ///   /<model>/units/<unit>/param_shard   [S] flat shard (model dtype)
-///   /<model>/units/<unit>/exp_avg       [S]
-///   /<model>/units/<unit>/exp_avg_sq    [S]     attrs on the unit group: numel,
-///                                              padded_numel, shard_offset
+///   /<model>/units/<unit>/optim/<name>  [S] each optimizer state tensor (unit_state())
+///                                       attrs on the unit group: numel, padded_numel,
+///                                       shard_offset
 ///   /<model>/buffers/<name>        full tensor (replicated, e.g. BatchNorm running stats)
 ///   /rng/noise                     uint8 CPU generator state of the latent sampler
 /// A checkpoint is written as <run>/checkpoints/step-XXXXXXXX.tmp, fsynced, renamed to
 /// step-XXXXXXXX once every rank has finished, and only then named in
 /// <run>/checkpoints/latest, so an interrupted save leaves the previous one valid.
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,7 +25,7 @@ namespace shardgan {
 
 class Communicator;
 class ShardedModel;
-class ShardedAdam;
+class ShardedOptimizer;
 
 inline constexpr int64_t kCheckpointSchemaVersion = 1;
 
@@ -39,19 +41,26 @@ struct TrainCounters {
   int64_t epoch = 0;           ///< sampler epoch
   int64_t batch_in_epoch = 0;  ///< next global batch index within the epoch
   at::Tensor noise_rng_state;  ///< uint8 state of the latent-noise generator
+  /// Further trainer scalars by stable name (e.g. "loss_scale"), saved as attributes.
+  std::map<std::string, double> scalars;
 };
 
 struct ModelAndOptimizer {
   ShardedModel* model;
-  ShardedAdam* optim;
+  ShardedOptimizer* optim;
+  /// Further per-unit shard state saved beside the parameters under a stable name, e.g.
+  /// {"ema", f}: f(unit index) returns the live 1-D tensor of shard_numel() elements.
+  std::vector<std::pair<std::string, std::function<at::Tensor(size_t)>>> extra = {};
 };
 
 /// Collective (barriers on `comm`). Writes and commits checkpoint step-<step> under
 /// `run_dir`/checkpoints and returns its directory. Throws CheckpointError or h5::H5Error
 /// on an I/O failure; the previous checkpoint is untouched then.
+/// Keeps the newest `keep_last` committed checkpoints (>= 1) and deletes older ones.
 std::string save_checkpoint(const std::string& run_dir, const TrainCounters& counters,
                             const std::vector<ModelAndOptimizer>& models,
-                            const std::string& config_yaml, Communicator& comm);
+                            const std::string& config_yaml, Communicator& comm,
+                            int keep_last = 3);
 
 /// Collective (a barrier). Restores this rank's shards, moments, buffers and counters
 /// from checkpoint directory `ckpt_dir`. Throws CheckpointError if the checkpoint's world

@@ -35,6 +35,7 @@ struct TrainConfig {
   int64_t sample_every = 100;     ///< train.sample_every (steps; 0 = only at the end)
   int64_t checkpoint_every = 200; ///< train.checkpoint_every (steps; 0 = only at the end)
   int64_t threads = 0;            ///< train.threads per rank (0 = cores / local ranks)
+  int64_t keep_checkpoints = 3;   ///< train.keep_checkpoints: newest committed ones kept
 
   DcganConfig model;              ///< model.{dtype,z_dim,g_width,d_width}
   ShardingConfig g_sharding;      ///< sharding.generator.{stage,reshard_after_forward}

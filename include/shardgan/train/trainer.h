@@ -61,7 +61,7 @@ class Trainer {
   at::Tensor images_;
   std::unique_ptr<DistributedSampler> sampler_;
   std::unique_ptr<ShardedModel> g_, d_;
-  std::unique_ptr<ShardedAdam> opt_g_, opt_d_;
+  std::unique_ptr<ShardedOptimizer> opt_g_, opt_d_;
   at::Generator noise_gen_;
   at::Tensor fixed_z_;
   TrainCounters counters_;

@@ -1,0 +1,15 @@
+#include "shardgan/optim/optimizer.h"
+
+#include "shardgan/sharding/sharded_model.h"
+
+namespace shardgan {
+
+int64_t ShardedOptimizer::state_bytes() {
+  int64_t b = 0;
+  for (size_t i = 0; i < model_.units().size(); ++i) {
+    for (auto& kv : unit_state(i)) b += kv.second.numel() * kv.second.element_size();
+  }
+  return b;
+}
+
+}  // namespace shardgan
