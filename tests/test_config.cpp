@@ -41,7 +41,7 @@ TEST(Config, UnknownKeyIsNamed) {
 
 TEST(Config, BadValuesAreNamed) {
   EXPECT_NE(error_of("train: {steps: abc}\n").find("'train.steps' has value 'abc'"), std::string::npos);
-  EXPECT_NE(error_of("sharding: {generator: {stage: 2}}\n").find("sharding.generator.stage"), std::string::npos);
+  EXPECT_NE(error_of("sharding: {generator: {stage: 4}}\n").find("sharding.generator.stage"), std::string::npos);
   EXPECT_NE(error_of("model: {dtype: float8}\n").find("model.dtype"), std::string::npos);
   EXPECT_NE(error_of("", {"train.steps"}).find("expected key=value"), std::string::npos);
   EXPECT_NE(error_of("train: [1, 2]\n").find("'train'"), std::string::npos);

@@ -11,6 +11,12 @@ using namespace shardgan;
 
 namespace {
 
+ShardingConfig sharding(int stage) {
+  ShardingConfig c;
+  c.stage = stage;
+  return c;
+}
+
 DcganConfig tiny() {
   DcganConfig c;
   c.z_dim = 8;
@@ -28,7 +34,7 @@ double grad_norm(ShardedModel& m) {
 
 TEST(GanPhases, NoGradForwardProducesNoGradientsOrReduction) {
   MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
-  auto g = build_generator(tiny(), comm, ShardingConfig{3, true}, 1);
+  auto g = build_generator(tiny(), comm, sharding(3), 1);
   comm.reset_stats();
   torch::NoGradGuard no_grad;
   at::Tensor out = g->forward(torch::randn({2, 8, 1, 1}, torch::kDouble));
@@ -40,7 +46,7 @@ TEST(GanPhases, NoGradForwardProducesNoGradientsOrReduction) {
 
 TEST(GanPhases, FrozenDiscriminatorGivesInputGradientsOnly) {
   MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
-  auto d = build_discriminator(tiny(), comm, ShardingConfig{3, true}, 2);
+  auto d = build_discriminator(tiny(), comm, sharding(3), 2);
   d->set_requires_grad(false);
   at::Tensor x = torch::randn({4, 1, 32, 32}, torch::kDouble).requires_grad_(true);
   comm.reset_stats();
@@ -58,7 +64,7 @@ TEST(GanPhases, FrozenDiscriminatorGivesInputGradientsOnly) {
 
 TEST(GanPhases, TrainableDiscriminatorReduceScattersEachUnitOnceForTwoForwards) {
   MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
-  auto d = build_discriminator(tiny(), comm, ShardingConfig{3, true}, 2);
+  auto d = build_discriminator(tiny(), comm, sharding(3), 2);
   comm.reset_stats();
   at::Tensor real = torch::randn({4, 1, 32, 32}, torch::kDouble);
   at::Tensor fake = torch::randn({4, 1, 32, 32}, torch::kDouble);

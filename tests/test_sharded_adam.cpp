@@ -11,6 +11,12 @@ using namespace shardgan;
 
 namespace {
 
+ShardingConfig sharding(int stage) {
+  ShardingConfig c;
+  c.stage = stage;
+  return c;
+}
+
 TEST(ShardedAdam, MatchesLibTorchAdamOver100StepsInFloat64) {
   MpiCommunicator self(MPI_COMM_SELF, 60.0);
   torch::manual_seed(3);
@@ -21,7 +27,7 @@ TEST(ShardedAdam, MatchesLibTorchAdamOver100StepsInFloat64) {
   AdamConfig cfg{1e-2, 0.5, 0.999, 1e-8};
   torch::optim::Adam ref(ref_params, torch::optim::AdamOptions(cfg.lr).betas({cfg.beta1, cfg.beta2}).eps(cfg.eps));
 
-  ShardedModel model("m", self, ShardingConfig{0, true});
+  ShardedModel model("m", self, sharding(0));
   ShardedUnit& unit = model.add_unit("lin", lin.ptr(), [lin](const at::Tensor& x) mutable { return lin->forward(x); });
   ShardedAdam opt(model, cfg);
   for (int step = 0; step < 100; ++step) {

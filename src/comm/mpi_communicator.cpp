@@ -113,9 +113,13 @@ void MpiCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
   stats_.all_gather_calls++;
   stats_.all_gather_bytes += full.numel() * full.element_size();
   MPI_Datatype dt = mpi_type(shard.scalar_type());
+  // `shard` may be this rank's block of `full` itself (ZeRO-1/2 keep the owned partition
+  // inside the full parameter); MPI forbids overlapping buffers, so use MPI_IN_PLACE.
+  const bool in_place = static_cast<const char*>(shard.data_ptr()) ==
+                        static_cast<const char*>(full.data_ptr()) + rank_ * shard.numel() * shard.element_size();
   MPI_Request req;
-  MPI_Iallgather(shard.data_ptr(), static_cast<int>(shard.numel()), dt, full.data_ptr(),
-                 static_cast<int>(shard.numel()), dt, comm_, &req);
+  MPI_Iallgather(in_place ? MPI_IN_PLACE : shard.data_ptr(), static_cast<int>(shard.numel()), dt,
+                 full.data_ptr(), static_cast<int>(shard.numel()), dt, comm_, &req);
   wait(req, describe("all_gather", rank_, world_size_, full));
 }
 

@@ -28,7 +28,15 @@ void ShardedModel::set_requires_grad(bool on) {
 }
 
 void ShardedModel::zero_grad() {
-  for (auto& u : units_) u->grad_shard().zero_();
+  for (auto& u : units_) u->zero_grad();
+}
+
+void ShardedModel::set_gradient_sync(bool on) {
+  for (auto& u : units_) u->set_gradient_sync(on);
+}
+
+void ShardedModel::after_optimizer_step() {
+  for (auto& u : units_) u->after_optimizer_step();
 }
 
 void ShardedModel::train(bool on) {
@@ -59,9 +67,9 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedModel::named_buffers() {
 MemoryStats ShardedModel::memory_stats() const {
   MemoryStats m;
   for (auto& u : units_) {
-    const int64_t el = u->shard().element_size();
-    m.param_shard_bytes += u->shard_numel() * el;
-    m.grad_shard_bytes += u->shard_numel() * el;
+    m.param_shard_bytes += u->persistent_param_bytes();
+    m.grad_shard_bytes += u->persistent_grad_bytes();
+    m.comm_buffer_bytes = std::max(m.comm_buffer_bytes, u->peak_comm_buffer_bytes());
     m.full_param_bytes_alive += u->full_bytes_alive();
     m.padding_elements += u->padded_numel() - u->numel();
   }

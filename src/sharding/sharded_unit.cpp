@@ -24,6 +24,8 @@ struct GradReadyHook final : torch::autograd::FunctionPostHook {
   ShardedUnit* unit;
 };
 
+int64_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
 }  // namespace
 
 ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> module,
@@ -31,14 +33,13 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
                          ShardedModel* owner)
     : name_(std::move(name)), module_(std::move(module)), forward_(std::move(forward)),
       comm_(comm), cfg_(cfg), owner_(owner) {
-  if (cfg_.stage != 0 && cfg_.stage != 3) {
+  if (cfg_.stage < 0 || cfg_.stage > 3) {
     throw std::invalid_argument("unit '" + name_ + "': ZeRO stage " + std::to_string(cfg_.stage) +
-                                " is not supported yet (use 0 or 3)");
+                                " does not exist (use 0, 1, 2 or 3)");
   }
   torch::NoGradGuard no_grad;
-  auto named = module_->named_parameters(/*recurse=*/true);
   c10::optional<at::ScalarType> dtype;
-  for (auto& kv : named) {
+  for (auto& kv : module_->named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = kv.value();
     if (dtype && *dtype != p.scalar_type()) {
       throw std::invalid_argument("unit '" + name_ + "': parameter '" + kv.key() +
@@ -48,7 +49,9 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
     slots_.push_back({kv.key(), p.sizes().vec(), numel_, p.numel(), p});
     numel_ += p.numel();
   }
-  if (!dtype) dtype = at::kFloat;
+  master_dtype_ = dtype.value_or(at::kFloat);
+  compute_dtype_ = cfg_.compute_dtype.value_or(master_dtype_);
+  reduce_dtype_ = cfg_.reduce_dtype.value_or(master_dtype_);
   const int64_t n = comm_.world_size();
   if (cfg_.stage == 0) {
     padded_numel_ = shard_numel_ = numel_;
@@ -58,20 +61,24 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
     padded_numel_ = shard_numel_ * n;
     shard_offset_ = shard_numel_ * comm_.rank();
   }
-  full_ = torch::zeros({padded_numel_}, torch::TensorOptions().dtype(*dtype));
-  for (auto& s : slots_) {
-    at::Tensor view = full_.narrow(0, s.offset, s.numel).view(s.shape);
-    view.copy_(s.param);
-    s.param.set_data(view);  // the parameter now lives inside the flat buffer
+  const auto master_opts = torch::TensorOptions().dtype(master_dtype_);
+  at::Tensor master_full = torch::zeros({padded_numel_}, master_opts);
+  for (auto& s : slots_) master_full.narrow(0, s.offset, s.numel).copy_(s.param.reshape({-1}));
+  full_ = master_full.to(compute_dtype_);  // no copy when the dtypes agree
+  for (auto& s : slots_) s.param.set_data(full_.narrow(0, s.offset, s.numel).view(s.shape));
+
+  const bool same_dtype = compute_dtype_ == master_dtype_;
+  shard_aliases_full_ = same_dtype && cfg_.stage <= 2;
+  at::Tensor owned = master_full.narrow(0, shard_offset_, shard_numel_);
+  shard_ = shard_aliases_full_ ? full_.narrow(0, shard_offset_, shard_numel_) : owned.clone();
+  if (cfg_.stage <= 1) {
+    grad_flat_ = torch::zeros({padded_numel_}, torch::TensorOptions().dtype(reduce_dtype_));
+    grad_shard_aliases_flat_ = reduce_dtype_ == master_dtype_;
   }
-  if (cfg_.stage == 0) {
-    shard_ = full_;
-  } else {
-    shard_ = full_.narrow(0, shard_offset_, shard_numel_).clone();
-    detail::free_storage(full_);
-  }
-  gathered_ = cfg_.stage == 0;
-  grad_shard_ = torch::zeros_like(shard_);
+  grad_shard_ = grad_shard_aliases_flat_ ? grad_flat_.narrow(0, shard_offset_, shard_numel_)
+                                         : torch::zeros({shard_numel_}, master_opts);
+  gathered_ = cfg_.stage <= 2;
+  if (cfg_.stage == 3) detail::free_storage(full_);
   for (auto& s : slots_) {
     if (!s.param.requires_grad()) continue;
     auto acc = torch::autograd::impl::grad_accumulator(s.param);
@@ -86,27 +93,39 @@ ShardedUnit::~ShardedUnit() {
 }
 
 int64_t ShardedUnit::full_bytes_alive() const {
-  if (cfg_.stage == 0 || !gathered_) return 0;
+  if (cfg_.stage != 3 || !gathered_) return 0;
   return static_cast<int64_t>(detail::storage_nbytes(full_));
+}
+
+int64_t ShardedUnit::persistent_param_bytes() const {
+  int64_t b = cfg_.stage <= 2 ? nbytes(full_) : 0;
+  if (!shard_aliases_full_) b += nbytes(shard_);
+  return b;
+}
+
+int64_t ShardedUnit::persistent_grad_bytes() const {
+  return nbytes(grad_flat_) + (grad_shard_aliases_flat_ ? 0 : nbytes(grad_shard_));
 }
 
 void ShardedUnit::gather() {
   if (gathered_) return;
   detail::refill_storage(full_, static_cast<size_t>(padded_numel_) * full_.element_size());
-  comm_.all_gather(full_, shard_);
+  comm_.all_gather(full_, shard_.scalar_type() == compute_dtype_ ? shard_ : shard_.to(compute_dtype_));
   gathered_ = true;
   if (owner_) owner_->on_unit_gathered();
 }
 
 void ShardedUnit::free_full() {
-  if (cfg_.stage == 0 || !gathered_) return;
+  if (cfg_.stage != 3 || !gathered_) return;
   detail::free_storage(full_);
   gathered_ = false;
 }
 
 at::Tensor ShardedUnit::forward(const at::Tensor& x) {
   gather();
-  at::Tensor y = forward_(x);
+  // Mixed precision: floating inputs are cast to the compute dtype at the unit boundary.
+  const bool cast = x.is_floating_point() && x.scalar_type() != compute_dtype_;
+  at::Tensor y = forward_(cast ? x.to(compute_dtype_) : x);
   if (y.requires_grad()) {
     y.register_hook([this](const at::Tensor&) { on_pre_backward(); });
   }
@@ -142,21 +161,45 @@ void ShardedUnit::reduce_gradients() {
   bool any = false;
   for (auto& s : slots_) any = any || s.param.grad().defined();
   if (!any) return;
-  at::Tensor flat = torch::zeros({padded_numel_}, full_.options());
+  const bool persistent = cfg_.stage <= 1;
+  at::Tensor flat = persistent ? grad_flat_
+                               : torch::zeros({padded_numel_}, torch::TensorOptions().dtype(reduce_dtype_));
+  if (!persistent) peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(flat));
   for (auto& s : slots_) {
     at::Tensor& g = s.param.mutable_grad();
     if (!g.defined()) continue;
-    flat.narrow(0, s.offset, s.numel).copy_(g.reshape({-1}));
+    flat.narrow(0, s.offset, s.numel).add_(g.reshape({-1}));
     g.reset();
   }
+  if (persistent && !sync_) return;  // accumulate locally until the boundary (DDP no_sync)
   if (cfg_.stage == 0) {
     comm_.all_reduce(flat, ReduceOp::kAvg);
-    grad_shard_.add_(flat);
-  } else {
-    at::Tensor part = torch::empty({shard_numel_}, full_.options());
-    comm_.reduce_scatter(part, flat, ReduceOp::kAvg);
-    grad_shard_.add_(part);
+    if (!grad_shard_aliases_flat_) grad_shard_.add_(flat.to(master_dtype_));
+    return;
   }
+  at::Tensor part = torch::empty({shard_numel_}, flat.options());
+  peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(part) + (persistent ? 0 : nbytes(flat)));
+  comm_.reduce_scatter(part, flat, ReduceOp::kAvg);
+  if (grad_shard_aliases_flat_) {
+    grad_shard_.copy_(part);  // stage 1: the owned slice of the accumulated flat gradient
+  } else {
+    grad_shard_.add_(part.to(master_dtype_));
+  }
+}
+
+void ShardedUnit::after_optimizer_step() {
+  torch::NoGradGuard no_grad;
+  if (cfg_.stage == 3) return;  // the next gather reads the updated shard
+  if (cfg_.stage == 0) {
+    if (!shard_aliases_full_) full_.copy_(shard_);
+    return;
+  }
+  comm_.all_gather(full_, shard_aliases_full_ ? shard_ : shard_.to(compute_dtype_));
+}
+
+void ShardedUnit::zero_grad() {
+  if (grad_flat_.defined()) grad_flat_.zero_();
+  grad_shard_.zero_();
 }
 
 void ShardedUnit::set_requires_grad(bool on) {
@@ -164,8 +207,8 @@ void ShardedUnit::set_requires_grad(bool on) {
 }
 
 at::Tensor ShardedUnit::gather_full_copy() {
-  if (cfg_.stage == 0) return full_.narrow(0, 0, numel_).clone();
-  at::Tensor full = torch::empty({padded_numel_}, full_.options());
+  if (cfg_.stage == 0) return (shard_aliases_full_ ? full_ : shard_).narrow(0, 0, numel_).clone();
+  at::Tensor full = torch::empty({padded_numel_}, shard_.options());
   comm_.all_gather(full, shard_);
   return full.narrow(0, 0, numel_).clone();
 }

@@ -87,8 +87,20 @@ ShardingConfig read_sharding(Reader& r, const std::string& who) {
   ShardingConfig c;
   const std::string k = "sharding." + who + ".stage";
   c.stage = r.get<int>(k, 3);
-  require(c.stage == 0 || c.stage == 3, r, k, "must be 0 or 3 (stages 1 and 2 come later)");
+  require(c.stage >= 0 && c.stage <= 3, r, k, "must be 0, 1, 2 or 3");
   c.reshard_after_forward = r.get<bool>("sharding." + who + ".reshard_after_forward", true);
+  for (const char* what : {"compute_dtype", "reduce_dtype"}) {
+    const std::string key = "sharding." + who + "." + what;
+    const std::string v = r.get<std::string>(key, "auto");
+    require(v == "auto" || v == "float32" || v == "float64" || v == "bfloat16" || v == "float16",
+            r, key, "must be auto (the model dtype), float32, float64, bfloat16 or float16");
+    c10::optional<at::ScalarType> t;
+    if (v == "float32") t = at::kFloat;
+    if (v == "float64") t = at::kDouble;
+    if (v == "bfloat16") t = at::kBFloat16;
+    if (v == "float16") t = at::kHalf;
+    (std::string(what) == "compute_dtype" ? c.compute_dtype : c.reduce_dtype) = t;
+  }
   return c;
 }
 
@@ -142,6 +154,9 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   require(c.steps >= 0, r, "train.steps", "must be >= 0");
   c.global_batch = r.get<int64_t>("train.global_batch", c.global_batch);
   require(c.global_batch > 0, r, "train.global_batch", "must be > 0");
+  c.micro_batches = r.get<int64_t>("train.micro_batches", c.micro_batches);
+  require(c.micro_batches > 0 && c.global_batch % c.micro_batches == 0, r, "train.micro_batches",
+          "must be > 0 and divide train.global_batch");
   c.log_every = r.get<int64_t>("train.log_every", c.log_every);
   require(c.log_every > 0, r, "train.log_every", "must be > 0");
   c.sample_every = r.get<int64_t>("train.sample_every", c.sample_every);

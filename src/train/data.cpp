@@ -58,13 +58,14 @@ at::Tensor make_synthetic_images(int64_t n, uint64_t seed, at::ScalarType dtype)
 }
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t global_batch, int rank,
-                                       int world_size, uint64_t seed)
-    : dataset_size_(dataset_size), global_batch_(global_batch), rank_(rank),
-      world_size_(world_size), seed_(seed) {
-  if (global_batch % world_size != 0) {
+                                       int world_size, uint64_t seed, int64_t micro_batches)
+    : dataset_size_(dataset_size), global_batch_(global_batch), micro_batches_(micro_batches),
+      rank_(rank), world_size_(world_size), seed_(seed) {
+  if (micro_batches < 1 || global_batch % (micro_batches * world_size) != 0) {
     throw std::invalid_argument("train.global_batch " + std::to_string(global_batch) +
-                                " must divide evenly by the world size " +
-                                std::to_string(world_size));
+                                " must divide evenly by train.micro_batches (" +
+                                std::to_string(micro_batches) + ") x the world size (" +
+                                std::to_string(world_size) + ")");
   }
   if (dataset_size < global_batch) {
     throw std::invalid_argument("the dataset (" + std::to_string(dataset_size) +
@@ -73,11 +74,12 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t global_batc
   }
 }
 
-at::Tensor DistributedSampler::indices(int64_t epoch, int64_t batch) const {
+at::Tensor DistributedSampler::indices(int64_t epoch, int64_t batch, int64_t micro) const {
   auto gen = at::detail::createCPUGenerator(seed_ + 1000003ULL * static_cast<uint64_t>(epoch));
   at::Tensor perm = at::randperm(dataset_size_, gen, torch::TensorOptions().dtype(at::kLong));
   const int64_t local = local_batch();
-  return perm.narrow(0, batch * global_batch_ + rank_ * local, local).clone();
+  const int64_t start = batch * global_batch_ + micro * (global_batch_ / micro_batches_) + rank_ * local;
+  return perm.narrow(0, start, local).clone();
 }
 
 }  // namespace shardgan

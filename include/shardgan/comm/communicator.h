@@ -61,8 +61,9 @@ class Communicator {
 
   /// Collective. Concatenates every rank's `shard` into `full`, in rank order.
   /// `shard`: contiguous 1-D, numel S. `full`: contiguous 1-D, numel S * world_size(),
-  /// same dtype and device. Supported dtypes: float32, float64, bfloat16, float16 (and
-  /// uint8/int64 for bookkeeping). Throws CollectiveError on a size/dtype mismatch.
+  /// same dtype and device. `shard` may be block rank() of `full` itself (in place).
+  /// Supported dtypes: float32, float64, bfloat16, float16 (and uint8/int64 for
+  /// bookkeeping). Throws CollectiveError on a size/dtype mismatch.
   virtual void all_gather(at::Tensor& full, const at::Tensor& shard) = 0;
 
   /// Collective. Reduces `full` (contiguous 1-D, numel S * world_size()) element-wise across

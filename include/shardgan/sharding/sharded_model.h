@@ -12,8 +12,12 @@ namespace shardgan {
 
 /// Bytes one rank holds for a model's training state, as the sharding layer counts them.
 struct MemoryStats {
-  int64_t param_shard_bytes = 0;      ///< persistent parameter shards (all units)
-  int64_t grad_shard_bytes = 0;       ///< averaged gradient shards
+  int64_t param_shard_bytes = 0;      ///< parameters kept between steps: the full copy at
+                                      ///< stages 0-2, the shard at 3, plus any separate
+                                      ///< float32 master shard (mixed precision)
+  int64_t grad_shard_bytes = 0;       ///< gradients kept between steps: the accumulated
+                                      ///< flat gradient at stages 0-1, shards at 2-3
+  int64_t comm_buffer_bytes = 0;      ///< largest transient flat communication buffer seen
   int64_t optimizer_state_bytes = 0;  ///< filled in by the optimizer (ShardedAdam)
   int64_t full_param_bytes_alive = 0; ///< gathered full parameters right now
   int64_t peak_full_param_bytes = 0;  ///< most gathered bytes alive at once so far
@@ -41,8 +45,14 @@ class ShardedModel {
 
   /// Local: freezes or unfreezes every parameter (BigGAN's frozen D during the G step).
   void set_requires_grad(bool on);
-  /// Local: zeroes every unit's gradient shard.
+  /// Local: zeroes every unit's gradient shard and accumulated flat gradient.
   void zero_grad();
+  /// Local: whether the next backward ends a gradient-accumulation step. Stages 0 and 1
+  /// reduce only in such a backward; stages 2 and 3 reduce every micro-step anyway.
+  void set_gradient_sync(bool on);
+  /// Collective at stages 1 and 2 (one all-gather per unit). Call after every optimizer
+  /// step so that every rank's full parameters hold the updated values.
+  void after_optimizer_step();
   /// Local: train or eval mode on every unit's module.
   void train(bool on);
 

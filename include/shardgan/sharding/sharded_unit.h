@@ -22,13 +22,31 @@ namespace shardgan {
 class ShardedModel;
 
 /// Per-model sharding options. Changing them after the model is built has no effect.
+///
+/// | stage | sharded                        | parameters between steps      | gradients          |
+/// |-------|--------------------------------|-------------------------------|--------------------|
+/// | 0     | nothing (replicated reference) | full                          | all-reduced        |
+/// | 1     | optimizer state                | full; owned slice updated,    | reduce-scattered at|
+/// |       |                                | then all-gathered             | the accumulation   |
+/// |       |                                |                               | boundary           |
+/// | 2     | + gradients                    | as stage 1                    | reduce-scattered   |
+/// |       |                                |                               | every micro-step   |
+/// | 3     | + parameters                   | shard only; gathered per unit | as stage 2         |
+/// (ZeRO paper, Rajbhandari et al. 2020, Sec. 5.1-5.3.)
 struct ShardingConfig {
-  /// ZeRO stage: 0 (replicated data parallel, gradients all-reduced; the reference) or 3
-  /// (parameters, gradients and optimizer state sharded). Stages 1 and 2 come later.
+  /// ZeRO stage, 0 to 3 (table above).
   int stage = 3;
   /// Stage 3: free the gathered parameters after forward and gather them again for
-  /// backward (FSDP's reshard_after_forward). False keeps them until backward ends.
+  /// backward (FSDP's reshard_after_forward). False keeps them from forward until the
+  /// unit's gradients are reduced, so a D run on real and then fake images is gathered
+  /// once per step (the "gather D once" policy, at the cost of memory).
   bool reshard_after_forward = true;
+  /// Mixed precision: dtype the parameters are gathered and computed in. Undefined means
+  /// the master dtype (the dtype the module was built in). bfloat16 or float16 keep a
+  /// float32 master shard and float32 optimizer state.
+  c10::optional<at::ScalarType> compute_dtype;
+  /// Dtype gradients are reduced in (undefined: the master dtype).
+  c10::optional<at::ScalarType> reduce_dtype;
 };
 
 class ShardedUnit {
@@ -65,11 +83,21 @@ class ShardedUnit {
   void gather();
   /// Frees the gathered flat parameter (stage 3; no-op at stage 0). Local.
   void free_full();
-  /// Collective: copies the parameters' .grad into one flat buffer, averages it across
-  /// ranks (reduce-scatter at stage 3, all-reduce at stage 0) and adds the local part to
-  /// grad_shard(). Releases the parameters' .grad. Skipped (on every rank alike) when no
-  /// parameter received a gradient.
+  /// Collective unless deferred: adds the parameters' .grad into one flat buffer in the
+  /// reduce dtype and releases them. Stages 2 and 3 then reduce-scatter (average) it into
+  /// grad_shard() right away; stages 0 and 1 keep accumulating locally until a backward
+  /// with gradient sync on (the accumulation boundary), then all-reduce (0) or
+  /// reduce-scatter (1). Skipped, on every rank alike, when no parameter got a gradient.
   void reduce_gradients();
+  /// Whether the next backward ends a gradient-accumulation step (stages 0 and 1 reduce
+  /// only then; like DDP's no_sync). Local.
+  void set_gradient_sync(bool on) { sync_ = on; }
+  /// Collective at stages 1 and 2 (all-gather of the updated owned slices into the full
+  /// parameters); copies master to compute dtype at stage 0 with mixed precision; no-op at
+  /// stage 3. Call after every optimizer step.
+  void after_optimizer_step();
+  /// Local: zeroes the gradient shard and any accumulated flat gradient.
+  void zero_grad();
 
   /// Toggles requires_grad on every parameter (a frozen unit yields input gradients only).
   void set_requires_grad(bool on);
@@ -80,16 +108,25 @@ class ShardedUnit {
   int64_t shard_numel() const { return shard_numel_; }    ///< S, elements this rank owns
   int64_t shard_offset() const { return shard_offset_; }  ///< first owned flat element
   int stage() const { return cfg_.stage; }
-  /// This rank's part of the flat parameter: 1-D, S elements, the model dtype, CPU. The
-  /// optimizer updates it in place. At stage 0 it aliases the module's parameters.
+  /// This rank's part of the flat master parameter: 1-D, S elements, the master dtype, CPU.
+  /// The optimizer updates it in place. Without mixed precision it aliases the full
+  /// parameters at stages 0-2 (the owned slice), and is its own tensor at stage 3.
   at::Tensor& shard() { return shard_; }
   /// The averaged gradient for shard(): same shape, dtype and device.
   at::Tensor& grad_shard() { return grad_shard_; }
+  /// Bytes this rank keeps between steps for parameters (full copy at stages 0-2, the
+  /// shard at stage 3, plus a separate master shard with mixed precision).
+  int64_t persistent_param_bytes() const;
+  /// Bytes this rank keeps between steps for gradients (the accumulated flat gradient at
+  /// stages 0 and 1, plus a separate gradient shard).
+  int64_t persistent_grad_bytes() const;
+  /// Largest transient communication buffer allocated so far (bytes).
+  int64_t peak_comm_buffer_bytes() const { return peak_comm_bytes_; }
   const std::vector<ParamSlot>& slots() const { return slots_; }
   torch::nn::Module& module() { return *module_; }
   bool gathered() const { return gathered_; }
-  /// Bytes currently held by the gathered flat parameter (0 when freed; P * element size
-  /// when gathered at stage 3; 0 at stage 0, where it is the shard itself).
+  /// Bytes currently held by the gathered flat parameter at stage 3 (0 when freed, and at
+  /// stages 0-2, where the full parameters are persistent).
   int64_t full_bytes_alive() const;
 
   /// Collective at stage 3: the full, unpadded flat parameter (T elements, a new tensor).
@@ -111,10 +148,15 @@ class ShardedUnit {
   std::vector<ParamSlot> slots_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive for hooks
   int64_t numel_ = 0, padded_numel_ = 0, shard_numel_ = 0, shard_offset_ = 0;
-  at::Tensor full_;        // P elements; parameters are views of it
-  at::Tensor shard_;       // S elements (aliases full_ at stage 0)
-  at::Tensor grad_shard_;  // S elements
+  at::Tensor full_;        // P elements, compute dtype; parameters are views of it
+  at::Tensor shard_;       // S elements, master dtype (may alias full_, see shard())
+  at::Tensor grad_shard_;  // S elements, master dtype (may alias grad_flat_)
+  at::Tensor grad_flat_;   // P elements, reduce dtype; persistent at stages 0 and 1
+  at::ScalarType master_dtype_, compute_dtype_, reduce_dtype_;
+  bool shard_aliases_full_ = false, grad_shard_aliases_flat_ = false;
   bool gathered_ = false;
+  bool sync_ = true;
+  int64_t peak_comm_bytes_ = 0;
   bool backward_armed_ = false;
   int pending_grads_ = 0;
 };

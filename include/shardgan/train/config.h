@@ -31,6 +31,7 @@ struct TrainConfig {
 
   int64_t steps = 600;            ///< train.steps: total optimizer steps (each D then G)
   int64_t global_batch = 64;      ///< train.global_batch, split evenly over ranks
+  int64_t micro_batches = 1;      ///< train.micro_batches: gradient accumulation steps
   int64_t log_every = 10;         ///< train.log_every (steps)
   int64_t sample_every = 100;     ///< train.sample_every (steps; 0 = only at the end)
   int64_t checkpoint_every = 200; ///< train.checkpoint_every (steps; 0 = only at the end)
@@ -38,7 +39,8 @@ struct TrainConfig {
   int64_t keep_checkpoints = 3;   ///< train.keep_checkpoints: newest committed ones kept
 
   DcganConfig model;              ///< model.{dtype,z_dim,g_width,d_width}
-  ShardingConfig g_sharding;      ///< sharding.generator.{stage,reshard_after_forward}
+  ShardingConfig g_sharding;      ///< sharding.generator.{stage,reshard_after_forward,
+                                  ///<   compute_dtype,reduce_dtype}
   ShardingConfig d_sharding;      ///< sharding.discriminator.{...}
   AdamConfig g_optim;             ///< optim.generator.{lr,beta1,beta2,eps}
   AdamConfig d_optim;             ///< optim.discriminator.{...}

@@ -29,20 +29,22 @@ at::Tensor make_synthetic_images(int64_t n, uint64_t seed, at::ScalarType dtype)
 /// with B/N samples see exactly the global batch one rank with B samples sees).
 class DistributedSampler {
  public:
-  /// Throws std::invalid_argument unless global_batch divides evenly by world_size and
-  /// the dataset holds at least one global batch.
+  /// Each global batch splits into `micro_batches` micro-batches (gradient accumulation),
+  /// each split evenly over the ranks. Throws std::invalid_argument unless global_batch
+  /// divides by micro_batches * world_size and the dataset holds one global batch.
   DistributedSampler(int64_t dataset_size, int64_t global_batch, int rank, int world_size,
-                     uint64_t seed);
+                     uint64_t seed, int64_t micro_batches = 1);
 
-  /// Indices (int64, [global_batch / world_size]) of this rank's part of batch `batch` in
-  /// epoch `epoch`. Local and deterministic.
-  at::Tensor indices(int64_t epoch, int64_t batch) const;
+  /// Indices (int64, [global_batch / micro_batches / world_size]) of this rank's part of
+  /// micro-batch `micro` of batch `batch` in epoch `epoch`. Local and deterministic.
+  at::Tensor indices(int64_t epoch, int64_t batch, int64_t micro = 0) const;
 
   int64_t batches_per_epoch() const { return dataset_size_ / global_batch_; }
-  int64_t local_batch() const { return global_batch_ / world_size_; }
+  /// Samples per rank per micro-batch.
+  int64_t local_batch() const { return global_batch_ / micro_batches_ / world_size_; }
 
  private:
-  int64_t dataset_size_, global_batch_;
+  int64_t dataset_size_, global_batch_, micro_batches_;
   int rank_, world_size_;
   uint64_t seed_;
 };

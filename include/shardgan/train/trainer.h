@@ -53,7 +53,8 @@ class Trainer {
   const TrainConfig& config() const { return cfg_; }
 
  private:
-  at::Tensor draw_noise();  // this rank's slice of a global latent batch
+  at::Tensor draw_noise();  // the whole global latent batch (same on every rank)
+  at::Tensor local_micro(const at::Tensor& global, int64_t micro) const;  // this rank's part
   void log_step(const StepMetrics& m);
 
   TrainConfig cfg_;
