@@ -4,6 +4,12 @@
 
 namespace shardgan {
 
+void ShardedOptimizer::step() {
+  if (schedule_) lr_ = schedule_->lr_at(step_);
+  ++step_;
+  update();
+}
+
 int64_t ShardedOptimizer::state_bytes() {
   int64_t b = 0;
   for (size_t i = 0; i < model_.units().size(); ++i) {

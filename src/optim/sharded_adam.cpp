@@ -9,6 +9,17 @@
 
 namespace shardgan {
 
+namespace {
+
+bool fused_ok(const at::Tensor& p, const at::Tensor& g) {
+  return p.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat && p.device().is_cpu() &&
+         g.device().is_cpu() && p.is_contiguous() && g.is_contiguous();
+}
+
+at::ScalarType copy_dtype(ParamCopy c) { return c == ParamCopy::kBFloat16 ? at::kBFloat16 : at::kHalf; }
+
+}  // namespace
+
 ShardedAdam::ShardedAdam(ShardedModel& model, AdamConfig cfg)
     : ShardedOptimizer(model, cfg.lr), cfg_(cfg) {
   if (!(cfg.lr >= 0)) throw std::invalid_argument("Invalid learning rate: " + std::to_string(cfg.lr));
@@ -17,26 +28,53 @@ ShardedAdam::ShardedAdam(ShardedModel& model, AdamConfig cfg)
                                 std::to_string(cfg.beta2) + "), each must be in [0, 1)");
   }
   if (!(cfg.eps >= 0)) throw std::invalid_argument("Invalid epsilon value: " + std::to_string(cfg.eps));
+  if (!(cfg.weight_decay >= 0)) {
+    throw std::invalid_argument("Invalid weight_decay value: " + std::to_string(cfg.weight_decay));
+  }
   for (auto& u : model_.units()) {
     exp_avg_.push_back(torch::zeros_like(u->shard()));
     exp_avg_sq_.push_back(torch::zeros_like(u->shard()));
+    if (cfg.param_copy != ParamCopy::kNone) {
+      if (!fused_ok(u->shard(), u->grad_shard())) {
+        throw std::invalid_argument("Adam param_copy needs float32 CPU shards; unit '" + u->name() +
+                                    "' has " + std::string(c10::toString(u->shard().scalar_type())) +
+                                    " on " + u->shard().device().str());
+      }
+      copies_.push_back(u->shard().to(copy_dtype(cfg.param_copy)));
+    } else {
+      copies_.emplace_back();
+    }
   }
 }
 
-void ShardedAdam::step() {
+void ShardedAdam::update() {
   torch::NoGradGuard no_grad;
-  ++step_;
-  const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(step_));
-  const double step_size = lr_ / bc1;
+  const bool adamw = cfg_.decoupled_weight_decay;
+  const double wd = cfg_.weight_decay;
   auto& units = model_.units();
   for (size_t i = 0; i < units.size(); ++i) {
     at::Tensor& p = units[i]->shard();
     const at::Tensor& g = units[i]->grad_shard();
-    exp_avg_[i].mul_(cfg_.beta1).add_(g, 1.0 - cfg_.beta1);
-    exp_avg_sq_[i].mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
+    if (fused_ok(p, g)) {
+      const AdamCoefficients c =
+          adam_coefficients(lr_, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, adamw, step_);
+      uint16_t* out = copies_[i].defined() ? static_cast<uint16_t*>(copies_[i].data_ptr()) : nullptr;
+      fused_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), exp_avg_[i].data_ptr<float>(),
+                      exp_avg_sq_[i].data_ptr<float>(), p.numel(), c, cfg_.param_copy, out, isa_);
+      continue;
+    }
+    // torch::optim::Adam / AdamW (LibTorch 1.13), op for op.
+    const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(step_));
+    const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(step_));
+    at::Tensor grad = g;
+    if (wd != 0) {
+      if (adamw) p.mul_(1 - lr_ * wd);
+      else grad = grad.add(p, wd);
+    }
+    exp_avg_[i].mul_(cfg_.beta1).add_(grad, 1.0 - cfg_.beta1);
+    exp_avg_sq_[i].mul_(cfg_.beta2).addcmul_(grad, grad, 1.0 - cfg_.beta2);
     at::Tensor denom = (exp_avg_sq_[i].sqrt() / std::sqrt(bc2)).add_(cfg_.eps);
-    p.addcdiv_(exp_avg_[i], denom, -step_size);
+    p.addcdiv_(exp_avg_[i], denom, -lr_ / bc1);
   }
 }
 

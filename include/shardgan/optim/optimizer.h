@@ -1,12 +1,19 @@
 #pragma once
-/// Base class of optimizers that step on flat shards (ZeRO paper, Sec. 5.1: each rank
-/// updates only the partition of the optimizer state it owns).
+/// Base class of optimizers that step on flat shards (ZeRO paper, Rajbhandari et al. 2020,
+/// Sec. 5.1: each rank updates only the partition of the optimizer state it owns). Every
+/// optimizer here is local: step() reads each unit's grad_shard() and writes its shard(),
+/// with no communication, so a sharded step is the unsharded step restricted to the owned
+/// elements. Gradient clipping and loss scaling, which need a collective, come before it
+/// (clip_grad.h, loss_scaler.h).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+
+#include "shardgan/optim/lr_schedule.h"
 
 namespace shardgan {
 
@@ -14,13 +21,17 @@ class ShardedModel;
 
 class ShardedOptimizer {
  public:
-  /// `model` must outlive the optimizer; its units must not change afterwards.
-  ShardedOptimizer(ShardedModel& model, double lr) : model_(model), lr_(lr) {}
+  /// `model` must outlive the optimizer; its units must not change afterwards. `lr` is the
+  /// base learning rate (the schedule's peak).
+  ShardedOptimizer(ShardedModel& model, double lr) : model_(model), lr_(lr), base_lr_(lr) {}
   virtual ~ShardedOptimizer() = default;
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
   /// Local (no communication): one update of every unit's shard() from its grad_shard().
-  /// Does not zero the gradients.
-  virtual void step() = 0;
+  /// If a schedule is set, first sets lr() to schedule().lr_at(step_count()); then
+  /// increments step_count() and updates. Does not zero the gradients.
+  void step();
 
   /// The state tensors of unit `unit`, by stable name ("exp_avg", "exp_avg_sq", ...): each
   /// 1-D, shard_numel() elements, on the shard's device. Checkpoints store them under these
@@ -28,20 +39,36 @@ class ShardedOptimizer {
   /// them restores state.
   virtual std::vector<std::pair<std::string, at::Tensor>> unit_state(size_t unit) = 0;
 
-  /// Optimizer steps taken (Adam's bias-correction count).
+  /// "adam", "adamw", "sgd" or "rmsprop".
+  virtual const char* type_name() const = 0;
+
+  /// Optimizer steps taken (Adam's bias-correction count; the schedule's position).
+  /// Restore it from a checkpoint with set_step_count.
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
-  /// Current learning rate; a schedule sets it before each step.
+  /// Learning rate of the last step (or the base rate before the first). With a schedule,
+  /// step() overwrites whatever set_lr() put here.
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
+  /// The base learning rate given at construction.
+  double base_lr() const { return base_lr_; }
+  /// Sets the learning-rate schedule applied by step() (relative to base_lr()).
+  void set_schedule(const LrSchedule& s) { schedule_ = s; }
+  const std::optional<LrSchedule>& schedule() const { return schedule_; }
   /// Bytes of optimizer state this rank holds (sum over unit_state).
   int64_t state_bytes();
   ShardedModel& model() { return model_; }
 
  protected:
+  /// The update itself: step_count() is already the 1-based index of this step and lr() its
+  /// learning rate.
+  virtual void update() = 0;
+
   ShardedModel& model_;
   int64_t step_ = 0;
   double lr_;
+  double base_lr_;
+  std::optional<LrSchedule> schedule_;
 };
 
 }  // namespace shardgan

@@ -1,0 +1,52 @@
+#pragma once
+/// One options struct for every optimizer, and the factory the trainer calls once per
+/// model (TTUR, Heusel et al. 2017: G and D get their own learning rates and betas).
+#include <memory>
+#include <string>
+
+#include "shardgan/optim/fused_adam.h"
+#include "shardgan/optim/lr_schedule.h"
+#include "shardgan/optim/optimizer.h"
+
+namespace shardgan {
+
+class ShardedModel;
+
+enum class OptimizerType { kAdam, kAdamW, kSgd, kRmsprop };
+/// "adam", "adamw", "sgd", "rmsprop".
+const char* to_string(OptimizerType t);
+/// Inverse of to_string; throws std::invalid_argument naming the accepted values.
+OptimizerType parse_optimizer_type(const std::string& s);
+
+/// Per-model optimizer options (YAML: optim.generator.*, optim.discriminator.*). A field
+/// that the chosen type does not use is ignored. Changing a field after make_optimizer has
+/// no effect on the optimizer made.
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdam;
+  double lr = 2e-4;            ///< base learning rate (all types)
+  double beta1 = 0.5;          ///< adam, adamw
+  double beta2 = 0.999;        ///< adam, adamw
+  double eps = 1e-8;           ///< adam, adamw, rmsprop
+  double weight_decay = 0.0;   ///< all: L2 (adam, sgd, rmsprop) or decoupled (adamw)
+  double momentum = 0.0;       ///< sgd, rmsprop
+  double dampening = 0.0;      ///< sgd
+  bool nesterov = false;       ///< sgd
+  double alpha = 0.99;         ///< rmsprop
+  bool centered = false;       ///< rmsprop
+  LrScheduleConfig schedule;   ///< all
+  /// adam, adamw on float32 CPU shards: bfloat16/float16 copy written by the fused kernel.
+  ParamCopy param_copy = ParamCopy::kNone;
+
+  /// DCGAN (Radford et al. 2016, Sec. 4): Adam, lr 2e-4, betas (0.5, 0.999).
+  static OptimizerConfig dcgan();
+  /// BigGAN (Brock et al. 2019, Sec. 3 and App. C): Adam, betas (0, 0.999), lr 1e-4 for G
+  /// and 4e-4 for D.
+  static OptimizerConfig biggan_generator();
+  static OptimizerConfig biggan_discriminator();
+};
+
+/// Builds the optimizer for `model` (which must outlive it), with the schedule set.
+/// Throws std::invalid_argument naming the bad field and value.
+std::unique_ptr<ShardedOptimizer> make_optimizer(ShardedModel& model, const OptimizerConfig& cfg);
+
+}  // namespace shardgan
