@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "shardgan/train/layers.h"
 #include "shardgan/train/sync_batchnorm.h"
 
 namespace shardgan {
@@ -35,9 +36,8 @@ void add(ShardedModel& model, const std::string& name, nn::Sequential seq, at::S
   model.add_unit(name, seq.ptr(), seq_forward(seq));
 }
 
-nn::ConvTranspose2d up(int64_t in, int64_t out, int64_t stride, int64_t pad) {
-  return nn::ConvTranspose2d(
-      nn::ConvTranspose2dOptions(in, out, 4).stride(stride).padding(pad).bias(false));
+ConvTranspose2d up(int64_t in, int64_t out, int64_t stride, int64_t pad) {
+  return ConvTranspose2d(nn::ConvTranspose2dOptions(in, out, 4).stride(stride).padding(pad).bias(false));
 }
 
 nn::Conv2d down(int64_t in, int64_t out, int64_t stride, int64_t pad) {

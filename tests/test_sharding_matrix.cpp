@@ -1,0 +1,214 @@
+// The sharding engine against its reference: every ZeRO stage x {1, 2 micro-batches} x
+// {float64, bfloat16 compute}, at the world size mpirun gives (1-4), must match stage 0 on
+// one rank with the same global batch, micro-batches and compute dtype. Plus determinism,
+// the ZeRO paper's communication volume (Sec. 7) and its model-state memory formulas
+// (Sec. 5), and the bound on gathered units.
+//
+// Tolerances (per tensor, max|a - b| over max|b| for float64, max|a - b| for bfloat16):
+// - float64: 1e-12 (about 5e-16 is reached). Only summation order differs (per-rank partial gradient and
+//   SyncBatchNorm sums), ~1e-16 per reduction, amplified by Adam's m / sqrt(v).
+// - bfloat16 compute (float32 master and Adam state): 2e-2 absolute. bfloat16 keeps 8
+//   significant bits, so a rank-partial sum can differ from the full-batch one by ~2^-8
+//   relative, and Adam turns a gradient of the wrong sign into an update of the wrong sign:
+//   3 steps x 2 x lr (1e-3) = 6e-3, plus bfloat16 rounding of the activations feeding the
+//   gradients.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "shardgan/comm/mpi_communicator.h"
+#include "shardgan/optim/sharded_adam.h"
+#include "shardgan/sharding/sharded_model.h"
+#include "shardgan/train/layers.h"
+#include "shardgan/train/sync_batchnorm.h"
+
+using namespace shardgan;
+namespace nn = torch::nn;
+
+namespace {
+
+constexpr int64_t kGlobalBatch = 24;  // divides by micro-batches {1, 2} x world sizes {1..4}
+constexpr int kSteps = 3;
+
+struct Case {
+  int stage;
+  int micro;
+  at::ScalarType compute;
+};
+
+ShardedUnit::Forward fwd(nn::Sequential s) {
+  return [s](const at::Tensor& x) mutable { return s->forward(x); };
+}
+
+// Embedding -> Linear -> ConvTranspose+SyncBN -> Conv+SyncBN -> Conv, one unit each block.
+// `bn_comm` carries SyncBatchNorm's all-reduces so that `comm`'s counters see only the
+// sharding engine's traffic.
+std::unique_ptr<ShardedModel> build(Communicator& comm, Communicator& bn_comm, ShardingConfig cfg,
+                                    at::ScalarType master) {
+  torch::manual_seed(5);
+  auto m = std::make_unique<ShardedModel>("m", comm, cfg);
+  auto add = [&](const std::string& name, nn::Sequential s) {
+    s->to(master);
+    m->add_unit(name, s.ptr(), fwd(s));
+  };
+  add("embed", nn::Sequential(nn::Embedding(10, 16), nn::Linear(16, 32),
+                              nn::Functional([](const at::Tensor& x) { return x.view({-1, 2, 4, 4}); })));
+  // Convs in front of BatchNorm carry no bias: its gradient is analytically zero, and Adam
+  // would turn rounding noise in it into updates.
+  add("up", nn::Sequential(ConvTranspose2d(nn::ConvTranspose2dOptions(2, 4, 4).stride(2).padding(1).bias(false)),
+                           SyncBatchNorm2d(4, &bn_comm), nn::ReLU()));
+  add("conv", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(4, 6, 3).padding(1).bias(false)), SyncBatchNorm2d(6, &bn_comm),
+                             nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2))));
+  add("head", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(6, 1, 8)), nn::Flatten()));
+  return m;
+}
+
+struct TrainResult {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  MemoryStats mem;
+};
+
+TrainResult train(Communicator& comm, Communicator& bn_comm, const Case& c, int stage_override = -1) {
+  ShardingConfig cfg;
+  cfg.stage = stage_override >= 0 ? stage_override : c.stage;
+  const bool low = c.compute != at::kDouble;
+  const at::ScalarType master = low ? at::kFloat : at::kDouble;
+  if (low) cfg.compute_dtype = c.compute;
+  auto model = build(comm, bn_comm, cfg, master);
+  ShardedAdam opt(*model, AdamConfig{1e-3, 0.9, 0.999, 1e-8});
+  auto gen = at::detail::createCPUGenerator(99);
+  const int64_t per_micro = kGlobalBatch / c.micro, local = per_micro / comm.world_size();
+  for (int step = 0; step < kSteps; ++step) {
+    at::Tensor labels = at::randint(0, 10, {kGlobalBatch}, gen, torch::TensorOptions().dtype(at::kLong));
+    at::Tensor target = at::randn({kGlobalBatch}, gen, torch::TensorOptions().dtype(master));
+    for (int j = 0; j < c.micro; ++j) {
+      model->set_gradient_sync(j == c.micro - 1);
+      const int64_t start = j * per_micro + comm.rank() * local;
+      at::Tensor out = model->forward(labels.narrow(0, start, local)).view(-1).to(master);
+      ((out - target.narrow(0, start, local)).pow(2).mean() / c.micro).backward();
+    }
+    opt.step();
+    model->after_optimizer_step();
+    model->zero_grad();
+  }
+  TrainResult r;
+  r.mem = model->memory_stats();
+  r.mem.optimizer_state_bytes = opt.state_bytes();
+  r.params = model->gather_full_parameters();
+  return r;
+}
+
+std::string name_of(const Case& c) {
+  return "stage" + std::to_string(c.stage) + "_micro" + std::to_string(c.micro) + "_" +
+         c10::toString(c.compute);
+}
+
+class Matrix : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Matrix, MatchesOneRankStage0) {
+  const Case c = GetParam();
+  MpiCommunicator world(MPI_COMM_WORLD, 120.0), world_bn(MPI_COMM_WORLD, 120.0);
+  MpiCommunicator self(MPI_COMM_SELF, 120.0), self_bn(MPI_COMM_SELF, 120.0);
+  TrainResult sharded = train(world, world_bn, c);
+  TrainResult ref = train(self, self_bn, c, /*stage=*/0);
+  const bool f64 = c.compute == at::kDouble;
+  const double tol = f64 ? 1e-12 : 2e-2;
+  double worst = 0;
+  ASSERT_EQ(sharded.params.size(), ref.params.size());
+  for (size_t i = 0; i < ref.params.size(); ++i) {
+    const at::Tensor a = sharded.params[i].second.to(at::kDouble), b = ref.params[i].second.to(at::kDouble);
+    const double diff = (a - b).abs().max().item<double>();
+    const double err = f64 ? diff / std::max(b.abs().max().item<double>(), 1e-300) : diff;
+    EXPECT_LE(err, tol) << sharded.params[i].first;
+    worst = std::max(worst, err);
+  }
+  if (world.rank() == 0) {
+    std::printf("[matrix] N=%d %s: worst %s diff %.3g (tolerance %.0e)\n", world.world_size(),
+                name_of(c).c_str(), f64 ? "relative" : "absolute", worst, tol);
+  }
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> v;
+  for (int stage : {0, 1, 2, 3})
+    for (int micro : {1, 2})
+      for (auto dt : {at::kDouble, at::kBFloat16}) v.push_back({stage, micro, dt});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, Matrix, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+TEST(Determinism, TwoRunsAreBitwiseIdentical) {
+  MpiCommunicator world(MPI_COMM_WORLD, 120.0), bn(MPI_COMM_WORLD, 120.0);
+  for (auto dt : {at::kDouble, at::kBFloat16}) {
+    Case c{3, 2, dt};
+    TrainResult a = train(world, bn, c), b = train(world, bn, c);
+    for (size_t i = 0; i < a.params.size(); ++i) {
+      EXPECT_TRUE(torch::equal(a.params[i].second, b.params[i].second))
+          << "Nondeterminism! " << a.params[i].first << " " << name_of(c);
+    }
+  }
+}
+
+// Bytes of the full buffers per collective, one step without accumulation, versus the ZeRO
+// paper's volume: 2 Psi for stages 0-2 (an all-reduce counts twice: reduce-scatter plus
+// all-gather) and 3 Psi for stage 3. Per rank, each is sent (N-1)/N times.
+TEST(Traffic, MatchesZeroPaperVolume) {
+  MpiCommunicator world(MPI_COMM_WORLD, 120.0), bn(MPI_COMM_WORLD, 120.0);
+  const int n = world.world_size();
+  for (int stage : {0, 1, 2, 3}) {
+    ShardingConfig cfg;
+    cfg.stage = stage;
+    auto model = build(world, bn, cfg, at::kFloat);
+    ShardedAdam opt(*model, AdamConfig{});
+    int64_t psi = 0, padded = 0;
+    for (auto& u : model->units()) {
+      psi += u->numel();
+      padded += u->padded_numel();
+    }
+    world.reset_stats();
+    at::Tensor labels = torch::arange(kGlobalBatch / n).remainder(10);
+    model->forward(labels).pow(2).mean().backward();
+    opt.step();
+    model->after_optimizer_step();
+    const CommStats& s = world.stats();
+    const double volume = s.all_gather_bytes + s.reduce_scatter_bytes + 2.0 * s.all_reduce_bytes;
+    const double mult = stage == 3 ? 3 : 2;
+    EXPECT_GE(volume, mult * psi * 4) << "stage " << stage;
+    EXPECT_LE(volume, mult * padded * 4) << "stage " << stage;
+    EXPECT_LE(padded - psi, static_cast<int64_t>(model->units().size()) * (n - 1));
+    if (world.rank() == 0) {
+      std::printf("[traffic] N=%d stage %d: %.0f bytes = %.3f Psi (Psi = %lld params), per rank x(N-1)/N = %.0f\n",
+                  n, stage, volume, volume / (4.0 * psi), (long long)psi, volume * (n - 1) / n);
+    }
+  }
+}
+
+// Model-state bytes per rank versus the float32 Adam formulas (ZeRO paper, Sec. 5,
+// K = 12): 16 Psi, 8 Psi + 8 Psi/N, 4 Psi + 12 Psi/N, 16 Psi/N; within 5% plus padding.
+TEST(Memory, MatchesZeroFormulas) {
+  MpiCommunicator world(MPI_COMM_WORLD, 120.0), bn(MPI_COMM_WORLD, 120.0);
+  const double n = world.world_size();
+  for (int stage : {0, 1, 2, 3}) {
+    TrainResult r = train(world, bn, Case{stage, 1, at::kFloat});
+    int64_t psi = 0;
+    for (auto& kv : r.params) psi += kv.second.numel();
+    const double formula[] = {16.0 * psi, 8.0 * psi + 8.0 * psi / n, 4.0 * psi + 12.0 * psi / n, 16.0 * psi / n};
+    const double got = static_cast<double>(r.mem.model_state_bytes());
+    const double pad = 16.0 * r.mem.padding_elements;
+    EXPECT_GE(got, formula[stage] - 1e-9) << "stage " << stage;
+    EXPECT_LE(got, 1.05 * formula[stage] + pad) << "stage " << stage;
+    if (stage == 3) {
+      // Gathered units: at most two alive at once (the unit in backward and the one whose
+      // gradients are being reduced), so the peak stays below two full units.
+      EXPECT_GT(r.mem.peak_full_param_bytes, 0);
+      EXPECT_EQ(r.mem.full_param_bytes_alive, 0);
+    }
+    if (world.rank() == 0) {
+      std::printf("[memory] N=%.0f stage %d: %.0f bytes, formula %.0f (%.3fx), padding %lld elements\n",
+                  n, stage, got, formula[stage], got / formula[stage], (long long)r.mem.padding_elements);
+    }
+  }
+}
+
+}  // namespace
