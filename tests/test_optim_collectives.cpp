@@ -1,5 +1,5 @@
 // The optimizer-side collectives, run at 1 to 4 ranks:
-// - global-norm clipping over stage-3 and stage-0 models equals torch's clip_grad_norm_ on
+// - global-norm clipping over stage-3, stage-1 and stage-0 models equals torch's clip_grad_norm_ on
 //   the unsharded gradients, with one all-reduce, and flags a non-finite norm on every rank;
 // - the dynamic loss scaler skips exactly the steps in which some rank overflowed, and its
 //   scale follows the window/hysteresis rule.
@@ -26,7 +26,7 @@ ShardingConfig sharding(int stage) {
 
 std::unique_ptr<ShardedModel> make_model(Communicator& comm, int stage, at::ScalarType dtype, int64_t seed) {
   torch::manual_seed(seed);
-  auto m = std::make_unique<ShardedModel>(stage == 3 ? "sharded" : "replicated", comm, sharding(stage));
+  auto m = std::make_unique<ShardedModel>("stage" + std::to_string(stage), comm, sharding(stage));
   for (auto [in, out] : {std::pair{11, 5}, std::pair{5, 3}}) {
     auto lin = torch::nn::Linear(torch::nn::LinearOptions(in, out));
     lin->to(dtype);
@@ -62,11 +62,13 @@ TEST(ClipGradNorm, ShardedEqualsUnshardedClipGradNorm) {
   for (double max_norm : {0.5, 1e6}) {  // clipped, and not
     auto sharded = make_model(world, 3, torch::kDouble, 1);
     auto replicated = make_model(world, 0, torch::kDouble, 2);
+    auto stage1 = make_model(world, 1, torch::kDouble, 3);
     auto fa = set_full_gradients(*sharded, 10, 0.3);
     auto fb = set_full_gradients(*replicated, 11, 0.2);
+    auto fc = set_full_gradients(*stage1, 12, 0.1);
     // Reference: torch on the unsharded gradients (as parameters with .grad).
     std::vector<at::Tensor> ref;
-    for (auto* f : {&fa, &fb}) {
+    for (auto* f : {&fa, &fb, &fc}) {
       for (auto& g : *f) {
         at::Tensor p = torch::zeros_like(g).requires_grad_(true);
         p.mutable_grad() = g.clone();
@@ -76,7 +78,7 @@ TEST(ClipGradNorm, ShardedEqualsUnshardedClipGradNorm) {
     const double ref_norm = torch::nn::utils::clip_grad_norm_(ref, max_norm);
 
     world.reset_stats();
-    ClipResult r = clip_grad_norm({sharded.get(), replicated.get()}, max_norm, world);
+    ClipResult r = clip_grad_norm({sharded.get(), replicated.get(), stage1.get()}, max_norm, world);
     EXPECT_EQ(world.stats().all_reduce_calls, 1);
     EXPECT_TRUE(r.finite);
     EXPECT_NEAR(r.total_norm, ref_norm, 1e-13 * ref_norm);
@@ -84,7 +86,7 @@ TEST(ClipGradNorm, ShardedEqualsUnshardedClipGradNorm) {
 
     size_t k = 0;
     double worst = 0;
-    for (ShardedModel* m : {sharded.get(), replicated.get()}) {
+    for (ShardedModel* m : {sharded.get(), replicated.get(), stage1.get()}) {
       for (auto& u : m->units()) {
         at::Tensor mine = gather_grad(*u, world);
         const at::Tensor& want = ref[k++].grad();

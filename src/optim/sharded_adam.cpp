@@ -78,6 +78,18 @@ void ShardedAdam::update() {
   }
 }
 
+void ShardedAdam::set_param_copy(size_t unit, at::Tensor out) {
+  if (cfg_.param_copy == ParamCopy::kNone) throw std::invalid_argument("set_param_copy: param_copy is off");
+  const at::Tensor& s = model_.units().at(unit)->shard();
+  if (!out.defined() || out.scalar_type() != copy_dtype(cfg_.param_copy) || !out.device().is_cpu() ||
+      !out.is_contiguous() || out.numel() != s.numel()) {
+    throw std::invalid_argument("set_param_copy: unit " + std::to_string(unit) + " needs a contiguous CPU " +
+                                std::string(c10::toString(copy_dtype(cfg_.param_copy))) + " tensor of " +
+                                std::to_string(s.numel()) + " elements");
+  }
+  copies_[unit] = std::move(out);
+}
+
 std::vector<std::pair<std::string, at::Tensor>> ShardedAdam::unit_state(size_t unit) {
   return {{"exp_avg", exp_avg_.at(unit)}, {"exp_avg_sq", exp_avg_sq_.at(unit)}};
 }

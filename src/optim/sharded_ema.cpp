@@ -51,6 +51,7 @@ void ShardedEma::swap_in() {
     saved_.push_back(p.clone());
     p.copy_(ema_[i]);
   }
+  model_.after_optimizer_step();  // stages 1-2: all-gather; mixed precision: compute copy
   swapped_ = true;
 }
 
@@ -59,6 +60,7 @@ void ShardedEma::swap_out() {
   if (!swapped_) throw std::logic_error("ShardedEma::swap_out: the EMA is not swapped in");
   auto& units = model_.units();
   for (size_t i = 0; i < units.size(); ++i) units[i]->shard().copy_(saved_[i]);
+  model_.after_optimizer_step();
   saved_.clear();
   swapped_ = false;
 }

@@ -17,9 +17,10 @@ struct ClipResult {
 };
 
 /// Collective: exactly one all_reduce (SUM, one float64 element) on `comm`, on every rank.
-/// Each rank sums the squares of its gradient elements in float64: for a stage-3 unit its
-/// own grad_shard() (whose padding is zero); for a stage-0 unit, whose grad_shard() is the
-/// same full gradient on every rank, only rank 0 counts it, so nothing is counted twice.
+/// Each rank sums the squares of its gradient elements in float64: for a unit at stage 1,
+/// 2 or 3 its own grad_shard() (its partition; padding is zero); for a stage-0 unit, whose
+/// grad_shard() is the same full gradient on every rank, only rank 0 counts it, so nothing
+/// is counted twice. Call it after the gradients are reduced (the accumulation boundary).
 /// total_norm = sqrt(global sum). If total_norm is finite and
 /// clip_coef = max_norm / (total_norm + 1e-6) < 1, every grad_shard() of `models` is
 /// multiplied by clip_coef (torch's rule). A non-finite norm is returned with finite=false

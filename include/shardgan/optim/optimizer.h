@@ -30,7 +30,9 @@ class ShardedOptimizer {
 
   /// Local (no communication): one update of every unit's shard() from its grad_shard().
   /// If a schedule is set, first sets lr() to schedule().lr_at(step_count()); then
-  /// increments step_count() and updates. Does not zero the gradients.
+  /// increments step_count() and updates. Does not zero the gradients. The model then
+  /// needs ShardedModel::after_optimizer_step() (all-gather at stages 1-2, compute-dtype
+  /// copy with mixed precision) before its next forward.
   void step();
 
   /// The state tensors of unit `unit`, by stable name ("exp_avg", "exp_avg_sq", ...): each

@@ -50,6 +50,11 @@ class ShardedAdam final : public ShardedOptimizer {
   /// The low-precision copy of unit `unit`'s shard (bfloat16 or float16, [S], CPU), current
   /// after every step and at construction; undefined when param_copy is kNone.
   at::Tensor& param_copy(size_t unit) { return copies_.at(unit); }
+  /// Points unit `unit`'s copy at `out` instead (e.g. the owned slice of a compute-dtype
+  /// full parameter), so the kernel writes there directly. `out`: contiguous CPU, the
+  /// config's param_copy dtype, shard_numel() elements; kept alive by the optimizer.
+  /// Throws std::invalid_argument otherwise, or when param_copy is kNone.
+  void set_param_copy(size_t unit, at::Tensor out);
   const AdamConfig& config() const { return cfg_; }
   /// Kernel path used for float32 CPU shards (default: best_cpu_isa(); tests force others).
   void set_isa(CpuIsa isa) { isa_ = isa; }

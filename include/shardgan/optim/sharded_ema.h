@@ -30,13 +30,15 @@ class ShardedEma {
   /// ema = shard when step < start_step, else ema = decay*ema + (1-decay)*shard.
   void update(int64_t step);
 
-  /// Local: copies the EMA into every unit's shard() (in place, so a stage-0 shard that
-  /// aliases the module's parameters sees it), keeping the live weights aside (one more
-  /// copy of the shards until swap_out). Sample in between; the EMA itself is not changed.
+  /// Copies the EMA into every unit's shard(), keeping the live weights aside (one more
+  /// copy of the shards until swap_out), then calls ShardedModel::after_optimizer_step() so
+  /// that the full parameters show it: a collective at stages 1 and 2 (all-gather), local
+  /// at stages 0 and 3. Sample in between; the EMA itself is not changed.
   /// Throws std::logic_error if already swapped in, or if a stage-3 unit is gathered (its
   /// gathered copy would be stale): swap between steps.
   void swap_in();
-  /// Local: puts the live weights back, bit for bit. Throws std::logic_error if not swapped in.
+  /// Puts the live weights back, bit for bit (collective at stages 1 and 2, as swap_in).
+  /// Throws std::logic_error if not swapped in.
   void swap_out();
   /// Whether the EMA weights are currently swapped into the model.
   bool swapped() const { return swapped_; }
