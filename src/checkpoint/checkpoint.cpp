@@ -1,6 +1,7 @@
 #include "shardgan/checkpoint/checkpoint.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -8,12 +9,14 @@
 #include <torch/torch.h>
 
 #include "shardgan/checkpoint/h5.h"
+#include "shardgan/checkpoint/shard_io.h"
 #include "shardgan/comm/communicator.h"
 #include "shardgan/optim/optimizer.h"
 #include "shardgan/sharding/sharded_model.h"
 
 namespace shardgan {
 namespace fs = std::filesystem;
+using ckpt::Manifest;
 namespace {
 
 h5::DType h5_type(const at::Tensor& t) {
@@ -26,21 +29,14 @@ h5::DType h5_type(const at::Tensor& t) {
   }
 }
 
-void put(h5::File& f, const std::string& path, const at::Tensor& t) {
+void put(ckpt::RankFileWriter& w, const std::string& path, const at::Tensor& t) {
   at::Tensor c = t.contiguous();
-  f.write(path, h5_type(c), c.sizes().vec(), c.data_ptr());
+  w.write(path, h5_type(c), c.sizes().vec(), c.data_ptr());
 }
 
-void get(const h5::File& f, const std::string& path, at::Tensor& t) {
-  at::Tensor c = t.is_contiguous() ? t : t.contiguous();
-  f.read(path, h5_type(c), c.data_ptr(), c.numel());
-  if (!c.is_same(t)) t.copy_(c);
-}
-
-std::string rank_file(const std::string& dir, int rank) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "rank-%05d.h5", rank);
-  return dir + "/" + name;
+bool is_step_dir(const std::string& n) {  // step-XXXXXXXX exactly: committed
+  return n.size() == 13 && n.rfind("step-", 0) == 0 &&
+         std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 void write_atomically(const std::string& path, const std::string& text) {
@@ -54,57 +50,259 @@ void write_atomically(const std::string& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
+// Every rank's string, on every rank (two all-gathers: lengths, then padded bytes).
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& s) {
+  const int n = comm.world_size();
+  at::Tensor len = torch::tensor({static_cast<int64_t>(s.size())}, torch::kLong);
+  at::Tensor lens = torch::empty({n}, torch::kLong);
+  comm.all_gather(lens, len);
+  const int64_t max_len = std::max<int64_t>(1, lens.max().item<int64_t>());
+  at::Tensor mine = torch::zeros({max_len}, torch::kUInt8);
+  std::memcpy(mine.data_ptr(), s.data(), s.size());
+  at::Tensor all = torch::empty({max_len * n}, torch::kUInt8);
+  comm.all_gather(all, mine);
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r) {
+    out.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * max_len,
+                     static_cast<size_t>(lens[r].item<int64_t>()));
+  }
+  return out;
+}
+
+// Stages 1 and 2 keep full parameters beside the owned shard (and mixed precision a
+// compute copy); after writing the shards they must be refreshed. Calls
+// ShardedModel::after_optimizer_step() where the sharding layer has it.
+template <typename M>
+auto refresh_full_parameters(M& m, int) -> decltype(m.after_optimizer_step(), void()) {
+  m.after_optimizer_step();
+}
+template <typename M>
+void refresh_full_parameters(M&, long) {}
+
+void check_model_matches(const ckpt::ModelEntry& me, ShardedModel& m, const std::string& dir) {
+  auto differ = [&](const std::string& what) {
+    throw CheckpointError("checkpoint '" + dir + "': " + m.name() + " " + what +
+                          ". Resume with the model config the checkpoint was written with "
+                          "(`shardgan-ckpt info` prints it).");
+  };
+  if (me.units.size() != m.units().size()) {
+    differ("has " + std::to_string(me.units.size()) + " units there, " + std::to_string(m.units().size()) + " here");
+  }
+  for (size_t i = 0; i < me.units.size(); ++i) {
+    const ckpt::UnitEntry& ue = me.units[i];
+    ShardedUnit& u = *m.units()[i];
+    if (ue.name != u.name() || ue.numel != u.numel() || ue.params.size() != u.slots().size()) {
+      differ("unit " + std::to_string(i) + " is '" + ue.name + "' with " + std::to_string(ue.numel) +
+             " elements there, '" + u.name() + "' with " + std::to_string(u.numel()) + " here");
+    }
+    for (size_t p = 0; p < ue.params.size(); ++p) {
+      const auto& s = u.slots()[p];
+      if (ue.params[p].name != s.name || ue.params[p].shape != s.shape || ue.params[p].offset != s.offset) {
+        differ("parameter '" + ue.name + "." + ue.params[p].name + "' differs in name, shape or position");
+      }
+    }
+  }
+  if (!m.units().empty() && me.dtype != h5::dtype_name(h5_type(m.units()[0]->shard()))) {
+    differ("was saved in " + me.dtype + ", this run's master dtype is " +
+           std::string(c10::toString(m.units()[0]->shard().scalar_type())));
+  }
+}
+
+// Fills `t` (1-D, this rank's S elements) with global flat elements [lo, lo + S) of `kind`;
+// elements at or past the unit's numel are padding and become 0.
+void read_owned(ckpt::CheckpointReader& rd, const ckpt::ModelEntry& me, const ckpt::UnitEntry& ue,
+                const std::string& kind, int64_t lo, at::Tensor t) {
+  const int64_t s = t.numel(), hi = std::min(lo + s, ue.numel);
+  at::Tensor c = t.is_contiguous() ? t : torch::empty_like(t, at::MemoryFormat::Contiguous);
+  if (hi > lo) rd.read_flat(me, ue, kind, lo, hi, c.data_ptr());
+  const int64_t got = std::max<int64_t>(0, hi - lo);
+  if (got < s) c.narrow(0, got, s - got).zero_();
+  if (!c.is_same(t)) t.copy_(c);
+}
+
+void load_local(const std::string& dir, TrainCounters& counters, const std::vector<ModelAndOptimizer>& models,
+                Communicator& comm) {
+  ckpt::CheckpointReader rd(dir);
+  const Manifest& m = rd.manifest();
+  torch::NoGradGuard no_grad;
+  for (const auto& mo : models) {
+    ShardedModel& model = *mo.model;
+    const ckpt::ModelEntry* me = m.model(model.name());
+    if (!me) throw CheckpointError("checkpoint '" + dir + "' holds no model '" + model.name() + "'");
+    check_model_matches(*me, model, dir);
+    for (size_t i = 0; i < model.units().size(); ++i) {
+      ShardedUnit& u = *model.units()[i];
+      const ckpt::UnitEntry& ue = me->units[i];
+      const int64_t lo = u.shard_offset();
+      read_owned(rd, *me, ue, "param_shard", lo, u.shard());
+      if (mo.optim) {
+        for (auto& [sname, st] : mo.optim->unit_state(i)) {
+          if (std::find(me->optim_states.begin(), me->optim_states.end(), sname) == me->optim_states.end()) {
+            throw CheckpointError("checkpoint '" + dir + "' has no optimizer state '" + sname + "' for " +
+                                  model.name() + " (saved with another optimizer?)");
+          }
+          read_owned(rd, *me, ue, "optim/" + sname, lo, st);
+        }
+      }
+      for (auto& [ename, fn] : mo.extra) {
+        if (std::find(me->extras.begin(), me->extras.end(), ename) == me->extras.end()) {
+          throw CheckpointError("checkpoint '" + dir + "' has no '" + ename + "' state for " + model.name());
+        }
+        read_owned(rd, *me, ue, ename, lo, fn(i));
+      }
+    }
+    for (auto& [bname, buf] : model.named_buffers()) {
+      const ckpt::BufferEntry* be = nullptr;
+      for (const auto& b : me->buffers) {
+        if (b.name == bname) be = &b;
+      }
+      if (!be) throw CheckpointError("checkpoint '" + dir + "' has no buffer '" + model.name() + "." + bname + "'");
+      if (be->dtype != h5::dtype_name(h5_type(buf))) {
+        throw CheckpointError("checkpoint '" + dir + "': buffer '" + bname + "' is " + be->dtype + " there");
+      }
+      at::Tensor c = buf.contiguous();
+      rd.read_dataset(be->rank, model.name() + "/buffers/" + bname, c.data_ptr(), c.numel());
+      if (!c.is_same(buf)) buf.copy_(c);
+    }
+    if (mo.optim) mo.optim->set_step_count(me->optim_step);
+  }
+  counters.step = m.step;
+  counters.epoch = m.epoch;
+  counters.batch_in_epoch = m.batch_in_epoch;
+  for (const auto& [k, v] : m.scalars) counters.scalars[k] = v;
+  // The noise generator's state is global (identical on every rank); any file has it.
+  const int src = comm.rank() % static_cast<int>(m.world_size);
+  const auto& ds = m.file(src).datasets;
+  auto it = ds.find("rng/noise");
+  if (it == ds.end()) throw CheckpointError("checkpoint '" + dir + "': no rng/noise in rank " + std::to_string(src));
+  counters.noise_rng_state = torch::empty({it->second.numel}, torch::kUInt8);
+  rd.read_dataset(src, "rng/noise", counters.noise_rng_state.data_ptr(), it->second.numel);
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& run_dir, const TrainCounters& counters,
                             const std::vector<ModelAndOptimizer>& models,
-                            const std::string& config_yaml, Communicator& comm,
-                            int keep_last) {
+                            const std::string& config_yaml, Communicator& comm, int keep_last,
+                            SaveStats* stats) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
   const std::string root = run_dir + "/checkpoints";
   char name[32];
   std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(counters.step));
   const std::string final_dir = root + "/" + name, tmp_dir = final_dir + ".tmp";
-  if (comm.rank() == 0) {
+  const int rank = comm.rank();
+  if (rank == 0) {
     fs::remove_all(tmp_dir);
     fs::create_directories(tmp_dir);
   }
   comm.barrier();
+
+  // This rank's file, and a record of what it holds (its part of the manifest).
+  Manifest mine;
   {
-    const std::string path = rank_file(tmp_dir, comm.rank());
-    h5::File f = h5::File::create(path);
+    ckpt::RankFileWriter w(tmp_dir, rank);
+    h5::File& f = w.file();
     f.set_attr("/", "schema_version", kCheckpointSchemaVersion);
     f.set_attr("/", "world_size", static_cast<int64_t>(comm.world_size()));
-    f.set_attr("/", "rank", static_cast<int64_t>(comm.rank()));
+    f.set_attr("/", "rank", static_cast<int64_t>(rank));
     f.set_attr("/", "step", counters.step);
-    f.set_attr("/", "epoch", counters.epoch);
-    f.set_attr("/", "batch_in_epoch", counters.batch_in_epoch);
-    f.set_attr("/", "config", config_yaml);
     for (const auto& mo : models) {
       ShardedModel& m = *mo.model;
+      ckpt::ModelEntry me;
+      me.name = m.name();
+      // At stage 0 every rank holds every element: rank 0 writes them once.
+      const bool writes_units = m.config().stage != 0 || rank == 0;
       for (size_t i = 0; i < m.units().size(); ++i) {
         ShardedUnit& u = *m.units()[i];
-        const std::string g = m.name() + "/units/" + u.name();
-        put(f, g + "/param_shard", u.shard());
-        for (auto& [sname, st] : mo.optim->unit_state(i)) put(f, g + "/optim/" + sname, st);
-        for (auto& [ename, fn] : mo.extra) put(f, g + "/" + ename, fn(i));
-        f.set_attr(g, "numel", u.numel());
-        f.set_attr(g, "padded_numel", u.padded_numel());
-        f.set_attr(g, "shard_offset", u.shard_offset());
+        ckpt::UnitEntry ue;
+        ue.name = u.name();
+        if (writes_units) {
+          const std::string g = m.name() + "/units/" + u.name();
+          put(w, g + "/param_shard", u.shard());
+          if (mo.optim) {
+            for (auto& [sname, st] : mo.optim->unit_state(i)) put(w, g + "/optim/" + sname, st);
+          }
+          for (auto& [ename, fn] : mo.extra) put(w, g + "/" + ename, fn(i));
+          f.set_attr(g, "numel", u.numel());
+          f.set_attr(g, "padded_numel", u.padded_numel());
+          f.set_attr(g, "shard_offset", u.shard_offset());
+          ue.shards.push_back({rank, u.shard_offset(), u.shard_numel()});
+        }
+        me.units.push_back(std::move(ue));
       }
-      for (auto& [bname, buf] : m.named_buffers()) put(f, m.name() + "/buffers/" + bname, buf);
-      f.set_attr(m.name(), "optim_step", mo.optim->step_count());
-      f.set_attr(m.name(), "stage", static_cast<int64_t>(m.config().stage));
+      if (rank == 0) {
+        for (auto& [bname, buf] : m.named_buffers()) put(w, m.name() + "/buffers/" + bname, buf);
+      }
+      if (f.exists(m.name())) {
+        f.set_attr(m.name(), "optim_step", mo.optim ? mo.optim->step_count() : int64_t{0});
+        f.set_attr(m.name(), "stage", static_cast<int64_t>(m.config().stage));
+      }
+      mine.models.push_back(std::move(me));
     }
-    put(f, "rng/noise", counters.noise_rng_state);
-    for (auto& [k, v] : counters.scalars) f.set_attr("/", "scalar." + k, v);
-    f.flush();
-    f.close();
-    h5::fsync_path(path);
+    put(w, "rng/noise", counters.noise_rng_state);
+    mine.files.push_back(w.finish());
+    if (stats) {
+      stats->bytes = mine.files.back().bytes;
+      stats->write_s = std::chrono::duration<double>(clock::now() - t0).count();
+    }
   }
-  comm.barrier();  // every rank's file is durable before the checkpoint is committed
-  if (comm.rank() == 0) {
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);
+  mine.schema_version = kCheckpointSchemaVersion;
+  const std::vector<std::string> records = all_gather_strings(comm, ckpt::to_json(mine));
+
+  if (rank == 0) {
+    Manifest m;
+    m.schema_version = kCheckpointSchemaVersion;
+    m.world_size = comm.world_size();
+    m.step = counters.step;
+    m.epoch = counters.epoch;
+    m.batch_in_epoch = counters.batch_in_epoch;
+    m.scalars = counters.scalars;
+    m.config = config_yaml;
+    for (const auto& mo : models) {
+      ShardedModel& model = *mo.model;
+      ckpt::ModelEntry me;
+      me.name = model.name();
+      me.stage = model.config().stage;
+      me.optim_step = mo.optim ? mo.optim->step_count() : 0;
+      if (!model.units().empty()) {
+        me.dtype = h5::dtype_name(h5_type(model.units()[0]->shard()));
+        if (mo.optim) {
+          for (auto& kv : mo.optim->unit_state(0)) me.optim_states.push_back(kv.first);
+        }
+      }
+      for (auto& kv : mo.extra) me.extras.push_back(kv.first);
+      for (auto& up : model.units()) {
+        ckpt::UnitEntry ue;
+        ue.name = up->name();
+        ue.numel = up->numel();
+        ue.padded_numel = up->padded_numel();
+        for (const auto& s : up->slots()) ue.params.push_back({s.name, s.shape, s.offset, s.numel});
+        me.units.push_back(std::move(ue));
+      }
+      for (auto& [bname, buf] : model.named_buffers()) {
+        me.buffers.push_back({bname, buf.sizes().vec(), h5::dtype_name(h5_type(buf)), 0});
+      }
+      m.models.push_back(std::move(me));
+    }
+    for (int r = 0; r < comm.world_size(); ++r) {
+      Manifest rec = ckpt::manifest_from_json(records[r], "rank " + std::to_string(r) + "'s record");
+      for (size_t mi = 0; mi < m.models.size(); ++mi) {
+        for (size_t ui = 0; ui < m.models[mi].units.size(); ++ui) {
+          for (const auto& sh : rec.models.at(mi).units.at(ui).shards) m.models[mi].units[ui].shards.push_back(sh);
+        }
+      }
+      m.files.push_back(rec.files.at(0));
+    }
+    ckpt::write_index(tmp_dir, m);
     h5::fsync_path(tmp_dir);
+    // Commit. Saving a step again (after a resume) swaps the old directory out first; a
+    // crash between the two renames leaves older checkpoints for --resume to pick.
+    const std::string old_dir = final_dir + ".old";
+    if (fs::exists(final_dir)) {
+      fs::remove_all(old_dir);
+      fs::rename(final_dir, old_dir);
+    }
     fs::rename(tmp_dir, final_dir);
     h5::fsync_path(root);
     write_atomically(root + "/latest", name);
@@ -112,83 +310,60 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
     std::vector<std::string> committed;
     for (auto& e : fs::directory_iterator(root)) {
       const std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("step-", 0) == 0 && n.find(".tmp") == std::string::npos) committed.push_back(n);
+      if (!e.is_directory() || n.rfind("step-", 0) != 0) continue;
+      if (is_step_dir(n)) {
+        committed.push_back(n);
+      } else {
+        fs::remove_all(e.path());  // leftovers of interrupted saves (*.tmp, *.old)
+      }
     }
     std::sort(committed.begin(), committed.end());
     for (size_t i = 0; i + std::max(keep_last, 1) < committed.size(); ++i) fs::remove_all(root + "/" + committed[i]);
   }
   comm.barrier();
+  if (stats) stats->total_s = std::chrono::duration<double>(clock::now() - t0).count();
   return final_dir;
 }
 
 std::string resolve_checkpoint_dir(const std::string& path) {
-  if (fs::exists(rank_file(path, 0))) return path;
+  if (fs::exists(path + "/" + ckpt::kIndexFile) || fs::exists(path + "/" + ckpt::rank_file_name(0))) return path;
   for (const std::string& folder : {path, path + "/checkpoints"}) {
-    std::ifstream latest(folder + "/latest");
-    std::string name;
-    if (latest >> name) {
-      const std::string dir = folder + "/" + name;
-      if (!fs::exists(rank_file(dir, 0))) {
-        throw CheckpointError("'" + folder + "/latest' names '" + name +
-                              "', which holds no rank-00000.h5");
-      }
-      return dir;
+    if (!fs::is_directory(folder)) continue;
+    std::vector<std::string> complete;
+    bool any = false;
+    for (auto& e : fs::directory_iterator(folder)) {
+      const std::string n = e.path().filename().string();
+      if (!e.is_directory() || n.rfind("step-", 0) != 0) continue;
+      any = true;
+      if (is_step_dir(n) && fs::exists(e.path() / ckpt::kIndexFile)) complete.push_back(n);
+    }
+    if (!complete.empty()) return folder + "/" + *std::max_element(complete.begin(), complete.end());
+    if (any) {
+      throw CheckpointError("--resume '" + path + "': '" + folder +
+                            "' holds no complete checkpoint (only interrupted saves); start afresh");
     }
   }
   throw CheckpointError("--resume '" + path +
-                        "': no checkpoint there (expected rank-*.h5 files, or a 'latest' file "
-                        "in it or in its checkpoints/ folder)");
+                        "': no checkpoint there (expected a directory with index.h5, or step-* "
+                        "checkpoints in it or in its checkpoints/ folder)");
 }
 
 void load_checkpoint(const std::string& ckpt_dir, TrainCounters& counters,
                      const std::vector<ModelAndOptimizer>& models, Communicator& comm) {
-  const std::string path = rank_file(ckpt_dir, comm.rank());
-  if (!fs::exists(path)) {
-    throw CheckpointError("checkpoint '" + ckpt_dir + "' has no file for rank " +
-                          std::to_string(comm.rank()) + " ('" + path + "')");
+  std::string error;
+  try {
+    load_local(ckpt_dir, counters, models, comm);
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  h5::File f = h5::File::open_read(path);
-  const int64_t schema = f.attr_int("/", "schema_version");
-  if (schema != kCheckpointSchemaVersion) {
-    throw CheckpointError(path + ": schema version " + std::to_string(schema) +
-                          ", this build reads " + std::to_string(kCheckpointSchemaVersion));
+  // Every rank learns whether any failed, so that all of them throw instead of hanging.
+  at::Tensor failed = torch::tensor({error.empty() ? 0.0 : 1.0}, torch::kDouble);
+  comm.all_reduce(failed, ReduceOp::kMax);
+  if (failed.item<double>() != 0) {
+    throw CheckpointError(error.empty() ? "checkpoint '" + ckpt_dir + "': another rank could not load it (see its message)"
+                                        : error);
   }
-  const int64_t world = f.attr_int("/", "world_size");
-  if (world != comm.world_size()) {
-    throw CheckpointError(path + ": written by " + std::to_string(world) +
-                          " ranks; this run has " + std::to_string(comm.world_size()) +
-                          ". Resume with the same world size (resharding is not supported yet)");
-  }
-  counters.step = f.attr_int("/", "step");
-  counters.epoch = f.attr_int("/", "epoch");
-  counters.batch_in_epoch = f.attr_int("/", "batch_in_epoch");
-  for (auto& [k, v] : counters.scalars) v = f.attr_double("/", "scalar." + k);
-  torch::NoGradGuard no_grad;
-  for (const auto& mo : models) {
-    ShardedModel& m = *mo.model;
-    const int64_t stage = f.attr_int(m.name(), "stage");
-    if (stage != m.config().stage) {
-      throw CheckpointError(path + ": " + m.name() + " was saved at ZeRO stage " +
-                            std::to_string(stage) + ", this run uses stage " +
-                            std::to_string(m.config().stage) + " (resharding is not supported yet)");
-    }
-    for (size_t i = 0; i < m.units().size(); ++i) {
-      ShardedUnit& u = *m.units()[i];
-      const std::string g = m.name() + "/units/" + u.name();
-      get(f, g + "/param_shard", u.shard());
-      for (auto& [sname, st] : mo.optim->unit_state(i)) get(f, g + "/optim/" + sname, st);
-      for (auto& [ename, fn] : mo.extra) {
-        at::Tensor t = fn(i);
-        get(f, g + "/" + ename, t);
-      }
-    }
-    for (auto& [bname, buf] : m.named_buffers()) get(f, m.name() + "/buffers/" + bname, buf);
-    mo.optim->set_step_count(f.attr_int(m.name(), "optim_step"));
-  }
-  const auto rng_shape = f.shape("rng/noise");
-  counters.noise_rng_state = torch::empty({rng_shape.at(0)}, torch::kUInt8);
-  get(f, "rng/noise", counters.noise_rng_state);
-  comm.barrier();
+  for (const auto& mo : models) refresh_full_parameters(*mo.model, 0);
 }
 
 }  // namespace shardgan

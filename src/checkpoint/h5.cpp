@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <hdf5.h>
@@ -101,6 +102,12 @@ File File::open_read(const std::string& path) {
   return File(id, path);
 }
 
+File File::open_rw(const std::string& path) {
+  hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  if (id < 0) fail("cannot open HDF5 file '" + path + "' for writing");
+  return File(id, path);
+}
+
 File::File(File&& o) noexcept : id_(o.id_), path_(std::move(o.path_)) { o.id_ = -1; }
 
 File& File::operator=(File&& o) noexcept {
@@ -165,6 +172,109 @@ void File::read(const std::string& path, DType dt, void* out, int64_t numel) con
   }
   check_status(H5Dread(ds.id, mem_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, out),
                where + ": read failed (corrupt or truncated file?)");
+}
+
+void File::read_range(const std::string& path, DType dt, int64_t start, int64_t count,
+                      void* out) const {
+  const std::string where = path_ + ":/" + path;
+  Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
+  Handle space{check(H5Dget_space(ds.id), where), H5Sclose};
+  if (H5Sget_simple_extent_ndims(space.id) != 1) throw H5Error(where + ": not a 1-D dataset");
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space.id, &n, nullptr);
+  if (start < 0 || count < 0 || static_cast<hsize_t>(start + count) > n) {
+    throw H5Error(where + ": range [" + std::to_string(start) + ", " +
+                  std::to_string(start + count) + ") is outside its " + std::to_string(n) +
+                  " elements");
+  }
+  if (count == 0) return;
+  Handle ft{check(H5Dget_type(ds.id), where), H5Tclose};
+  if (H5Tget_class(ft.id) != H5Tget_class(mem_type(dt))) {
+    throw H5Error(where + ": stored type class differs from the expected " + dtype_name(dt));
+  }
+  const hsize_t st = static_cast<hsize_t>(start), ct = static_cast<hsize_t>(count);
+  check_status(H5Sselect_hyperslab(space.id, H5S_SELECT_SET, &st, nullptr, &ct, nullptr), where);
+  Handle mem{check(H5Screate_simple(1, &ct, nullptr), where), H5Sclose};
+  check_status(H5Dread(ds.id, mem_type(dt), mem.id, space.id, H5P_DEFAULT, out),
+               where + ": read failed (corrupt or truncated file?)");
+}
+
+DType File::dtype(const std::string& path) const {
+  const std::string where = path_ + ":/" + path;
+  Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
+  Handle ft{check(H5Dget_type(ds.id), where), H5Tclose};
+  for (DType t : {DType::kF32, DType::kF64, DType::kI64, DType::kU8}) {
+    if (H5Tequal(ft.id, file_type(t)) > 0) return t;
+  }
+  throw H5Error(where + ": element type is none of float32, float64, int64, uint8");
+}
+
+int64_t File::data_offset(const std::string& path) const {
+  const std::string where = path_ + ":/" + path;
+  Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
+  haddr_t a = H5Dget_offset(ds.id);
+  if (a == HADDR_UNDEF) throw H5Error(where + ": not a contiguous dataset with data");
+  return static_cast<int64_t>(a);
+}
+
+void File::write_string(const std::string& path, const std::string& text) {
+  const std::string where = path_ + ":/" + path;
+  Handle t{check(H5Tcopy(H5T_C_S1), where), H5Tclose};
+  check_status(H5Tset_size(t.id, std::max<size_t>(1, text.size())), where);
+  check_status(H5Tset_cset(t.id, H5T_CSET_UTF8), where);
+  Handle space{check(H5Screate(H5S_SCALAR), where), H5Sclose};
+  Handle lcpl{check(H5Pcreate(H5P_LINK_CREATE), where), H5Pclose};
+  check_status(H5Pset_create_intermediate_group(lcpl.id, 1), where);
+  Handle ds{check(H5Dcreate2(id_, path.c_str(), t.id, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT),
+                  where + ": cannot create dataset"), H5Dclose};
+  std::string buf = text.empty() ? std::string(1, '\0') : text;
+  check_status(H5Dwrite(ds.id, t.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()),
+               where + ": write failed");
+}
+
+std::string File::read_string(const std::string& path) const {
+  const std::string where = path_ + ":/" + path;
+  Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
+  Handle t{check(H5Dget_type(ds.id), where), H5Tclose};
+  if (H5Tget_class(t.id) != H5T_STRING || H5Tis_variable_str(t.id) > 0) {
+    throw H5Error(where + ": not a fixed-length string dataset");
+  }
+  const size_t n = H5Tget_size(t.id);
+  std::string s(n, '\0');
+  check_status(H5Dread(ds.id, t.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data()),
+               where + ": read failed (corrupt or truncated file?)");
+  s.resize(strnlen(s.data(), n));
+  return s;
+}
+
+void File::write_virtual(const std::string& path, DType dt, const std::vector<int64_t>& shape,
+                         const std::vector<VirtualPiece>& pieces) {
+  const std::string where = path_ + ":/" + path;
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Handle vspace{check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                      where + ": bad shape"), H5Sclose};
+  Handle dcpl{check(H5Pcreate(H5P_DATASET_CREATE), where), H5Pclose};
+  for (const VirtualPiece& p : pieces) {
+    if (p.start.size() != dims.size() || p.count.size() != dims.size()) {
+      throw H5Error(where + ": a piece's box has the wrong rank");
+    }
+    hsize_t numel = 1;
+    for (int64_t c : p.count) numel *= static_cast<hsize_t>(c);
+    std::vector<hsize_t> st(p.start.begin(), p.start.end()), ct(p.count.begin(), p.count.end());
+    check_status(H5Sselect_hyperslab(vspace.id, H5S_SELECT_SET, st.data(), nullptr, ct.data(),
+                                     nullptr), where + ": bad box");
+    const hsize_t src_dim = static_cast<hsize_t>(p.src_numel), src_st = p.src_start;
+    Handle sspace{check(H5Screate_simple(1, &src_dim, nullptr), where), H5Sclose};
+    check_status(H5Sselect_hyperslab(sspace.id, H5S_SELECT_SET, &src_st, nullptr, &numel, nullptr),
+                 where);
+    check_status(H5Pset_virtual(dcpl.id, vspace.id, p.src_file.c_str(), p.src_dataset.c_str(),
+                                sspace.id), where + ": H5Pset_virtual failed");
+  }
+  check_status(H5Sselect_all(vspace.id), where);
+  Handle lcpl{check(H5Pcreate(H5P_LINK_CREATE), where), H5Pclose};
+  check_status(H5Pset_create_intermediate_group(lcpl.id, 1), where);
+  Handle ds{check(H5Dcreate2(id_, path.c_str(), file_type(dt), vspace.id, lcpl.id, dcpl.id,
+                             H5P_DEFAULT), where + ": cannot create virtual dataset"), H5Dclose};
 }
 
 bool File::exists(const std::string& path) const {

@@ -136,8 +136,14 @@ std::string Trainer::write_samples() {
 
 std::string Trainer::save() {
   counters_.noise_rng_state = noise_gen_.get_state();
-  return save_checkpoint(cfg_.run_dir, counters_, {{g_.get(), opt_g_.get()}, {d_.get(), opt_d_.get()}},
-                         cfg_.resolved_yaml, comm_, static_cast<int>(cfg_.keep_checkpoints));
+  SaveStats st;
+  std::string dir = save_checkpoint(cfg_.run_dir, counters_, {{g_.get(), opt_g_.get()}, {d_.get(), opt_d_.get()}},
+                                    cfg_.resolved_yaml, comm_, static_cast<int>(cfg_.keep_checkpoints), &st);
+  if (comm_.rank() == 0) {
+    spdlog::info("saved step {}: {:.2f} MB on rank 0, training stalled {:.3f} s", counters_.step,
+                 st.bytes / 1e6, st.total_s);
+  }
+  return dir;
 }
 
 void Trainer::resume(const std::string& path) {

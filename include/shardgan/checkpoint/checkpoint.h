@@ -1,19 +1,22 @@
 #pragma once
-/// Sharded checkpoints: one HDF5 file per rank (rank-00000.h5, ...) holding that rank's
-/// parameter shards, Adam moments, the replicated buffers, its RNG state, the step and the
-/// sampler position. Layout of a rank file (schema 1):
-///   /                              attrs: schema_version, world_size, rank, step, epoch,
-///                                         batch_in_epoch, config (resolved YAML)
-///   /<model>                       attrs: optim_step, stage
-///   /<model>/units/<unit>/param_shard   [S] flat shard (model dtype)
-///   /<model>/units/<unit>/optim/<name>  [S] each optimizer state tensor (unit_state())
-///                                       attrs on the unit group: numel, padded_numel,
-///                                       shard_offset
-///   /<model>/buffers/<name>        full tensor (replicated, e.g. BatchNorm running stats)
-///   /rng/noise                     uint8 CPU generator state of the latent sampler
-/// A checkpoint is written as <run>/checkpoints/step-XXXXXXXX.tmp, fsynced, renamed to
-/// step-XXXXXXXX once every rank has finished, and only then named in
-/// <run>/checkpoints/latest, so an interrupted save leaves the previous one valid.
+/// Sharded checkpoints (schema 2; docs/checkpoints.md). A checkpoint is one directory,
+/// <run>/checkpoints/step-XXXXXXXX, holding
+///   rank-NNNNN.h5  each rank's flat shards: per unit and model
+///                    /<model>/units/<unit>/param_shard      [S] flat elements [off, off+S)
+///                    /<model>/units/<unit>/optim/<state>    [S] (ShardedOptimizer::unit_state)
+///                    /<model>/units/<unit>/<extra>          [S] (ModelAndOptimizer::extra)
+///                  plus /<model>/buffers/<name> (rank 0 only: replicated) and /rng/noise.
+///                  At stage 0 every rank holds everything, so only rank 0 writes units.
+///   index.h5       written last by rank 0: root attributes (schema_version, world_size,
+///                  step, epoch, batch_in_epoch, config, scalar.<name>), /manifest.json
+///                  (layout and per-block xxh3 checksums of every dataset), and one HDF5
+///                  virtual dataset per full tensor: /<model>/params/<unit>.<param>,
+///                  /<model>/optim/<state>/<unit>.<param>, /<model>/<extra>/<unit>.<param>,
+///                  /<model>/buffers/<unit>.<buffer>. h5py and h5dump read them unsharded.
+/// Commit: files are written into step-XXXXXXXX.tmp/, fsynced, the directory is renamed
+/// and fsynced, and `latest` is replaced last; an interrupted save (kill -9 of any rank)
+/// never touches a committed checkpoint. Any world size and stage can load any checkpoint:
+/// each rank reads, with hyperslab reads, the global flat range it owns now.
 #include <functional>
 #include <map>
 #include <string>
@@ -21,19 +24,15 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "shardgan/checkpoint/manifest.h"
+
 namespace shardgan {
 
 class Communicator;
 class ShardedModel;
 class ShardedOptimizer;
 
-inline constexpr int64_t kCheckpointSchemaVersion = 1;
-
-/// A checkpoint that cannot be loaded; the message names the file and the problem.
-class CheckpointError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+inline constexpr int64_t kCheckpointSchemaVersion = ckpt::kSchemaVersion;
 
 /// What besides the models a checkpoint restores.
 struct TrainCounters {
@@ -47,30 +46,43 @@ struct TrainCounters {
 
 struct ModelAndOptimizer {
   ShardedModel* model;
-  ShardedOptimizer* optim;
+  ShardedOptimizer* optim;  ///< may be null: no optimizer state is saved or loaded
   /// Further per-unit shard state saved beside the parameters under a stable name, e.g.
   /// {"ema", f}: f(unit index) returns the live 1-D tensor of shard_numel() elements.
   std::vector<std::pair<std::string, std::function<at::Tensor(size_t)>>> extra = {};
 };
 
-/// Collective (barriers on `comm`). Writes and commits checkpoint step-<step> under
-/// `run_dir`/checkpoints and returns its directory. Throws CheckpointError or h5::H5Error
-/// on an I/O failure; the previous checkpoint is untouched then.
-/// Keeps the newest `keep_last` committed checkpoints (>= 1) and deletes older ones.
+/// What one save cost on this rank (for logs and the benchmark).
+struct SaveStats {
+  int64_t bytes = 0;         ///< bytes of this rank's file
+  double write_s = 0;        ///< writing and fsyncing this rank's file
+  double total_s = 0;        ///< the whole collective save, commit included
+};
+
+/// Collective (barriers and one all-gather on `comm`). Writes and commits checkpoint
+/// step-<step> under `run_dir`/checkpoints and returns its directory. Throws
+/// CheckpointError or h5::H5Error on an I/O failure; committed checkpoints are untouched
+/// then. Keeps the newest `keep_last` committed checkpoints (>= 1), deletes older ones and
+/// leftovers of interrupted saves.
 std::string save_checkpoint(const std::string& run_dir, const TrainCounters& counters,
                             const std::vector<ModelAndOptimizer>& models,
                             const std::string& config_yaml, Communicator& comm,
-                            int keep_last = 3);
+                            int keep_last = 3, SaveStats* stats = nullptr);
 
-/// Collective (a barrier). Restores this rank's shards, moments, buffers and counters
-/// from checkpoint directory `ckpt_dir`. Throws CheckpointError if the checkpoint's world
-/// size or stages differ from this run's (resharding comes later), or if a file is
-/// missing, truncated or holds tensors of other sizes.
+/// Collective (one all-reduce). Restores this rank's shards, optimizer states, extras,
+/// buffers and counters from checkpoint directory `ckpt_dir`, whatever world size and
+/// stages wrote it: each rank reads the flat range it owns under the current layout
+/// (resharding on load), verifying the checksums of what it reads. A checkpoint written
+/// at the same world size and stages loads bit for bit. Throws CheckpointError on every
+/// rank if any rank fails (missing, truncated or corrupted file, wrong schema, another
+/// model); the models' state is unspecified after a throw.
 void load_checkpoint(const std::string& ckpt_dir, TrainCounters& counters,
                      const std::vector<ModelAndOptimizer>& models, Communicator& comm);
 
-/// Local. Resolves what `--resume` names: a checkpoint directory, a checkpoints folder
-/// with a `latest` file, or a run directory holding one. Throws CheckpointError.
+/// Local. Resolves what `--resume` names: a checkpoint directory (holding index.h5), or a
+/// checkpoints folder or run directory, where it picks the newest committed checkpoint
+/// (interrupted *.tmp saves are ignored; `latest` names the same one unless a crash hit
+/// between the rename and its update). Throws CheckpointError.
 std::string resolve_checkpoint_dir(const std::string& path);
 
 }  // namespace shardgan

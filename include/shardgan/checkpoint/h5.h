@@ -25,6 +25,8 @@ class File {
   static File create(const std::string& path);
   /// Opens `path` read-only. Throws H5Error naming the path if missing or not HDF5.
   static File open_read(const std::string& path);
+  /// Opens an existing `path` for reading and writing (tools and tests).
+  static File open_rw(const std::string& path);
 
   File(File&& o) noexcept;
   File& operator=(File&& o) noexcept;
@@ -38,8 +40,35 @@ class File {
   /// Reads dataset `path` into `out`, which must hold `numel` elements of `dt`. Throws
   /// H5Error if the dataset is missing or its element count or type class differs.
   void read(const std::string& path, DType dt, void* out, int64_t numel) const;
+  /// Reads elements [start, start + count) of the 1-D dataset `path` (a hyperslab read:
+  /// only those bytes are read). Throws H5Error if the range is out of bounds.
+  void read_range(const std::string& path, DType dt, int64_t start, int64_t count,
+                  void* out) const;
   /// Shape of dataset `path` (elements per dimension).
   std::vector<int64_t> shape(const std::string& path) const;
+  /// Stored element type of dataset `path`; throws H5Error for a type DType cannot name.
+  DType dtype(const std::string& path) const;
+  /// Byte offset of a contiguous dataset's data in the file (tests corrupt it there).
+  int64_t data_offset(const std::string& path) const;
+
+  /// Writes `text` as a scalar fixed-length UTF-8 string dataset (no size limit, unlike an
+  /// attribute's 64 KiB), and reads it back.
+  void write_string(const std::string& path, const std::string& text);
+  std::string read_string(const std::string& path) const;
+
+  /// One piece of a virtual dataset: elements [src_start, src_start + numel) of the 1-D
+  /// dataset `src_dataset` (src_numel elements long) in file `src_file` (relative names resolve against the directory
+  /// of the file holding the virtual dataset) fill the box at `start` of extent `count`.
+  struct VirtualPiece {
+    std::string src_file, src_dataset;
+    int64_t src_numel = 0;  // the source dataset's length
+    int64_t src_start = 0;
+    std::vector<int64_t> start, count;  // box in the virtual dataset; product(count) elements
+  };
+  /// Creates a virtual dataset (HDF5 VDS) of `shape` and `dt` made of `pieces`; unmapped
+  /// elements read as 0.
+  void write_virtual(const std::string& path, DType dt, const std::vector<int64_t>& shape,
+                     const std::vector<VirtualPiece>& pieces);
   bool exists(const std::string& path) const;
 
   /// Attributes on the object at `obj` ("/" for the root), overwritten if present.

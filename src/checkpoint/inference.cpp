@@ -1,0 +1,122 @@
+#include "shardgan/checkpoint/inference.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <torch/torch.h>
+
+#include "shardgan/train/dcgan.h"
+
+namespace shardgan {
+namespace {
+
+template <typename M>
+auto refresh_full_parameters(M& m, int) -> decltype(m.after_optimizer_step(), void()) {
+  m.after_optimizer_step();
+}
+template <typename M>
+void refresh_full_parameters(M&, long) {}
+
+TrainConfig generator_config(const std::string& yaml, const std::string& where) {
+  TrainConfig cfg = parse_config(yaml, where, {});
+  cfg.g_sharding.stage = 0;
+  return cfg;
+}
+
+}  // namespace
+
+std::unique_ptr<ShardedModel> load_generator(ckpt::CheckpointReader& rd, Communicator& comm, bool ema,
+                                             TrainConfig* cfg_out) {
+  const ckpt::Manifest& m = rd.manifest();
+  TrainConfig cfg = generator_config(m.config, rd.dir() + "/index.h5 (stored config)");
+  auto g = build_generator(cfg.model, comm, cfg.g_sharding, cfg.seed + 1);
+  const ckpt::ModelEntry* me = m.model(g->name());
+  if (!me) throw CheckpointError("checkpoint '" + rd.dir() + "' holds no generator");
+  const std::string kind = ema ? "ema" : "param_shard";
+  if (ema && std::find(me->extras.begin(), me->extras.end(), "ema") == me->extras.end()) {
+    throw CheckpointError("checkpoint '" + rd.dir() + "' holds no EMA of the generator (trained without one); drop --ema");
+  }
+  if (me->units.size() != g->units().size()) throw CheckpointError("checkpoint '" + rd.dir() + "': generator units differ from its config");
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < g->units().size(); ++i) {
+    ShardedUnit& u = *g->units()[i];
+    if (me->units[i].numel != u.numel() || me->dtype != std::string(h5::dtype_name(ckpt::parse_dtype(me->dtype))) ||
+        u.shard().numel() != u.numel() || !u.shard().is_contiguous()) {
+      throw CheckpointError("checkpoint '" + rd.dir() + "': generator unit '" + u.name() + "' differs from its config");
+    }
+    at::Tensor tmp = torch::empty({u.numel()}, u.shard().options());
+    if (std::string(h5::dtype_name(ckpt::parse_dtype(me->dtype))) != (tmp.scalar_type() == at::kDouble ? "float64" : "float32")) {
+      throw CheckpointError("checkpoint '" + rd.dir() + "': generator dtype " + me->dtype + " differs from its config");
+    }
+    rd.read_flat(*me, me->units[i], kind, 0, u.numel(), tmp.data_ptr());
+    u.shard().copy_(tmp);
+  }
+  for (auto& [bname, buf] : g->named_buffers()) {
+    const ckpt::BufferEntry* be = nullptr;
+    for (const auto& b : me->buffers) {
+      if (b.name == bname) be = &b;
+    }
+    if (!be) throw CheckpointError("checkpoint '" + rd.dir() + "' has no buffer 'generator." + bname + "'");
+    at::Tensor c = torch::empty(buf.sizes(), buf.options());
+    rd.read_dataset(be->rank, "generator/buffers/" + bname, c.data_ptr(), c.numel());
+    buf.copy_(c);
+  }
+  refresh_full_parameters(*g, 0);
+  if (cfg_out) *cfg_out = cfg;
+  return g;
+}
+
+std::shared_ptr<torch::nn::Module> plain_module(ShardedModel& m) {
+  auto root = std::make_shared<torch::nn::Module>("ShardganGenerator");
+  for (auto& u : m.units()) {
+    // The units own their modules as shared_ptr<Module>; register the same objects.
+    root->register_module(u->name(), std::shared_ptr<torch::nn::Module>(u->module().shared_from_this()));
+  }
+  return root;
+}
+
+void export_model(ShardedModel& m, const std::string& config_yaml, const std::string& path) {
+  torch::serialize::OutputArchive ar;
+  plain_module(m)->save(ar);
+  ar.write("shardgan.config", c10::IValue(config_yaml));
+  const std::string tmp = path + ".tmp";
+  ar.save_to(tmp);
+  std::filesystem::rename(tmp, path);
+}
+
+std::unique_ptr<ShardedModel> load_exported_generator(const std::string& path, Communicator& comm,
+                                                      TrainConfig* cfg_out) {
+  torch::serialize::InputArchive ar;
+  ar.load_from(path);
+  c10::IValue v;
+  if (!ar.try_read("shardgan.config", v) || !v.isString()) {
+    throw CheckpointError("'" + path + "' is not a shardgan export (no shardgan.config entry)");
+  }
+  TrainConfig cfg = generator_config(v.toStringRef(), path + " (stored config)");
+  auto g = build_generator(cfg.model, comm, cfg.g_sharding, cfg.seed + 1);
+  // torch::load replaces the parameters' storage (Tensor::set_), which would detach them
+  // from the flat buffer; load into a scratch copy and copy the values over instead.
+  auto scratch = build_generator(cfg.model, comm, cfg.g_sharding, cfg.seed + 1);
+  plain_module(*scratch)->load(ar);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < g->units().size(); ++i) {
+    ShardedUnit& u = *g->units()[i];
+    const auto& from = scratch->units()[i]->slots();
+    for (size_t j = 0; j < u.slots().size(); ++j) {
+      const auto& s = u.slots()[j];
+      u.shard().narrow(0, s.offset, s.numel).copy_(from[j].param.reshape({-1}));
+    }
+  }
+  auto dst = g->named_buffers(), src = scratch->named_buffers();
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].second.copy_(src[i].second);
+  refresh_full_parameters(*g, 0);
+  if (cfg_out) *cfg_out = cfg;
+  return g;
+}
+
+at::Tensor fixed_latents(const TrainConfig& cfg, int64_t n) {
+  auto gen = at::detail::createCPUGenerator(cfg.seed + 4);
+  return at::randn({n, cfg.model.z_dim, 1, 1}, gen, torch::TensorOptions().dtype(cfg.model.dtype));
+}
+
+}  // namespace shardgan

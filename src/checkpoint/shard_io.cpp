@@ -1,0 +1,389 @@
+#include "shardgan/checkpoint/shard_io.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+namespace shardgan::ckpt {
+namespace fs = std::filesystem;
+namespace {
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+const std::string kDoWhat =
+    " Restore the file from a copy, or resume from an older checkpoint "
+    "(`shardgan-ckpt verify DIR` checks one).";
+
+}  // namespace
+
+h5::DType parse_dtype(const std::string& name) {
+  for (h5::DType t : {h5::DType::kF32, h5::DType::kF64, h5::DType::kI64, h5::DType::kU8}) {
+    if (name == h5::dtype_name(t)) return t;
+  }
+  throw CheckpointError("unknown dtype '" + name + "' in a checkpoint index");
+}
+
+int64_t TensorRef::numel() const { return product(shape); }
+
+// ---------------------------------------------------------------------------- writing
+
+RankFileWriter::RankFileWriter(const std::string& dir, int rank, int64_t block_bytes)
+    : dir_(dir), block_bytes_(block_bytes), file_(h5::File::create(dir + "/" + rank_file_name(rank))) {
+  entry_.rank = rank;
+  entry_.name = rank_file_name(rank);
+}
+
+void RankFileWriter::write(const std::string& path, h5::DType dt, const std::vector<int64_t>& shape,
+                           const void* data) {
+  file_.write(path, dt, shape, data);
+  const int64_t n = product(shape);
+  entry_.datasets[path] = {h5::dtype_name(dt), n, block_hashes(data, n * h5::dtype_bytes(dt), block_bytes_)};
+}
+
+FileEntry RankFileWriter::finish() {
+  file_.flush();
+  file_.close();
+  const std::string path = dir_ + "/" + entry_.name;
+  h5::fsync_path(path);
+  entry_.bytes = static_cast<int64_t>(fs::file_size(path));
+  return entry_;
+}
+
+void write_index(const std::string& dir, const Manifest& m) {
+  const std::string path = dir + "/" + kIndexFile;
+  h5::File f = h5::File::create(path);
+  for (const ModelEntry& mo : m.models) {
+    const h5::DType dt = parse_dtype(mo.dtype);
+    for (const std::string& kind : state_kinds(mo)) {
+      for (const UnitEntry& u : mo.units) {
+        const std::string src = unit_dataset(mo.name, u.name, kind);
+        for (const ParamEntry& p : u.params) {
+          // A 0-d parameter appears as shape [1] (a VDS needs at least one dimension).
+          const std::vector<int64_t> shape = p.shape.empty() ? std::vector<int64_t>{1} : p.shape;
+          std::vector<h5::File::VirtualPiece> pieces;
+          for (const ShardEntry& sh : u.shards) {
+            const int64_t a = std::max(p.offset, sh.offset);
+            const int64_t b = std::min(p.offset + p.numel, sh.offset + sh.numel);
+            if (a >= b) continue;
+            const int64_t src_numel = m.file(sh.rank).datasets.at(src).numel;
+            int64_t cur = a - sh.offset;
+            for (Box& bx : flat_range_boxes(shape, a - p.offset, b - p.offset)) {
+              const int64_t n = product(bx.count);
+              pieces.push_back({rank_file_name(sh.rank), src, src_numel, cur, bx.start, bx.count});
+              cur += n;
+            }
+          }
+          const std::string ip = index_path(mo.name, kind, u.name + "." + p.name);
+          f.write_virtual(ip, dt, shape, pieces);
+          f.set_attr(ip, "unit", u.name);
+          f.set_attr(ip, "flat_offset", p.offset);
+        }
+      }
+    }
+    for (const BufferEntry& b : mo.buffers) {
+      const std::vector<int64_t> shape = b.shape.empty() ? std::vector<int64_t>{1} : b.shape;
+      const std::string src = mo.name + "/buffers/" + b.name;
+      const int64_t n = product(shape);
+      std::vector<h5::File::VirtualPiece> pieces;
+      for (Box& bx : flat_range_boxes(shape, 0, n)) {
+        pieces.push_back({rank_file_name(b.rank), src, n, 0, bx.start, bx.count});
+      }
+      f.write_virtual(src, parse_dtype(b.dtype), shape, pieces);
+    }
+    if (f.exists(mo.name)) {
+      f.set_attr(mo.name, "stage", static_cast<int64_t>(mo.stage));
+      f.set_attr(mo.name, "optim_step", mo.optim_step);
+      f.set_attr(mo.name, "dtype", mo.dtype);
+    }
+  }
+  f.set_attr("/", "format", std::string(kFormatName));
+  f.set_attr("/", "schema_version", m.schema_version);
+  f.set_attr("/", "world_size", m.world_size);
+  f.set_attr("/", "step", m.step);
+  f.set_attr("/", "epoch", m.epoch);
+  f.set_attr("/", "batch_in_epoch", m.batch_in_epoch);
+  f.set_attr("/", "config", m.config);
+  for (const auto& [k, v] : m.scalars) f.set_attr("/", "scalar." + k, v);
+  const std::string text = to_json(m);
+  f.write_string("manifest.json", text);
+  f.set_attr("/", "manifest_xxh3", static_cast<int64_t>(xxh3(text.data(), static_cast<int64_t>(text.size()))));
+  f.flush();
+  f.close();
+  h5::fsync_path(path);
+}
+
+// ---------------------------------------------------------------------------- reading
+
+int64_t checkpoint_schema_version(const std::string& dir) {
+  for (const std::string& name : {std::string(kIndexFile), rank_file_name(0)}) {
+    try {
+      if (!fs::exists(dir + "/" + name)) continue;
+      return h5::File::open_read(dir + "/" + name).attr_int("/", "schema_version");
+    } catch (const std::exception&) {
+    }
+  }
+  return -1;
+}
+
+CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
+  const std::string path = dir_ + "/" + kIndexFile;
+  if (!fs::exists(path)) {
+    if (fs::exists(dir_ + "/" + rank_file_name(0))) {
+      const int64_t v = checkpoint_schema_version(dir_);
+      throw CheckpointError("checkpoint '" + dir_ + "' has rank files but no " + kIndexFile +
+                            " (schema version " + std::to_string(v) + "; this build reads schema " +
+                            std::to_string(kSchemaVersion) +
+                            " checkpoints). Load it with the shardgan build that wrote it.");
+    }
+    throw CheckpointError("'" + dir_ + "' is not a checkpoint: it has no " + kIndexFile);
+  }
+  try {
+    h5::File f = h5::File::open_read(path);
+    const int64_t v = f.attr_int("/", "schema_version");
+    if (v != kSchemaVersion) {
+      throw CheckpointError("checkpoint '" + dir_ + "': " + kIndexFile + " has schema version " +
+                            std::to_string(v) + ", this build reads schema " +
+                            std::to_string(kSchemaVersion) +
+                            ". Use the shardgan build that wrote it (or convert it with that build's "
+                            "shardgan-ckpt consolidate).");
+    }
+    const std::string text = f.read_string("manifest.json");
+    const int64_t want = f.attr_int("/", "manifest_xxh3");
+    if (static_cast<int64_t>(xxh3(text.data(), static_cast<int64_t>(text.size()))) != want) {
+      throw CheckpointError("checkpoint '" + dir_ + "': " + kIndexFile +
+                            " fails its manifest checksum: the index is corrupted." + kDoWhat);
+    }
+    m_ = manifest_from_json(text, path);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CheckpointError("checkpoint '" + dir_ + "': cannot read " + kIndexFile +
+                          " (truncated or corrupted?): " + e.what() + "." + kDoWhat);
+  }
+  if (m_.schema_version != kSchemaVersion || static_cast<int64_t>(m_.files.size()) != m_.world_size) {
+    throw CheckpointError("checkpoint '" + dir_ + "': the index lists " + std::to_string(m_.files.size()) +
+                          " rank files for world size " + std::to_string(m_.world_size) + "." + kDoWhat);
+  }
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+void CheckpointReader::fail_file(int rank, const std::string& what) const {
+  std::string name = rank_file_name(rank);
+  throw CheckpointError("checkpoint '" + dir_ + "', rank " + std::to_string(rank) + " file '" + name +
+                        "': " + what);
+}
+
+h5::File& CheckpointReader::file(int rank) {
+  auto it = files_.find(rank);
+  if (it != files_.end()) return *it->second;
+  const FileEntry* fe = nullptr;
+  for (const auto& f : m_.files) {
+    if (f.rank == rank) fe = &f;
+  }
+  if (!fe) fail_file(rank, "not listed in the index");
+  const std::string path = dir_ + "/" + fe->name;
+  if (!fs::exists(path)) fail_file(rank, "is missing; the checkpoint is incomplete." + kDoWhat);
+  const auto bytes = static_cast<int64_t>(fs::file_size(path));
+  if (bytes != fe->bytes) {
+    fail_file(rank, "is " + std::to_string(bytes) + " bytes, but was committed with " +
+                        std::to_string(fe->bytes) + " (truncated or overwritten)." + kDoWhat);
+  }
+  try {
+    auto f = std::make_unique<h5::File>(h5::File::open_read(path));
+    return *files_.emplace(rank, std::move(f)).first->second;
+  } catch (const std::exception& e) {
+    fail_file(rank, std::string("cannot be opened: ") + e.what() + "." + kDoWhat);
+  }
+}
+
+void CheckpointReader::read_verified(int rank, const std::string& path, int64_t start, int64_t count,
+                                     void* out) {
+  const FileEntry& fe = m_.file(rank);
+  auto it = fe.datasets.find(path);
+  if (it == fe.datasets.end()) fail_file(rank, "the index records no dataset '" + path + "'");
+  const DatasetEntry& de = it->second;
+  const h5::DType dt = parse_dtype(de.dtype);
+  const int64_t eb = h5::dtype_bytes(dt), be = m_.block_bytes / eb;
+  if (start < 0 || count < 0 || start + count > de.numel) {
+    fail_file(rank, "dataset '" + path + "' has " + std::to_string(de.numel) + " elements; asked for [" +
+                        std::to_string(start) + ", " + std::to_string(start + count) + ")");
+  }
+  if (count == 0) return;
+  const int64_t nblocks = (de.numel + be - 1) / be;
+  if (static_cast<int64_t>(de.xxh3.size()) != nblocks) fail_file(rank, "dataset '" + path + "': checksum list has the wrong length");
+  // Read whole checksum blocks: at most one partial block at each end is read extra.
+  const int64_t b0 = start / be, b1 = (start + count + be - 1) / be;
+  const int64_t rs = b0 * be, re = std::min(b1 * be, de.numel);
+  std::vector<char> tmp;
+  char* buf = static_cast<char*>(out);
+  if (rs != start || re != start + count) {
+    tmp.resize(static_cast<size_t>((re - rs) * eb));
+    buf = tmp.data();
+  }
+  h5::File& f = file(rank);
+  try {
+    f.read_range(path, dt, rs, re - rs, buf);
+  } catch (const std::exception& e) {
+    fail_file(rank, std::string(e.what()) + "." + kDoWhat);
+  }
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t n = std::min(be, de.numel - b * be);
+    if (xxh3(buf + (b * be - rs) * eb, n * eb) != de.xxh3[static_cast<size_t>(b)]) {
+      fail_file(rank, "dataset '" + path + "' fails its checksum in block " + std::to_string(b) + " of " +
+                          std::to_string(nblocks) + " (elements " + std::to_string(b * be) + " to " +
+                          std::to_string(b * be + n - 1) + "): the file is corrupted." + kDoWhat);
+    }
+  }
+  if (buf != out) std::memcpy(out, buf + (start - rs) * eb, static_cast<size_t>(count * eb));
+}
+
+void CheckpointReader::read_dataset(int rank, const std::string& path, void* out, int64_t numel) {
+  auto it = m_.file(rank).datasets.find(path);
+  if (it == m_.file(rank).datasets.end()) fail_file(rank, "the index records no dataset '" + path + "'");
+  if (it->second.numel != numel) {
+    fail_file(rank, "dataset '" + path + "' has " + std::to_string(it->second.numel) +
+                        " elements, this model needs " + std::to_string(numel) +
+                        " (a checkpoint of a different model or config?)");
+  }
+  read_verified(rank, path, 0, numel, out);
+}
+
+void CheckpointReader::read_flat(const ModelEntry& model, const UnitEntry& unit, const std::string& kind,
+                                 int64_t lo, int64_t hi, void* out) {
+  const int64_t eb = h5::dtype_bytes(parse_dtype(model.dtype));
+  const std::string path = unit_dataset(model.name, unit.name, kind);
+  int64_t covered = 0;
+  for (const ShardEntry& sh : unit.shards) {
+    const int64_t a = std::max(lo, sh.offset);
+    const int64_t b = std::min({hi, sh.offset + sh.numel, unit.numel});
+    if (a >= b) continue;
+    read_verified(sh.rank, path, a - sh.offset, b - a, static_cast<char*>(out) + (a - lo) * eb);
+    covered += b - a;
+  }
+  if (covered != hi - lo) {
+    throw CheckpointError("checkpoint '" + dir_ + "': the index's shards of " + model.name + "/" + unit.name +
+                          " do not cover elements [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                          ") exactly." + kDoWhat);
+  }
+}
+
+std::vector<TensorRef> CheckpointReader::tensors() const {
+  std::vector<TensorRef> out;
+  for (const ModelEntry& mo : m_.models) {
+    for (const std::string& kind : state_kinds(mo)) {
+      for (size_t ui = 0; ui < mo.units.size(); ++ui) {
+        const UnitEntry& u = mo.units[ui];
+        for (size_t pi = 0; pi < u.params.size(); ++pi) {
+          const ParamEntry& p = u.params[pi];
+          out.push_back({&mo, kind, ui, pi, index_path(mo.name, kind, u.name + "." + p.name),
+                         p.shape.empty() ? std::vector<int64_t>{1} : p.shape, mo.dtype});
+        }
+      }
+    }
+    for (size_t bi = 0; bi < mo.buffers.size(); ++bi) {
+      const BufferEntry& b = mo.buffers[bi];
+      out.push_back({&mo, "buffer", 0, bi, mo.name + "/buffers/" + b.name,
+                     b.shape.empty() ? std::vector<int64_t>{1} : b.shape, b.dtype});
+    }
+  }
+  return out;
+}
+
+std::vector<std::tuple<int, int64_t, int64_t>> CheckpointReader::holders(const TensorRef& t) const {
+  if (t.kind == "buffer") return {{t.model->buffers[t.item].rank, 0, t.numel()}};
+  std::vector<std::tuple<int, int64_t, int64_t>> out;
+  const UnitEntry& u = t.model->units[t.unit];
+  const ParamEntry& p = u.params[t.item];
+  for (const ShardEntry& sh : u.shards) {
+    const int64_t a = std::max(p.offset, sh.offset), b = std::min(p.offset + p.numel, sh.offset + sh.numel);
+    if (a < b) out.emplace_back(sh.rank, a - p.offset, b - p.offset);
+  }
+  return out;
+}
+
+void CheckpointReader::read_tensor(const TensorRef& t, void* out) {
+  if (t.kind == "buffer") {
+    const BufferEntry& b = t.model->buffers[t.item];
+    read_dataset(b.rank, t.model->name + "/buffers/" + b.name, out, t.numel());
+    return;
+  }
+  const UnitEntry& u = t.model->units[t.unit];
+  const ParamEntry& p = u.params[t.item];
+  read_flat(*t.model, u, t.kind, p.offset, p.offset + p.numel, out);
+}
+
+std::vector<std::string> CheckpointReader::verify_all() {
+  std::vector<std::string> problems;
+  auto attempt = [&](auto&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      problems.push_back(e.what());
+    }
+  };
+  for (int r = 0; r < m_.world_size; ++r) {
+    attempt([&] { m_.file(r); });
+  }
+  std::vector<char> buf;
+  for (const FileEntry& fe : m_.files) {
+    bool opened = false;
+    attempt([&] {
+      file(fe.rank);
+      opened = true;
+    });
+    if (!opened) continue;
+    for (const auto& [path, de] : fe.datasets) {
+      attempt([&] {
+        h5::File& f = file(fe.rank);
+        if (!f.exists(path)) fail_file(fe.rank, "dataset '" + path + "' is missing");
+        const auto shape = f.shape(path);
+        if (product(shape) != de.numel || f.dtype(path) != parse_dtype(de.dtype)) {
+          fail_file(fe.rank, "dataset '" + path + "' has another size or type than the index records");
+        }
+        const int64_t eb = h5::dtype_bytes(parse_dtype(de.dtype)), be = m_.block_bytes / eb;
+        for (int64_t s = 0; s < de.numel; s += be) {  // one block at a time: bounded memory
+          const int64_t n = std::min(be, de.numel - s);
+          buf.resize(static_cast<size_t>(n * eb));
+          read_verified(fe.rank, path, s, n, buf.data());
+        }
+      });
+    }
+  }
+  for (const ModelEntry& mo : m_.models) {
+    for (const UnitEntry& u : mo.units) {
+      attempt([&] {
+        std::vector<std::pair<int64_t, int64_t>> ranges;
+        for (const ShardEntry& sh : u.shards) {
+          for (const std::string& kind : state_kinds(mo)) {
+            const auto& ds = m_.file(sh.rank).datasets;
+            auto it = ds.find(unit_dataset(mo.name, u.name, kind));
+            if (it == ds.end() || it->second.numel != sh.numel) {
+              fail_file(sh.rank, "holds no " + std::to_string(sh.numel) + "-element dataset '" +
+                                     unit_dataset(mo.name, u.name, kind) + "' that the index maps");
+            }
+          }
+          ranges.emplace_back(sh.offset, std::min(sh.offset + sh.numel, u.numel));
+        }
+        std::sort(ranges.begin(), ranges.end());
+        int64_t next = 0;
+        for (auto [a, b] : ranges) {
+          if (a != next) break;
+          next = b;
+        }
+        if (next != u.numel) {
+          throw CheckpointError("checkpoint '" + dir_ + "': " + mo.name + "/" + u.name + " elements [" +
+                                std::to_string(next) + ", " + std::to_string(u.numel) +
+                                ") are not held exactly once by the rank files (incomplete index)");
+        }
+      });
+    }
+  }
+  return problems;
+}
+
+}  // namespace shardgan::ckpt

@@ -1,0 +1,12 @@
+# Checkpoint tests (issue 5): included by tests/CMakeLists.txt.
+shardgan_test(test_checkpoint)
+target_compile_definitions(test_checkpoint PRIVATE SHARDGAN_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+shardgan_mpi_test(test_checkpoint 300 4)
+
+# Shell tests driving shardgan-train and shardgan-ckpt.
+foreach(script ckpt_tool_test ckpt_errors_test ckpt_kill_test)
+  add_test(NAME ${script}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/${script}.sh $<TARGET_FILE:shardgan-train>
+                   $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+  set_tests_properties(${script} PROPERTIES TIMEOUT 300 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+endforeach()

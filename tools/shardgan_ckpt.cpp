@@ -1,0 +1,194 @@
+// shardgan-ckpt: inspect, verify, convert and sample sharded checkpoints. Needs no MPI
+// runtime (no mpirun, no MPI_Init): models are built on a LocalCommunicator.
+//   shardgan-ckpt ls DIR | info DIR | verify DIR | diff A B [--rtol X]
+//   shardgan-ckpt consolidate DIR -o FULL.h5 | reshard DIR -o NEW --world-size M [--stage S]
+//   shardgan-ckpt sample DIR -o grid.png [--ema] [-n 64] | export DIR -o g.pt [--ema]
+// DIR is a checkpoint directory, a checkpoints folder or a run directory (the newest
+// committed checkpoint there). Exit status: 0 fine, 1 a bad checkpoint or a failed check,
+// 2 bad usage.
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include "shardgan/checkpoint/checkpoint.h"
+#include "shardgan/checkpoint/inference.h"
+#include "shardgan/checkpoint/offline.h"
+#include "shardgan/checkpoint/shard_io.h"
+#include "shardgan/comm/local_communicator.h"
+#include "shardgan/train/image_grid.h"
+
+using namespace shardgan;
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int cmd_ls(ckpt::CheckpointReader& rd) {
+  std::printf("%-52s %-18s %-8s %10s  %s\n", "tensor", "shape", "dtype", "bytes", "held by (rank: elements)");
+  int64_t total = 0;
+  for (const auto& t : rd.tensors()) {
+    const int64_t bytes = t.numel() * h5::dtype_bytes(ckpt::parse_dtype(t.dtype));
+    total += bytes;
+    std::string who;
+    for (auto [r, a, b] : rd.holders(t)) {
+      who += (who.empty() ? "" : ", ") + std::to_string(r) + ": [" + std::to_string(a) + ", " + std::to_string(b) + ")";
+    }
+    std::printf("%-52s %-18s %-8s %10lld  %s\n", t.path.c_str(), shape_str(t.shape).c_str(), t.dtype.c_str(),
+                static_cast<long long>(bytes), who.c_str());
+  }
+  std::printf("%zu tensors, %lld bytes, %lld rank files\n", rd.tensors().size(), static_cast<long long>(total),
+              static_cast<long long>(rd.manifest().files.size()));
+  return 0;
+}
+
+int cmd_info(ckpt::CheckpointReader& rd) {
+  const ckpt::Manifest& m = rd.manifest();
+  std::printf("checkpoint      %s\nschema version  %lld\nstep            %lld\nepoch           %lld\n"
+              "batch in epoch  %lld\nworld size      %lld\n",
+              rd.dir().c_str(), (long long)m.schema_version, (long long)m.step, (long long)m.epoch,
+              (long long)m.batch_in_epoch, (long long)m.world_size);
+  for (const auto& mo : m.models) {
+    int64_t params = 0, n = 0;
+    for (const auto& u : mo.units) {
+      params += u.numel;
+      n += static_cast<int64_t>(u.params.size());
+    }
+    std::string states;
+    for (const auto& k : ckpt::state_kinds(mo)) states += (states.empty() ? "" : ", ") + k;
+    std::printf("%-15s stage %d, %s, %lld parameters in %lld tensors and %zu units, optimizer step %lld, states: %s\n",
+                mo.name.c_str(), mo.stage, mo.dtype.c_str(), (long long)params, (long long)n, mo.units.size(),
+                (long long)mo.optim_step, states.c_str());
+  }
+  for (const auto& [k, v] : m.scalars) std::printf("scalar %-8s %.17g\n", k.c_str(), v);
+  int64_t bytes = 0;
+  for (const auto& f : m.files) bytes += f.bytes;
+  std::printf("rank files      %zu, %lld bytes\nconfig:\n%s", m.files.size(), (long long)bytes, m.config.c_str());
+  return 0;
+}
+
+int cmd_verify(ckpt::CheckpointReader& rd) {
+  const auto problems = rd.verify_all();
+  for (const auto& p : problems) std::fprintf(stderr, "CORRUPT: %s\n", p.c_str());
+  if (!problems.empty()) {
+    std::fprintf(stderr, "%s: %zu problem(s); do not resume from it\n", rd.dir().c_str(), problems.size());
+    return 1;
+  }
+  int64_t datasets = 0, bytes = 0;
+  for (const auto& f : rd.manifest().files) {
+    datasets += static_cast<int64_t>(f.datasets.size());
+    bytes += f.bytes;
+  }
+  std::printf("OK: %s: %zu rank files (%lld bytes), %lld datasets, every checksum matches, every tensor complete\n",
+              rd.dir().c_str(), rd.manifest().files.size(), (long long)bytes, (long long)datasets);
+  return 0;
+}
+
+int cmd_diff(const std::string& a, const std::string& b, double rtol) {
+  const auto diffs = ckpt::diff(a, b);
+  std::printf("%-52s %10s %12s %12s  %s\n", "tensor", "numel", "max abs", "max rel", "note");
+  double worst = 0;
+  bool mismatch = false;
+  for (const auto& d : diffs) {
+    std::printf("%-52s %10lld %12.4g %12.4g  %s\n", d.path.c_str(), (long long)d.numel, d.max_abs, d.max_rel,
+                d.note.c_str());
+    worst = std::max(worst, d.max_rel);
+    mismatch = mismatch || d.note == "only in A" || d.note == "only in B" || d.note == "shape differs";
+  }
+  std::printf("max rel difference %.4g over %zu tensors\n", worst, diffs.size());
+  if (rtol >= 0 && (worst > rtol || mismatch)) {
+    std::fprintf(stderr, "shardgan-ckpt diff: differences exceed --rtol %g\n", rtol);
+    return 1;
+  }
+  return 0;
+}
+
+int cmd_sample(ckpt::CheckpointReader& rd, const std::string& out, bool ema, int64_t n, bool eval) {
+  LocalCommunicator comm;
+  TrainConfig cfg;
+  auto g = load_generator(rd, comm, ema, &cfg);
+  torch::NoGradGuard no_grad;
+  g->train(!eval);  // the trainer samples in train mode (batch statistics), as DCGAN does
+  at::Tensor imgs = g->forward(fixed_latents(cfg, n)).to(at::kFloat);
+  write_png_grid(out, imgs.narrow(2, 2, 28).narrow(3, 2, 28), 8);
+  std::printf("wrote %s: %lld samples of the %s at step %lld\n", out.c_str(), (long long)n,
+              ema ? "generator's EMA" : "generator", (long long)rd.manifest().step);
+  return 0;
+}
+
+int cmd_export(ckpt::CheckpointReader& rd, const std::string& out, bool ema) {
+  LocalCommunicator comm;
+  auto g = load_generator(rd, comm, ema);
+  export_model(*g, rd.manifest().config, out);
+  std::printf("wrote %s: the %s at step %lld (torch::load it into plain_module(build_generator(...)))\n",
+              out.c_str(), ema ? "generator's EMA" : "generator", (long long)rd.manifest().step);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"shardgan-ckpt: inspect, verify, convert and sample shardgan checkpoints"};
+  app.require_subcommand(1);
+  std::string dir, dir_b, out;
+  double rtol = -1;
+  int world = 0, stage = -1;
+  int64_t n = 64;
+  bool ema = false, eval = false;
+  auto* ls = app.add_subcommand("ls", "tensors: shapes, dtypes, bytes, which ranks hold them");
+  auto* info = app.add_subcommand("info", "step, world size, stages, config");
+  auto* verify = app.add_subcommand("verify", "checksums and completeness (exit 1 on any problem)");
+  auto* diff = app.add_subcommand("diff", "per-tensor max abs and rel difference of A and B");
+  auto* cons = app.add_subcommand("consolidate", "one HDF5 file of full tensors (streamed)");
+  auto* resh = app.add_subcommand("reshard", "a copy laid out for another world size (offline)");
+  auto* sample = app.add_subcommand("sample", "PNG grid from G (or its EMA), built from the stored config");
+  auto* exp = app.add_subcommand("export", "G (or its EMA) as a file torch::load reads");
+  for (auto* sc : {ls, info, verify, diff, cons, resh, sample, exp}) {
+    sc->add_option("checkpoint", dir, "checkpoint directory, checkpoints folder or run directory")->required();
+  }
+  diff->add_option("other", dir_b, "second checkpoint")->required();
+  diff->add_option("--rtol", rtol, "exit 1 if any tensor's max rel difference exceeds this");
+  for (auto* sc : {cons, resh, sample, exp}) sc->add_option("-o,--output", out, "output path")->required();
+  resh->add_option("--world-size", world, "new number of ranks")->required()->check(CLI::PositiveNumber);
+  resh->add_option("--stage", stage, "new ZeRO stage for every model (default: keep)")->check(CLI::Range(0, 3));
+  for (auto* sc : {sample, exp}) sc->add_flag("--ema", ema, "use the generator's EMA weights");
+  sample->add_option("-n,--count", n, "number of samples (64 = the trainer's fixed grid)")->check(CLI::PositiveNumber);
+  sample->add_flag("--eval", eval, "BatchNorm running statistics instead of batch statistics");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    torch::set_num_threads(1);
+    const std::string d = resolve_checkpoint_dir(dir);
+    if (*diff) return cmd_diff(d, resolve_checkpoint_dir(dir_b), rtol);
+    ckpt::CheckpointReader rd(d);
+    if (*ls) return cmd_ls(rd);
+    if (*info) return cmd_info(rd);
+    if (*verify) return cmd_verify(rd);
+    if (*cons) {
+      ckpt::consolidate(d, out);
+      std::printf("wrote %s: %zu full tensors of step %lld\n", out.c_str(), rd.tensors().size(),
+                  (long long)rd.manifest().step);
+      return 0;
+    }
+    if (*resh) {
+      ckpt::reshard(d, out, world, stage);
+      std::printf("wrote %s: step %lld for %d ranks\n", out.c_str(), (long long)rd.manifest().step, world);
+      return 0;
+    }
+    if (*sample) return cmd_sample(rd, out, ema, n, eval);
+    if (*exp) return cmd_export(rd, out, ema);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardgan-ckpt: error: %s\n", e.what());
+    return 1;
+  }
+  return 2;
+}
