@@ -101,7 +101,7 @@ void MpiCommunicator::wait(MPI_Request& req, const std::string& what) {
   }
 }
 
-void MpiCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
+MPI_Request MpiCommunicator::start_all_gather(at::Tensor& full, const at::Tensor& shard) {
   check_cpu_contiguous(full, "all_gather", "full", rank_);
   check_cpu_contiguous(shard, "all_gather", "shard", rank_);
   if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
@@ -120,7 +120,42 @@ void MpiCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
   MPI_Request req;
   MPI_Iallgather(in_place ? MPI_IN_PLACE : shard.data_ptr(), static_cast<int>(shard.numel()), dt,
                  full.data_ptr(), static_cast<int>(shard.numel()), dt, comm_, &req);
+  return req;
+}
+
+void MpiCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
+  MPI_Request req = start_all_gather(full, shard);
   wait(req, describe("all_gather", rank_, world_size_, full));
+}
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(MpiCommunicator& comm, MPI_Request req, std::string what)
+      : comm_(comm), req_(req), what_(std::move(what)) {}
+  ~MpiWork() override {
+    if (!done_) {
+      try {
+        wait();
+      } catch (...) {  // never throw from a destructor; the error surfaces elsewhere
+      }
+    }
+  }
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    comm_.wait(req_, what_);
+  }
+
+ private:
+  MpiCommunicator& comm_;
+  MPI_Request req_;
+  std::string what_;
+  bool done_ = false;
+};
+
+std::unique_ptr<Work> MpiCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
+  MPI_Request req = start_all_gather(full, shard);
+  return std::make_unique<MpiWork>(*this, req, describe("all_gather (prefetch)", rank_, world_size_, full));
 }
 
 void MpiCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {

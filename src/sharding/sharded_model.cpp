@@ -19,7 +19,11 @@ ShardedUnit& ShardedModel::add_unit(std::string unit_name,
 }
 
 at::Tensor ShardedModel::forward(at::Tensor x) {
-  for (auto& u : units_) x = u->forward(x);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    units_[i]->gather();
+    if (cfg_.prefetch && i + 1 < units_.size()) units_[i + 1]->prefetch();
+    x = units_[i]->forward(x);
+  }
   return x;
 }
 

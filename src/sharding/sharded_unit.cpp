@@ -33,6 +33,7 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
                          ShardedModel* owner)
     : name_(std::move(name)), module_(std::move(module)), forward_(std::move(forward)),
       comm_(comm), cfg_(cfg), owner_(owner) {
+  index_ = owner_ ? owner_->units().size() : 0;
   if (cfg_.stage < 0 || cfg_.stage > 3) {
     throw std::invalid_argument("unit '" + name_ + "': ZeRO stage " + std::to_string(cfg_.stage) +
                                 " does not exist (use 0, 1, 2 or 3)");
@@ -107,7 +108,21 @@ int64_t ShardedUnit::persistent_grad_bytes() const {
   return nbytes(grad_flat_) + (grad_shard_aliases_flat_ ? 0 : nbytes(grad_shard_));
 }
 
+void ShardedUnit::prefetch() {
+  if (cfg_.stage != 3 || gathered_) return;
+  detail::refill_storage(full_, static_cast<size_t>(padded_numel_) * full_.element_size());
+  prefetch_src_ = shard_.scalar_type() == compute_dtype_ ? shard_ : shard_.to(compute_dtype_);
+  prefetch_work_ = comm_.all_gather_async(full_, prefetch_src_);
+  gathered_ = true;
+  if (owner_) owner_->on_unit_gathered();
+}
+
 void ShardedUnit::gather() {
+  if (prefetch_work_) {
+    prefetch_work_->wait();
+    prefetch_work_.reset();
+    prefetch_src_ = at::Tensor();
+  }
   if (gathered_) return;
   detail::refill_storage(full_, static_cast<size_t>(padded_numel_) * full_.element_size());
   comm_.all_gather(full_, shard_.scalar_type() == compute_dtype_ ? shard_ : shard_.to(compute_dtype_));
@@ -117,6 +132,7 @@ void ShardedUnit::gather() {
 
 void ShardedUnit::free_full() {
   if (cfg_.stage != 3 || !gathered_) return;
+  gather();  // an all-gather in flight still writes into full_: let it finish first
   detail::free_storage(full_);
   gathered_ = false;
 }
@@ -126,6 +142,7 @@ at::Tensor ShardedUnit::forward(const at::Tensor& x) {
   // Mixed precision: floating inputs are cast to the compute dtype at the unit boundary.
   const bool cast = x.is_floating_point() && x.scalar_type() != compute_dtype_;
   at::Tensor y = forward_(cast ? x.to(compute_dtype_) : x);
+  expects_backward_ = y.requires_grad();
   if (y.requires_grad()) {
     y.register_hook([this](const at::Tensor&) { on_pre_backward(); });
   }
@@ -137,6 +154,12 @@ void ShardedUnit::on_pre_backward() {
   if (backward_armed_) return;  // a second output of the same unit (e.g. D on real and fake)
   backward_armed_ = true;
   gather();
+  // Backward runs the units in reverse: start the previous unit's all-gather now, if its
+  // forward left it a backward to run.
+  if (cfg_.prefetch && owner_ && index_ > 0) {
+    ShardedUnit& prev = *owner_->units()[index_ - 1];
+    if (prev.expects_backward_) prev.prefetch();
+  }
   pending_grads_ = 0;
   for (auto& s : slots_) pending_grads_ += s.param.requires_grad() ? 1 : 0;
   if (owner_) owner_->ensure_backward_callback();
@@ -151,7 +174,11 @@ void ShardedUnit::on_param_grad_ready() {
 }
 
 void ShardedUnit::finish_backward() {
-  if (!backward_armed_) return;
+  expects_backward_ = false;
+  if (!backward_armed_) {
+    free_full();  // a prefetch for a backward that did not reach this unit
+    return;
+  }
   reduce_gradients();
   free_full();
   backward_armed_ = false;

@@ -48,6 +48,15 @@ struct CommStats {
   int64_t broadcast_bytes = 0;
 };
 
+/// Handle of a collective in flight (c10d's Work). wait() blocks until it completes, or
+/// throws CollectiveTimeout after the communicator's timeout; the tensors passed to the
+/// collective must stay alive and untouched until then. Destroying an unwaited Work waits.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -65,6 +74,11 @@ class Communicator {
   /// Supported dtypes: float32, float64, bfloat16, float16 (and uint8/int64 for
   /// bookkeeping). Throws CollectiveError on a size/dtype mismatch.
   virtual void all_gather(at::Tensor& full, const at::Tensor& shard) = 0;
+
+  /// Collective, non-blocking: starts all_gather(full, shard) and returns its handle.
+  /// Started collectives and blocking ones must still be issued in the same order on every
+  /// rank. The default runs the blocking call and returns a completed handle.
+  virtual std::unique_ptr<Work> all_gather_async(at::Tensor& full, const at::Tensor& shard);
 
   /// Collective. Reduces `full` (contiguous 1-D, numel S * world_size()) element-wise across
   /// ranks and writes block `rank()` of the result into `shard` (contiguous 1-D, numel S).

@@ -21,6 +21,9 @@ class MpiCommunicator final : public Communicator {
   std::string backend() const override { return "mpi"; }
 
   void all_gather(at::Tensor& full, const at::Tensor& shard) override;
+  /// MPI_Iallgather; the request progresses whenever this rank calls into MPI (for
+  /// example inside SyncBatchNorm's all-reduce), as Open MPI has no progress thread.
+  std::unique_ptr<Work> all_gather_async(at::Tensor& full, const at::Tensor& shard) override;
   void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
   void all_reduce(at::Tensor& t, ReduceOp op) override;
   void broadcast(at::Tensor& t, int root) override;
@@ -31,6 +34,9 @@ class MpiCommunicator final : public Communicator {
  private:
   /// Waits for `req`; throws CollectiveTimeout naming `what` after timeout_s().
   void wait(MPI_Request& req, const std::string& what);
+  /// Checks arguments, counts traffic and starts the all-gather.
+  MPI_Request start_all_gather(at::Tensor& full, const at::Tensor& shard);
+  friend class MpiWork;
 
   MPI_Comm comm_;
   int rank_ = 0;

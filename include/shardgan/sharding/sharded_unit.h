@@ -47,6 +47,11 @@ struct ShardingConfig {
   c10::optional<at::ScalarType> compute_dtype;
   /// Dtype gradients are reduced in (undefined: the master dtype).
   c10::optional<at::ScalarType> reduce_dtype;
+  /// Stage 3: start the next unit's all-gather (non-blocking) before the current unit
+  /// computes, in forward and in backward. At most three units are then gathered at once:
+  /// the one computing, the one prefetched, and in backward the one whose gradients are
+  /// being reduced (two in forward with reshard_after_forward).
+  bool prefetch = true;
 };
 
 class ShardedUnit {
@@ -81,7 +86,10 @@ class ShardedUnit {
   /// Collective at stage 3: all-gathers the flat parameter (no-op if already gathered or
   /// at stage 0).
   void gather();
-  /// Frees the gathered flat parameter (stage 3; no-op at stage 0). Local.
+  /// Collective at stage 3, non-blocking: starts the all-gather that gather() would do and
+  /// returns at once; gather() then only waits for it. No-op if gathered or not stage 3.
+  void prefetch();
+  /// Frees the gathered flat parameter (stage 3; waits for a prefetch in flight). Local.
   void free_full();
   /// Collective unless deferred: adds the parameters' .grad into one flat buffer in the
   /// reduce dtype and releases them. Stages 2 and 3 then reduce-scatter (average) it into
@@ -103,6 +111,8 @@ class ShardedUnit {
   void set_requires_grad(bool on);
 
   const std::string& name() const { return name_; }
+  /// Position of this unit in its model's forward order.
+  size_t index() const { return index_; }
   int64_t numel() const { return numel_; }                ///< T, unpadded elements
   int64_t padded_numel() const { return padded_numel_; }  ///< P
   int64_t shard_numel() const { return shard_numel_; }    ///< S, elements this rank owns
@@ -148,6 +158,7 @@ class ShardedUnit {
   std::vector<ParamSlot> slots_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive for hooks
   int64_t numel_ = 0, padded_numel_ = 0, shard_numel_ = 0, shard_offset_ = 0;
+  size_t index_ = 0;  // position in the owner's units (forward order)
   at::Tensor full_;        // P elements, compute dtype; parameters are views of it
   at::Tensor shard_;       // S elements, master dtype (may alias full_, see shard())
   at::Tensor grad_shard_;  // S elements, master dtype (may alias grad_flat_)
@@ -156,6 +167,9 @@ class ShardedUnit {
   bool shard_aliases_full_ = false, grad_shard_aliases_flat_ = false;
   bool gathered_ = false;
   bool sync_ = true;
+  bool expects_backward_ = false;     // last forward's output required grad
+  std::unique_ptr<Work> prefetch_work_;  // all-gather in flight into full_
+  at::Tensor prefetch_src_;           // its send buffer (compute-dtype copy of shard_)
   int64_t peak_comm_bytes_ = 0;
   bool backward_armed_ = false;
   int pending_grads_ = 0;

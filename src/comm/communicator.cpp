@@ -1,0 +1,17 @@
+#include "shardgan/comm/communicator.h"
+
+namespace shardgan {
+namespace {
+
+struct CompletedWork final : Work {
+  void wait() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Work> Communicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
+  all_gather(full, shard);
+  return std::make_unique<CompletedWork>();
+}
+
+}  // namespace shardgan
