@@ -23,7 +23,8 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images)
                   : load_fashion_mnist(cfg_.data_path, cfg_.model.dtype);
   }
   sampler_ = std::make_unique<DistributedSampler>(images_.size(0), cfg_.global_batch,
-                                                  comm_.rank(), comm_.world_size(), cfg_.seed);
+                                                  comm_.rank(), comm_.world_size(), cfg_.seed,
+                                                  cfg_.micro_batches);
   g_ = build_generator(cfg_.model, comm_, cfg_.g_sharding, cfg_.seed + 1);
   d_ = build_discriminator(cfg_.model, comm_, cfg_.d_sharding, cfg_.seed + 2);
   opt_g_ = std::make_unique<ShardedAdam>(*g_, cfg_.g_optim);
@@ -37,57 +38,77 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images)
 Trainer::~Trainer() = default;
 
 at::Tensor Trainer::draw_noise() {
-  // Every rank draws the whole global batch and keeps its slice, so the latents do not
+  // Every rank draws the whole global batch and keeps its slices, so the latents do not
   // depend on the world size (required for parity with the one-rank reference).
-  at::Tensor z = at::randn({cfg_.global_batch, cfg_.model.z_dim, 1, 1}, noise_gen_,
-                           torch::TensorOptions().dtype(cfg_.model.dtype));
-  const int64_t local = cfg_.global_batch / comm_.world_size();
-  return z.narrow(0, comm_.rank() * local, local).contiguous();
+  return at::randn({cfg_.global_batch, cfg_.model.z_dim, 1, 1}, noise_gen_,
+                   torch::TensorOptions().dtype(cfg_.model.dtype));
+}
+
+at::Tensor Trainer::local_micro(const at::Tensor& global, int64_t micro) const {
+  const int64_t per_micro = cfg_.global_batch / cfg_.micro_batches;
+  const int64_t local = per_micro / comm_.world_size();
+  return global.narrow(0, micro * per_micro + comm_.rank() * local, local).contiguous();
 }
 
 StepMetrics Trainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
-  at::Tensor idx = sampler_->indices(counters_.epoch, counters_.batch_in_epoch);
+  const int64_t k = cfg_.micro_batches;
+  const int64_t epoch = counters_.epoch, batch = counters_.batch_in_epoch;
   if (++counters_.batch_in_epoch == sampler_->batches_per_epoch()) {
     counters_.batch_in_epoch = 0;
     ++counters_.epoch;
   }
-  at::Tensor real = images_.index_select(0, idx);
+  const at::ScalarType md = cfg_.model.dtype;
+  at::Tensor stats = torch::zeros({4}, torch::kDouble);  // loss_d, loss_g, D(x), D(G(z))
 
-  // D step: G runs without autograd, so G gets no gradients.
-  at::Tensor fake;
-  {
-    torch::NoGradGuard no_grad;
-    fake = g_->forward(draw_noise());
+  // D step over k micro-batches; the loss is divided by k so that the accumulated
+  // gradient equals the one of the whole global batch. G runs without autograd, so G gets
+  // no gradients.
+  at::Tensor z_d = draw_noise();
+  for (int64_t j = 0; j < k; ++j) {
+    d_->set_gradient_sync(j == k - 1);
+    at::Tensor real = images_.index_select(0, sampler_->indices(epoch, batch, j));
+    at::Tensor fake;
+    {
+      torch::NoGradGuard no_grad;
+      fake = g_->forward(local_micro(z_d, j));
+    }
+    at::Tensor d_real = d_->forward(real).view(-1).to(md);
+    at::Tensor d_fake = d_->forward(fake).view(-1).to(md);
+    at::Tensor loss_d = (F::softplus(-d_real).mean() + F::softplus(d_fake).mean()) / k;
+    loss_d.backward();
+    stats[0] += loss_d.detach().to(at::kDouble);
+    stats[2] += torch::sigmoid(d_real.detach()).mean().to(at::kDouble) / k;
+    stats[3] += torch::sigmoid(d_fake.detach()).mean().to(at::kDouble) / k;
   }
-  at::Tensor d_real = d_->forward(real).view(-1);
-  at::Tensor d_fake = d_->forward(fake).view(-1);
-  at::Tensor loss_d = F::softplus(-d_real).mean() + F::softplus(d_fake).mean();
-  loss_d.backward();
   opt_d_->step();
+  d_->after_optimizer_step();
   d_->zero_grad();
 
   // G step: D is frozen; it is gathered for forward and backward but yields input
   // gradients only (no D parameter gradients, no D reduce-scatter).
   d_->set_requires_grad(false);
-  at::Tensor out = d_->forward(g_->forward(draw_noise())).view(-1);
-  at::Tensor loss_g = F::softplus(-out).mean();
-  loss_g.backward();
+  at::Tensor z_g = draw_noise();
+  for (int64_t j = 0; j < k; ++j) {
+    g_->set_gradient_sync(j == k - 1);
+    at::Tensor out = d_->forward(g_->forward(local_micro(z_g, j))).view(-1).to(md);
+    at::Tensor loss_g = F::softplus(-out).mean() / k;
+    loss_g.backward();
+    stats[1] += loss_g.detach().to(at::kDouble);
+  }
   d_->set_requires_grad(true);
   opt_g_->step();
+  g_->after_optimizer_step();
   g_->zero_grad();
   ++counters_.step;
 
-  at::Tensor m = torch::stack({loss_d.detach().to(at::kDouble), loss_g.detach().to(at::kDouble),
-                               torch::sigmoid(d_real.detach()).mean().to(at::kDouble),
-                               torch::sigmoid(d_fake.detach()).mean().to(at::kDouble)});
-  comm_.all_reduce(m, ReduceOp::kAvg);
+  comm_.all_reduce(stats, ReduceOp::kAvg);
   StepMetrics r;
   r.step = counters_.step;
-  r.loss_d = m[0].item<double>();
-  r.loss_g = m[1].item<double>();
-  r.d_real = m[2].item<double>();
-  r.d_fake = m[3].item<double>();
+  r.loss_d = stats[0].item<double>();
+  r.loss_g = stats[1].item<double>();
+  r.d_real = stats[2].item<double>();
+  r.d_fake = stats[3].item<double>();
   r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -120,7 +141,7 @@ std::string Trainer::write_samples() {
     torch::NoGradGuard no_grad;
     std::vector<at::Tensor> saved;
     for (auto& kv : g_->named_buffers()) saved.push_back(kv.second.clone());
-    imgs = g_->forward(fixed_z_);
+    imgs = g_->forward(fixed_z_).to(at::kFloat);
     size_t i = 0;
     for (auto& kv : g_->named_buffers()) kv.second.copy_(saved[i++]);
   }
