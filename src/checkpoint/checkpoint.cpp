@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 #include <torch/torch.h>
 
@@ -179,6 +180,26 @@ void load_local(const std::string& dir, TrainCounters& counters, const std::vect
   rd.read_dataset(src, "rng/noise", counters.noise_rng_state.data_ptr(), it->second.numel);
 }
 
+// Deleting old checkpoints (hundreds of MB) is done off the critical path: the doomed
+// directories are renamed to *.del at once (so nothing ever mistakes them for committed
+// checkpoints) and removed by a background task. The next save, or process exit (the
+// future's destructor), waits for it.
+std::future<void>& pending_deletion() {
+  static std::future<void> f;
+  return f;
+}
+
+void delete_in_background(std::vector<fs::path> dirs) {
+  if (pending_deletion().valid()) pending_deletion().get();
+  if (dirs.empty()) return;
+  pending_deletion() = std::async(std::launch::async, [dirs = std::move(dirs)] {
+    for (const auto& d : dirs) {
+      std::error_code ec;
+      fs::remove_all(d, ec);  // best effort; a later save retries leftovers
+    }
+  });
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& run_dir, const TrainCounters& counters,
@@ -307,18 +328,25 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
     h5::fsync_path(root);
     write_atomically(root + "/latest", name);
     h5::fsync_path(root);
+    if (pending_deletion().valid()) pending_deletion().get();  // it may be deleting in root
     std::vector<std::string> committed;
+    std::vector<fs::path> doomed;
     for (auto& e : fs::directory_iterator(root)) {
       const std::string n = e.path().filename().string();
       if (!e.is_directory() || n.rfind("step-", 0) != 0) continue;
       if (is_step_dir(n)) {
         committed.push_back(n);
       } else {
-        fs::remove_all(e.path());  // leftovers of interrupted saves (*.tmp, *.old)
+        doomed.push_back(e.path());  // leftovers of interrupted saves (*.tmp, *.old, *.del)
       }
     }
     std::sort(committed.begin(), committed.end());
-    for (size_t i = 0; i + std::max(keep_last, 1) < committed.size(); ++i) fs::remove_all(root + "/" + committed[i]);
+    for (size_t i = 0; i + std::max(keep_last, 1) < committed.size(); ++i) {
+      const std::string from = root + "/" + committed[i], to = from + ".del";
+      fs::rename(from, to);
+      doomed.emplace_back(to);
+    }
+    delete_in_background(std::move(doomed));
   }
   comm.barrier();
   if (stats) stats->total_s = std::chrono::duration<double>(clock::now() - t0).count();
