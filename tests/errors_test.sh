@@ -28,5 +28,9 @@ expect_failure "collective never joined" "all_reduce (rank 0 of 2, numel 1000, d
   "${MPIRUN[@]}" -np 2 "$BIN/comm_hang" 2
 expect_failure "resume from nothing" "no checkpoint there" \
   "${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" --set data.source=synthetic --set run.dir="$T/r4" --resume "$T/none"
+expect_failure "float16 compute on CPU" "compute_dtype=float16 needs a GPU" \
+  "${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" --set data.source=synthetic --set sharding.generator.compute_dtype=float16 --set run.dir="$T/r5"
+expect_failure "unknown optimizer" "optim.discriminator.type" \
+  "${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" --set optim.discriminator.type=lion --set run.dir="$T/r6"
 rm -rf "$T"
 finish

@@ -104,17 +104,47 @@ ShardingConfig read_sharding(Reader& r, const std::string& who) {
   return c;
 }
 
-AdamConfig read_adam(Reader& r, const std::string& who) {
-  AdamConfig c;
+OptimizerConfig read_optim(Reader& r, const std::string& who, int64_t steps) {
+  OptimizerConfig c = OptimizerConfig::dcgan();
   const std::string p = "optim." + who + ".";
-  c.lr = r.get<double>(p + "lr", 2e-4);
+  const std::string type = r.get<std::string>(p + "type", "adam");
+  try {
+    c.type = parse_optimizer_type(type);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(r.source() + ": key '" + p + "type' " + e.what());
+  }
+  c.lr = r.get<double>(p + "lr", c.lr);
   require(c.lr > 0, r, p + "lr", "must be > 0");
-  c.beta1 = r.get<double>(p + "beta1", 0.5);
+  c.beta1 = r.get<double>(p + "beta1", c.beta1);
   require(c.beta1 >= 0 && c.beta1 < 1, r, p + "beta1", "must be in [0, 1)");
-  c.beta2 = r.get<double>(p + "beta2", 0.999);
+  c.beta2 = r.get<double>(p + "beta2", c.beta2);
   require(c.beta2 >= 0 && c.beta2 < 1, r, p + "beta2", "must be in [0, 1)");
-  c.eps = r.get<double>(p + "eps", 1e-8);
+  c.eps = r.get<double>(p + "eps", c.eps);
   require(c.eps >= 0, r, p + "eps", "must be >= 0");
+  c.weight_decay = r.get<double>(p + "weight_decay", c.weight_decay);
+  require(c.weight_decay >= 0, r, p + "weight_decay", "must be >= 0");
+  c.momentum = r.get<double>(p + "momentum", c.momentum);
+  c.dampening = r.get<double>(p + "dampening", c.dampening);
+  c.nesterov = r.get<bool>(p + "nesterov", c.nesterov);
+  c.alpha = r.get<double>(p + "alpha", c.alpha);
+  c.centered = r.get<bool>(p + "centered", c.centered);
+  const std::string sched = r.get<std::string>(p + "schedule", "constant");
+  try {
+    c.schedule.kind = parse_lr_schedule(sched);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(r.source() + ": key '" + p + "schedule' " + e.what());
+  }
+  c.schedule.warmup_steps = r.get<int64_t>(p + "warmup_steps", 0);
+  // Defaults to train.steps; pin it when a run is resumed with a different train.steps.
+  c.schedule.total_steps = r.get<int64_t>(p + "total_steps", steps);
+  c.schedule.min_lr = r.get<double>(p + "min_lr", 0.0);
+  c.schedule.step_size = r.get<int64_t>(p + "step_size", 0);
+  c.schedule.gamma = r.get<double>(p + "gamma", 0.1);
+  try {
+    LrSchedule check(c.lr, c.schedule);  // validates the schedule's fields
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(r.source() + ": optim." + who + " schedule: " + e.what());
+  }
   return c;
 }
 
@@ -178,8 +208,20 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   require(c.model.d_width > 0, r, "model.d_width", "must be > 0");
   c.g_sharding = read_sharding(r, "generator");
   c.d_sharding = read_sharding(r, "discriminator");
-  c.g_optim = read_adam(r, "generator");
-  c.d_optim = read_adam(r, "discriminator");
+  c.g_optim = read_optim(r, "generator", c.steps);
+  c.d_optim = read_optim(r, "discriminator", c.steps);
+  c.grad_clip = r.get<double>("train.grad_clip", c.grad_clip);
+  require(c.grad_clip >= 0, r, "train.grad_clip", "must be >= 0 (0 = off)");
+  c.ema_enabled = r.get<bool>("ema.enabled", c.ema_enabled);
+  c.ema.decay = r.get<double>("ema.decay", c.ema.decay);
+  require(c.ema.decay >= 0 && c.ema.decay <= 1, r, "ema.decay", "must be in [0, 1]");
+  c.ema.start_step = r.get<int64_t>("ema.start_step", c.ema.start_step);
+  c.loss_scale.init_scale = r.get<double>("loss_scale.init_scale", c.loss_scale.init_scale);
+  require(c.loss_scale.init_scale > 0, r, "loss_scale.init_scale", "must be > 0");
+  c.loss_scale.growth_interval = r.get<int64_t>("loss_scale.growth_interval", c.loss_scale.growth_interval);
+  require(c.loss_scale.growth_interval >= 1, r, "loss_scale.growth_interval", "must be >= 1");
+  c.loss_scale.hysteresis = r.get<int64_t>("loss_scale.hysteresis", c.loss_scale.hysteresis);
+  require(c.loss_scale.hysteresis >= 1, r, "loss_scale.hysteresis", "must be >= 1");
   c.backend = r.get<std::string>("dist.backend", c.backend);
   require(c.backend == "mpi" || c.backend == "nccl", r, "dist.backend", "must be mpi or nccl");
   c.timeout_s = r.get<double>("dist.timeout_s", c.timeout_s);

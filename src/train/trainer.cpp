@@ -9,6 +9,8 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "shardgan/optim/clip_grad.h"
+#include "shardgan/optim/factory.h"
 #include "shardgan/train/dcgan.h"
 #include "shardgan/train/image_grid.h"
 
@@ -17,6 +19,13 @@ namespace F = torch::nn::functional;
 
 Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images)
     : cfg_(std::move(cfg)), comm_(comm), images_(std::move(images)) {
+  for (auto [key, sc] : {std::pair{"generator", &cfg_.g_sharding}, std::pair{"discriminator", &cfg_.d_sharding}}) {
+    if (sc->compute_dtype == at::kHalf && comm_.backend() == "mpi") {
+      throw ConfigError(cfg_.source + ": sharding." + key + ".compute_dtype=float16 needs a GPU: "
+                        "LibTorch's CPU build has no float16 convolution or matmul. Use bfloat16 "
+                        "on CPUs (no loss scaling needed), or dist.backend=nccl");
+    }
+  }
   if (!images_.defined()) {
     images_ = cfg_.data_source == "synthetic"
                   ? make_synthetic_images(cfg_.synthetic_size, cfg_.seed + 17, cfg_.model.dtype)
@@ -27,8 +36,12 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images)
                                                   cfg_.micro_batches);
   g_ = build_generator(cfg_.model, comm_, cfg_.g_sharding, cfg_.seed + 1);
   d_ = build_discriminator(cfg_.model, comm_, cfg_.d_sharding, cfg_.seed + 2);
-  opt_g_ = std::make_unique<ShardedAdam>(*g_, cfg_.g_optim);
-  opt_d_ = std::make_unique<ShardedAdam>(*d_, cfg_.d_optim);
+  opt_g_ = make_optimizer(*g_, cfg_.g_optim);
+  opt_d_ = make_optimizer(*d_, cfg_.d_optim);
+  auto compute = [&](const ShardingConfig& s) { return s.compute_dtype.value_or(cfg_.model.dtype); };
+  scaler_g_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.g_sharding));
+  scaler_d_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.d_sharding));
+  if (cfg_.ema_enabled) ema_ = std::make_unique<ShardedEma>(*g_, cfg_.ema);
   noise_gen_ = at::detail::createCPUGenerator(cfg_.seed + 3);
   auto fixed_gen = at::detail::createCPUGenerator(cfg_.seed + 4);
   fixed_z_ = at::randn({64, cfg_.model.z_dim, 1, 1}, fixed_gen,
@@ -76,14 +89,13 @@ StepMetrics Trainer::train_step() {
     at::Tensor d_real = d_->forward(real).view(-1).to(md);
     at::Tensor d_fake = d_->forward(fake).view(-1).to(md);
     at::Tensor loss_d = (F::softplus(-d_real).mean() + F::softplus(d_fake).mean()) / k;
-    loss_d.backward();
+    scaler_d_->scale_loss(loss_d).backward();
     stats[0] += loss_d.detach().to(at::kDouble);
     stats[2] += torch::sigmoid(d_real.detach()).mean().to(at::kDouble) / k;
     stats[3] += torch::sigmoid(d_fake.detach()).mean().to(at::kDouble) / k;
   }
-  opt_d_->step();
-  d_->after_optimizer_step();
-  d_->zero_grad();
+  StepMetrics r;
+  r.skipped_d = !finish_step(*d_, *opt_d_, *scaler_d_, r.grad_norm_d);
 
   // G step: D is frozen; it is gathered for forward and backward but yields input
   // gradients only (no D parameter gradients, no D reduce-scatter).
@@ -93,17 +105,17 @@ StepMetrics Trainer::train_step() {
     g_->set_gradient_sync(j == k - 1);
     at::Tensor out = d_->forward(g_->forward(local_micro(z_g, j))).view(-1).to(md);
     at::Tensor loss_g = F::softplus(-out).mean() / k;
-    loss_g.backward();
+    scaler_g_->scale_loss(loss_g).backward();
     stats[1] += loss_g.detach().to(at::kDouble);
   }
   d_->set_requires_grad(true);
-  opt_g_->step();
-  g_->after_optimizer_step();
-  g_->zero_grad();
+  r.skipped_g = !finish_step(*g_, *opt_g_, *scaler_g_, r.grad_norm_g);
+  if (ema_) ema_->update(opt_g_->step_count());
   ++counters_.step;
+  r.loss_scale_d = scaler_d_->scale();
+  r.loss_scale_g = scaler_g_->scale();
 
   comm_.all_reduce(stats, ReduceOp::kAvg);
-  StepMetrics r;
   r.step = counters_.step;
   r.loss_d = stats[0].item<double>();
   r.loss_g = stats[1].item<double>();
@@ -111,6 +123,28 @@ StepMetrics Trainer::train_step() {
   r.d_fake = stats[3].item<double>();
   r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+bool Trainer::finish_step(ShardedModel& m, ShardedOptimizer& opt, DynamicLossScaler& scaler,
+                          double& norm) {
+  bool ok = scaler.unscale_and_vote({&m}, comm_);  // float16 only; else no collective
+  if (ok && cfg_.grad_clip > 0) {
+    ClipResult c = clip_grad_norm({&m}, cfg_.grad_clip, comm_);
+    norm = c.total_norm;
+    if (!c.finite) {
+      ok = false;
+      if (comm_.rank() == 0) {
+        spdlog::warn("step {}: {} gradient norm is {}; skipping its optimizer step",
+                     counters_.step + 1, m.name(), c.total_norm);
+      }
+    }
+  }
+  if (ok) {
+    opt.step();
+    m.after_optimizer_step();
+  }
+  m.zero_grad();
+  return ok;
 }
 
 MemoryStats Trainer::memory_stats(ShardedModel& m) const {
@@ -148,17 +182,39 @@ std::string Trainer::write_samples() {
   char name[48];
   std::snprintf(name, sizeof(name), "samples-step-%08lld.png", static_cast<long long>(counters_.step));
   const std::string path = cfg_.run_dir + "/samples/" + name;
+  at::Tensor ema_imgs;
+  if (ema_) {
+    torch::NoGradGuard no_grad;
+    EmaSwap swap(*ema_);
+    std::vector<at::Tensor> saved;
+    for (auto& kv : g_->named_buffers()) saved.push_back(kv.second.clone());
+    ema_imgs = g_->forward(fixed_z_).to(at::kFloat);
+    size_t i = 0;
+    for (auto& kv : g_->named_buffers()) kv.second.copy_(saved[i++]);
+  }
   if (comm_.rank() == 0) {
     std::filesystem::create_directories(cfg_.run_dir + "/samples");
     write_png_grid(path, imgs.narrow(2, 2, 28).narrow(3, 2, 28), 8);
+    if (ema_imgs.defined()) {
+      std::snprintf(name, sizeof(name), "samples-ema-step-%08lld.png", static_cast<long long>(counters_.step));
+      write_png_grid(cfg_.run_dir + "/samples/" + name, ema_imgs.narrow(2, 2, 28).narrow(3, 2, 28), 8);
+    }
   }
   return path;
 }
 
+std::vector<ModelAndOptimizer> Trainer::checkpoint_models() {
+  ModelAndOptimizer g{g_.get(), opt_g_.get()}, d{d_.get(), opt_d_.get()};
+  if (ema_) g.extra.push_back({"ema", [this](size_t i) { return ema_->unit_shard(i); }});
+  return {g, d};
+}
+
 std::string Trainer::save() {
   counters_.noise_rng_state = noise_gen_.get_state();
+  for (auto& [k, v] : scaler_g_->state()) counters_.scalars["g." + k] = v;
+  for (auto& [k, v] : scaler_d_->state()) counters_.scalars["d." + k] = v;
   SaveStats st;
-  std::string dir = save_checkpoint(cfg_.run_dir, counters_, {{g_.get(), opt_g_.get()}, {d_.get(), opt_d_.get()}},
+  std::string dir = save_checkpoint(cfg_.run_dir, counters_, checkpoint_models(),
                                     cfg_.resolved_yaml, comm_, static_cast<int>(cfg_.keep_checkpoints), &st);
   if (comm_.rank() == 0) {
     spdlog::info("saved step {}: {:.2f} MB on rank 0, training stalled {:.3f} s", counters_.step,
@@ -169,7 +225,14 @@ std::string Trainer::save() {
 
 void Trainer::resume(const std::string& path) {
   const std::string dir = resolve_checkpoint_dir(path);
-  load_checkpoint(dir, counters_, {{g_.get(), opt_g_.get()}, {d_.get(), opt_d_.get()}}, comm_);
+  load_checkpoint(dir, counters_, checkpoint_models(), comm_);
+  for (auto [prefix, scaler] : {std::pair{"g.", scaler_g_.get()}, std::pair{"d.", scaler_d_.get()}}) {
+    std::vector<std::pair<std::string, double>> st;
+    for (auto& [k, v] : counters_.scalars) {
+      if (k.rfind(prefix, 0) == 0) st.emplace_back(k.substr(2), v);
+    }
+    scaler->load_state(st);
+  }
   noise_gen_.set_state(counters_.noise_rng_state);
   if (comm_.rank() == 0) spdlog::info("resumed from {} at step {}", dir, counters_.step);
 }

@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "shardgan/optim/sharded_adam.h"
+#include "shardgan/optim/factory.h"
+#include "shardgan/optim/loss_scaler.h"
+#include "shardgan/optim/sharded_ema.h"
 #include "shardgan/sharding/sharded_unit.h"
 #include "shardgan/train/dcgan.h"
 
@@ -42,8 +44,15 @@ struct TrainConfig {
   ShardingConfig g_sharding;      ///< sharding.generator.{stage,reshard_after_forward,
                                   ///<   compute_dtype,reduce_dtype}
   ShardingConfig d_sharding;      ///< sharding.discriminator.{...}
-  AdamConfig g_optim;             ///< optim.generator.{lr,beta1,beta2,eps}
-  AdamConfig d_optim;             ///< optim.discriminator.{...}
+  OptimizerConfig g_optim;        ///< optim.generator.{type,lr,beta1,beta2,eps,weight_decay,
+                                  ///<   momentum,dampening,nesterov,alpha,centered,schedule,
+                                  ///<   warmup_steps,total_steps,min_lr,step_size,gamma}
+  OptimizerConfig d_optim;        ///< optim.discriminator.{...}
+  double grad_clip = 0.0;         ///< train.grad_clip: global grad-norm bound per model (0 = off)
+  bool ema_enabled = false;       ///< ema.enabled: keep a sharded EMA of G, sample from it too
+  EmaConfig ema;                  ///< ema.{decay,start_step}
+  LossScalerConfig loss_scale;    ///< loss_scale.{init_scale,growth_interval,hysteresis}
+                                  ///<   (active only for float16 compute)
 
   std::string backend = "mpi";    ///< dist.backend: mpi | nccl
   double timeout_s = 600.0;       ///< dist.timeout_s: per collective (seconds)
