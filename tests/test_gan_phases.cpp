@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "shardgan/comm/mpi_communicator.h"
+#include "shardgan/sharding/wrap_policy.h"
 #include "shardgan/train/dcgan.h"
 
 using namespace shardgan;
@@ -72,6 +73,40 @@ TEST(GanPhases, TrainableDiscriminatorReduceScattersEachUnitOnceForTwoForwards) 
   EXPECT_EQ(comm.stats().reduce_scatter_calls, 4);  // one per unit, not per forward
   EXPECT_GT(grad_norm(*d), 0.0);
   EXPECT_EQ(d->memory_stats().full_param_bytes_alive, 0);
+}
+
+}  // namespace
+
+namespace {
+
+torch::nn::Sequential chain() {
+  namespace nn = torch::nn;
+  torch::manual_seed(4);
+  nn::Sequential s(nn::Conv2d(nn::Conv2dOptions(1, 4, 3).padding(1)), nn::ReLU(),
+                   nn::Conv2d(nn::Conv2dOptions(4, 8, 3).padding(1)), nn::ReLU(),
+                   nn::ConvTranspose2d(nn::ConvTranspose2dOptions(8, 2, 2).stride(2)), nn::Flatten(),
+                   nn::Linear(2 * 16 * 16, 3));
+  s->to(torch::kDouble);
+  return s;
+}
+
+TEST(WrapPolicy, ByTypeAndBySizeGiveTheSameFunction) {
+  MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
+  at::Tensor x = torch::randn({2, 1, 8, 8}, torch::kDouble);
+  // Reference: the plain Sequential, unsharded.
+  at::Tensor want = chain()->forward(x);
+  ShardedModel by_type("m", comm, sharding(3)), by_size("m", comm, sharding(3)), whole("m", comm, sharding(3));
+  EXPECT_EQ(wrap_sequential(by_type, chain(), WrapPolicy{{"Conv2d", "Linear"}, 0}), 3u);  // Conv2d starts units
+  EXPECT_EQ(by_type.units()[0]->name(), "u0-1");
+  EXPECT_EQ(by_type.units()[1]->name(), "u2-5");
+  // Sizes 40, 0, 296 | 0, 66, 0, 1539: a unit closes once it reaches 300 elements.
+  EXPECT_EQ(wrap_sequential(by_size, chain(), WrapPolicy{{}, 300}), 2u);
+  EXPECT_EQ(by_size.units()[0]->name(), "u0-2");
+  EXPECT_EQ(wrap_sequential(whole, chain(), WrapPolicy{}), 1u);
+  for (ShardedModel* m : {&by_type, &by_size, &whole}) {
+    at::Tensor got = m->forward(x);
+    EXPECT_TRUE(torch::allclose(got, want, 1e-12, 1e-12));
+  }
 }
 
 }  // namespace
