@@ -71,6 +71,10 @@ TEST(GanPhases, TrainableDiscriminatorReduceScattersEachUnitOnceForTwoForwards) 
   at::Tensor fake = torch::randn({4, 1, 32, 32}, torch::kDouble);
   (d->forward(real).mean() - d->forward(fake).mean()).backward();
   EXPECT_EQ(comm.stats().reduce_scatter_calls, 4);  // one per unit, not per forward
+  // Reduce-scatters overlap the rest of backward, at most two in flight, all done when
+  // backward() returns.
+  EXPECT_EQ(d->max_reduces_in_flight(), ShardedModel::kMaxReducesInFlight);
+  for (auto& u : d->units()) EXPECT_FALSE(u->reduce_in_flight()) << u->name();
   EXPECT_GT(grad_norm(*d), 0.0);
   EXPECT_EQ(d->memory_stats().full_param_bytes_alive, 0);
 }

@@ -1,6 +1,7 @@
 #include "shardgan/comm/mpi_communicator.h"
 
 #include <chrono>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -54,6 +55,34 @@ std::string describe(const char* op, int rank, int world, const at::Tensor& t) {
 }
 
 }  // namespace
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(MpiCommunicator& comm, MPI_Request req, std::string what,
+          std::function<void()> on_done = nullptr)
+      : comm_(comm), req_(req), what_(std::move(what)), on_done_(std::move(on_done)) {}
+  ~MpiWork() override {
+    if (!done_) {
+      try {
+        wait();
+      } catch (...) {  // never throw from a destructor; the error surfaces elsewhere
+      }
+    }
+  }
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    comm_.wait(req_, what_);
+    if (on_done_) on_done_();
+  }
+
+ private:
+  MpiCommunicator& comm_;
+  MPI_Request req_;
+  std::string what_;
+  std::function<void()> on_done_;  // averaging and 16-bit rounding; owns the buffers
+  bool done_ = false;
+};
 
 const char* to_string(ReduceOp op) {
   switch (op) {
@@ -128,37 +157,13 @@ void MpiCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
   wait(req, describe("all_gather", rank_, world_size_, full));
 }
 
-class MpiWork final : public Work {
- public:
-  MpiWork(MpiCommunicator& comm, MPI_Request req, std::string what)
-      : comm_(comm), req_(req), what_(std::move(what)) {}
-  ~MpiWork() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {  // never throw from a destructor; the error surfaces elsewhere
-      }
-    }
-  }
-  void wait() override {
-    if (done_) return;
-    done_ = true;
-    comm_.wait(req_, what_);
-  }
-
- private:
-  MpiCommunicator& comm_;
-  MPI_Request req_;
-  std::string what_;
-  bool done_ = false;
-};
-
 std::unique_ptr<Work> MpiCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
   MPI_Request req = start_all_gather(full, shard);
   return std::make_unique<MpiWork>(*this, req, describe("all_gather (prefetch)", rank_, world_size_, full));
 }
 
-void MpiCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {
+std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
+                                                           ReduceOp op) {
   check_cpu_contiguous(full, "reduce_scatter", "full", rank_);
   check_cpu_contiguous(shard, "reduce_scatter", "shard", rank_);
   if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
@@ -173,13 +178,21 @@ void MpiCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, 
   const bool up = is_16bit_float(full);
   at::Tensor in = up ? full.to(at::kFloat) : full;
   at::Tensor out = up ? at::empty({shard.numel()}, in.options()) : shard;
-  MPI_Datatype dt = mpi_type(in.scalar_type());
   MPI_Request req;
-  MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), static_cast<int>(out.numel()), dt,
-                            mpi_op(op), comm_, &req);
-  wait(req, describe("reduce_scatter", rank_, world_size_, full));
-  if (op == ReduceOp::kAvg) out.div_(world_size_);
-  if (up) shard.copy_(out);
+  MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), static_cast<int>(out.numel()),
+                            mpi_type(in.scalar_type()), mpi_op(op), comm_, &req);
+  const int n = world_size_;
+  at::Tensor dst = shard;
+  auto finish = [in, out, dst, up, op, n]() mutable {
+    if (op == ReduceOp::kAvg) out.div_(n);
+    if (up) dst.copy_(out);
+  };
+  return std::make_unique<MpiWork>(*this, req, describe("reduce_scatter", rank_, world_size_, full),
+                                   std::move(finish));
+}
+
+void MpiCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {
+  reduce_scatter_async(shard, full, op)->wait();
 }
 
 void MpiCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {

@@ -1,5 +1,7 @@
 #include "shardgan/sharding/sharded_model.h"
 
+#include <algorithm>
+
 #include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
 
@@ -32,6 +34,7 @@ void ShardedModel::set_requires_grad(bool on) {
 }
 
 void ShardedModel::zero_grad() {
+  finish_reduces();
   for (auto& u : units_) u->zero_grad();
 }
 
@@ -87,6 +90,25 @@ void ShardedModel::on_unit_gathered() {
   peak_full_bytes_ = std::max(peak_full_bytes_, alive);
 }
 
+void ShardedModel::before_reduce_start(ShardedUnit& u) {
+  u.finish_reduce();  // a unit reduced twice in one step (micro-steps) keeps its order
+  reducing_.erase(std::remove(reducing_.begin(), reducing_.end(), &u), reducing_.end());
+  while (reducing_.size() >= kMaxReducesInFlight) {
+    reducing_.front()->finish_reduce();
+    reducing_.erase(reducing_.begin());
+  }
+}
+
+void ShardedModel::on_reduce_started(ShardedUnit& u) {
+  reducing_.push_back(&u);
+  max_in_flight_ = std::max(max_in_flight_, reducing_.size());
+}
+
+void ShardedModel::finish_reduces() {
+  for (ShardedUnit* u : reducing_) u->finish_reduce();
+  reducing_.clear();
+}
+
 void ShardedModel::ensure_backward_callback() {
   if (callback_queued_) return;
   callback_queued_ = true;
@@ -94,6 +116,7 @@ void ShardedModel::ensure_backward_callback() {
   // in reverse forward order, which is the same on every rank.
   torch::autograd::Engine::get_default_engine().queue_callback([this] {
     for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->finish_backward();
+    finish_reduces();
     callback_queued_ = false;
   });
 }

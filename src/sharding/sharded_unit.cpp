@@ -204,14 +204,27 @@ void ShardedUnit::reduce_gradients() {
     if (!grad_shard_aliases_flat_) grad_shard_.add_(flat.to(master_dtype_));
     return;
   }
-  at::Tensor part = torch::empty({shard_numel_}, flat.options());
-  peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(part) + (persistent ? 0 : nbytes(flat)));
-  comm_.reduce_scatter(part, flat, ReduceOp::kAvg);
+  // Start the reduce-scatter and return: it overlaps the rest of backward. The owner
+  // bounds how many are in flight and finishes them all before backward returns.
+  if (owner_) owner_->before_reduce_start(*this);
+  reduce_in_ = flat;
+  reduce_out_ = torch::empty({shard_numel_}, flat.options());
+  peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(reduce_out_) + (persistent ? 0 : nbytes(flat)));
+  reduce_work_ = comm_.reduce_scatter_async(reduce_out_, reduce_in_, ReduceOp::kAvg);
+  if (owner_) owner_->on_reduce_started(*this);
+}
+
+void ShardedUnit::finish_reduce() {
+  if (!reduce_work_) return;
+  reduce_work_->wait();
+  reduce_work_.reset();
   if (grad_shard_aliases_flat_) {
-    grad_shard_.copy_(part);  // stage 1: the owned slice of the accumulated flat gradient
+    grad_shard_.copy_(reduce_out_);  // stage 1: the owned slice of the accumulated flat gradient
   } else {
-    grad_shard_.add_(part.to(master_dtype_));
+    grad_shard_.add_(reduce_out_.to(master_dtype_));
   }
+  reduce_in_ = at::Tensor();
+  reduce_out_ = at::Tensor();
 }
 
 void ShardedUnit::after_optimizer_step() {
@@ -225,6 +238,7 @@ void ShardedUnit::after_optimizer_step() {
 }
 
 void ShardedUnit::zero_grad() {
+  finish_reduce();
   if (grad_flat_.defined()) grad_flat_.zero_();
   grad_shard_.zero_();
 }

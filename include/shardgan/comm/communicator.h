@@ -80,6 +80,12 @@ class Communicator {
   /// rank. The default runs the blocking call and returns a completed handle.
   virtual std::unique_ptr<Work> all_gather_async(at::Tensor& full, const at::Tensor& shard);
 
+  /// Collective, non-blocking: starts reduce_scatter(shard, full, op). `shard` holds the
+  /// result only after wait(); neither tensor may be touched before. The default runs the
+  /// blocking call and returns a completed handle.
+  virtual std::unique_ptr<Work> reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
+                                                     ReduceOp op);
+
   /// Collective. Reduces `full` (contiguous 1-D, numel S * world_size()) element-wise across
   /// ranks and writes block `rank()` of the result into `shard` (contiguous 1-D, numel S).
   /// 16-bit floats are reduced in float32 and rounded once.

@@ -25,6 +25,10 @@ class MpiCommunicator final : public Communicator {
   /// example inside SyncBatchNorm's all-reduce), as Open MPI has no progress thread.
   std::unique_ptr<Work> all_gather_async(at::Tensor& full, const at::Tensor& shard) override;
   void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
+  /// MPI_Ireduce_scatter_block; 16-bit inputs are upcast before it starts and the result is
+  /// averaged and rounded in wait().
+  std::unique_ptr<Work> reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
+                                             ReduceOp op) override;
   void all_reduce(at::Tensor& t, ReduceOp op) override;
   void broadcast(at::Tensor& t, int root) override;
   void barrier() override;

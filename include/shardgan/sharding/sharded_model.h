@@ -69,9 +69,20 @@ class ShardedModel {
   Communicator& comm() { return comm_; }
   std::vector<std::unique_ptr<ShardedUnit>>& units() { return units_; }
 
+  /// Reduce-scatters in flight at once per model (DeepSpeed's overlap_comm with a bounded
+  /// number of buckets): a bound on the flat gradient buffers alive during backward.
+  static constexpr size_t kMaxReducesInFlight = 2;
+
   // Called by units from autograd hooks. Not for users.
   void on_unit_gathered();
   void ensure_backward_callback();
+  void before_reduce_start(ShardedUnit& u);
+  void on_reduce_started(ShardedUnit& u);
+  /// Waits for every reduce-scatter in flight, oldest first (the end-of-backward callback
+  /// does this, so gradients are complete when backward() returns).
+  void finish_reduces();
+  /// Most reduce-scatters that were in flight at once so far (<= kMaxReducesInFlight).
+  size_t max_reduces_in_flight() const { return max_in_flight_; }
 
  private:
   std::string name_;
@@ -79,6 +90,8 @@ class ShardedModel {
   ShardingConfig cfg_;
   std::vector<std::unique_ptr<ShardedUnit>> units_;
   bool callback_queued_ = false;
+  std::vector<ShardedUnit*> reducing_;  // units with a reduce-scatter in flight, oldest first
+  size_t max_in_flight_ = 0;
   int64_t peak_full_bytes_ = 0;
 };
 

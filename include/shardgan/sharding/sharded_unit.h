@@ -97,6 +97,11 @@ class ShardedUnit {
   /// with gradient sync on (the accumulation boundary), then all-reduce (0) or
   /// reduce-scatter (1). Skipped, on every rank alike, when no parameter got a gradient.
   void reduce_gradients();
+  /// Waits for this unit's reduce-scatter in flight, if any, and adds its result into
+  /// grad_shard(). Local apart from the MPI wait.
+  void finish_reduce();
+  /// Whether a reduce-scatter of this unit is in flight.
+  bool reduce_in_flight() const { return static_cast<bool>(reduce_work_); }
   /// Whether the next backward ends a gradient-accumulation step (stages 0 and 1 reduce
   /// only then; like DDP's no_sync). Local.
   void set_gradient_sync(bool on) { sync_ = on; }
@@ -169,6 +174,8 @@ class ShardedUnit {
   bool sync_ = true;
   bool expects_backward_ = false;     // last forward's output required grad
   std::unique_ptr<Work> prefetch_work_;  // all-gather in flight into full_
+  std::unique_ptr<Work> reduce_work_;    // reduce-scatter in flight
+  at::Tensor reduce_in_, reduce_out_;    // its buffers (flat gradient, reduced slice)
   at::Tensor prefetch_src_;           // its send buffer (compute-dtype copy of shard_)
   int64_t peak_comm_bytes_ = 0;
   bool backward_armed_ = false;
