@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "shardgan/comm/mpi_communicator.h"
+#include "shardgan/optim/sharded_adam.h"
 #include "shardgan/sharding/wrap_policy.h"
 #include "shardgan/train/dcgan.h"
 
@@ -110,6 +111,49 @@ TEST(WrapPolicy, ByTypeAndBySizeGiveTheSameFunction) {
   for (ShardedModel* m : {&by_type, &by_size, &whole}) {
     at::Tensor got = m->forward(x);
     EXPECT_TRUE(torch::allclose(got, want, 1e-12, 1e-12));
+  }
+}
+
+}  // namespace
+
+namespace {
+
+TEST(GanPhases, GatherDOncePolicyGathersEachUnitOncePerStep) {
+  MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
+  ShardingConfig keep = sharding(3);
+  keep.reshard_after_forward = false;  // "gather D once": real and fake share one gather
+  auto d = build_discriminator(tiny(), comm, keep, 2);
+  comm.reset_stats();
+  at::Tensor real = torch::randn({4, 1, 32, 32}, torch::kDouble);
+  at::Tensor fake = torch::randn({4, 1, 32, 32}, torch::kDouble);
+  (d->forward(real).mean() - d->forward(fake).mean()).backward();
+  EXPECT_EQ(comm.stats().all_gather_calls, 4);  // once per unit (the default gathers 12 times)
+  EXPECT_EQ(comm.stats().reduce_scatter_calls, 4);
+  EXPECT_EQ(d->memory_stats().full_param_bytes_alive, 0);  // freed after its reduction
+}
+
+TEST(GanPhases, FrozenParameterInsideAUnitStaysUnchanged) {
+  MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
+  namespace nn = torch::nn;
+  torch::manual_seed(8);
+  nn::Sequential seq(nn::Linear(6, 5), nn::Tanh(), nn::Linear(5, 1));
+  seq->to(torch::kDouble);
+  seq[0]->as<nn::Linear>()->bias.requires_grad_(false);  // frozen before wrapping
+  ShardedModel m("m", comm, sharding(3));
+  wrap_sequential(m, seq, WrapPolicy{});
+  ASSERT_EQ(m.units().size(), 1u);
+  auto before = m.gather_full_parameters();
+  ShardedAdam opt(m, AdamConfig{1e-2, 0.9, 0.999, 1e-8});
+  for (int i = 0; i < 3; ++i) {
+    m.forward(torch::randn({4, 6}, torch::kDouble)).pow(2).mean().backward();
+    opt.step();
+    m.after_optimizer_step();
+    m.zero_grad();
+  }
+  auto after = m.gather_full_parameters();
+  for (size_t i = 0; i < after.size(); ++i) {
+    const bool frozen = after[i].first == "u0-2.0.bias";
+    EXPECT_EQ(torch::equal(before[i].second, after[i].second), frozen) << after[i].first;
   }
 }
 
