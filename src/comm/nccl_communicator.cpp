@@ -155,25 +155,37 @@ struct NcclCommunicator::Impl {
     if (!ok) timeout(what, timeout_s);
   }
 
-  /// Runs one collective: `enqueue` issues it on `stream`, after the work already queued
-  /// on the legacy default stream; returns once it has finished on the device.
-  void run(const std::string& what, double timeout_s,
-           const std::function<ncclResult_t()>& enqueue) {
+  /// Issues one collective: `enqueue` puts it on `stream`, after the work already queued on
+  /// the legacy default stream. Returns an event recorded after it on `stream` (the caller
+  /// owns it and passes it to finish()).
+  cudaEvent_t start(const std::string& what, Clock::time_point deadline, double timeout_s,
+                    const std::function<ncclResult_t()>& enqueue) {
     if (!comm) {
       throw CollectiveError(what + " failed: the NCCL communicator was aborted after an "
                                    "earlier error or timeout");
     }
-    const auto deadline = deadline_after(timeout_s);
     SG_CUDA_CHECK(*this, cudaSetDevice(device), what);
     SG_CUDA_CHECK(*this, cudaEventRecord(ready, cudaStreamLegacy), what);
     SG_CUDA_CHECK(*this, cudaStreamWaitEvent(stream, ready, 0), what);
     SG_NCCL_CHECK(*this, enqueue(), what);
     wait_async(what, deadline, timeout_s);
-    SG_CUDA_CHECK(*this, cudaEventRecord(done, stream), what);
+    cudaEvent_t ev = nullptr;
+    SG_CUDA_CHECK(*this, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), what);
+    SG_CUDA_CHECK(*this, cudaEventRecord(ev, stream), what);
+    return ev;
+  }
+
+  /// Polls `ev` (from start()) until the collective finished on the device, or times out;
+  /// destroys `ev` either way.
+  void finish(const std::string& what, Clock::time_point deadline, double timeout_s, cudaEvent_t ev) {
+    struct Destroy {
+      cudaEvent_t e;
+      ~Destroy() { cudaEventDestroy(e); }
+    } destroy{ev};
     const bool ok = poll_until(deadline, [&] {
-      const cudaError_t e = cudaEventQuery(done);
+      const cudaError_t e = cudaEventQuery(ev);
       if (e == cudaSuccess) return true;
-      if (e != cudaErrorNotReady) check_cuda(e, "cudaEventQuery(done)", __FILE__, __LINE__, what);
+      if (e != cudaErrorNotReady) check_cuda(e, "cudaEventQuery", __FILE__, __LINE__, what);
       ncclResult_t state = ncclSuccess;  // a peer's failure surfaces here
       SG_NCCL_CHECK(*this, ncclCommGetAsyncError(comm, &state), what);
       check_nccl(state, "communicator state", __FILE__, __LINE__, what);
@@ -181,7 +193,53 @@ struct NcclCommunicator::Impl {
     });
     if (!ok) timeout(what, timeout_s);
   }
+
+  /// Runs one collective and returns once it has finished on the device.
+  void run(const std::string& what, double timeout_s,
+           const std::function<ncclResult_t()>& enqueue) {
+    const auto deadline = deadline_after(timeout_s);
+    finish(what, deadline, timeout_s, start(what, deadline, timeout_s, enqueue));
+  }
 };
+
+namespace {
+
+// A collective in flight on the communicator's stream. wait() polls its event on the host;
+// `on_done` (16-bit rounding) then runs, and `keep` holds the buffers alive until then.
+class NcclWork final : public Work {
+ public:
+  NcclWork(NcclCommunicator::Impl& im, std::string what, Clock::time_point deadline,
+           double timeout_s, cudaEvent_t ev, std::vector<at::Tensor> keep,
+           std::function<void()> on_done)
+      : im_(im), what_(std::move(what)), deadline_(deadline), timeout_s_(timeout_s), ev_(ev),
+        keep_(std::move(keep)), on_done_(std::move(on_done)) {}
+  ~NcclWork() override {
+    if (done_) return;
+    try {
+      wait();
+    } catch (...) {  // never throw from a destructor
+    }
+  }
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    im_.finish(what_, deadline_, timeout_s_, ev_);
+    if (on_done_) on_done_();
+    keep_.clear();
+  }
+
+ private:
+  NcclCommunicator::Impl& im_;
+  std::string what_;
+  Clock::time_point deadline_;
+  double timeout_s_;
+  cudaEvent_t ev_;
+  std::vector<at::Tensor> keep_;
+  std::function<void()> on_done_;
+  bool done_ = false;
+};
+
+}  // namespace
 
 NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int device_index, double timeout_s)
     : impl_(std::make_unique<Impl>()), device_index_(device_index) {
@@ -278,6 +336,60 @@ void NcclCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full,
                              nccl_type(in.scalar_type()), nccl_op(op), im.comm, im.stream);
   });
   if (up) shard.copy_(out);
+}
+
+std::unique_ptr<Work> NcclCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
+  check_cuda_contiguous(full, "all_gather", "full", rank_, device_index_);
+  check_cuda_contiguous(shard, "all_gather", "shard", rank_, device_index_);
+  if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
+    std::ostringstream s;
+    s << "all_gather on rank " << rank_ << ": full numel " << full.numel() << " must be shard numel "
+      << shard.numel() << " x world size " << world_size_ << " with equal dtypes";
+    throw CollectiveError(s.str());
+  }
+  const ncclDataType_t dt = nccl_type(shard.scalar_type());
+  stats_.all_gather_calls++;
+  stats_.all_gather_bytes += full.numel() * full.element_size();
+  Impl& im = *impl_;
+  const std::string what = describe("all_gather (prefetch)", rank_, world_size_, full);
+  const auto deadline = deadline_after(timeout_s_);
+  cudaEvent_t ev = im.start(what, deadline, timeout_s_, [&] {
+    return ncclAllGather(shard.data_ptr(), full.data_ptr(), static_cast<size_t>(shard.numel()),
+                         dt, im.comm, im.stream);
+  });
+  return std::make_unique<NcclWork>(im, what, deadline, timeout_s_, ev,
+                                    std::vector<at::Tensor>{full, shard}, nullptr);
+}
+
+std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
+                                                            ReduceOp op) {
+  check_cuda_contiguous(full, "reduce_scatter", "full", rank_, device_index_);
+  check_cuda_contiguous(shard, "reduce_scatter", "shard", rank_, device_index_);
+  if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
+    std::ostringstream s;
+    s << "reduce_scatter on rank " << rank_ << ": full numel " << full.numel()
+      << " must be shard numel " << shard.numel() << " x world size " << world_size_
+      << " with equal dtypes";
+    throw CollectiveError(s.str());
+  }
+  nccl_type(full.scalar_type());
+  stats_.reduce_scatter_calls++;
+  stats_.reduce_scatter_bytes += full.numel() * full.element_size();
+  const bool up = is_16bit_float(full);
+  at::Tensor in = up ? full.to(at::kFloat) : full;
+  at::Tensor out = up ? at::empty({shard.numel()}, in.options()) : shard;
+  Impl& im = *impl_;
+  const std::string what = describe("reduce_scatter", rank_, world_size_, full);
+  const auto deadline = deadline_after(timeout_s_);
+  cudaEvent_t ev = im.start(what, deadline, timeout_s_, [&] {
+    return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
+                             nccl_type(in.scalar_type()), nccl_op(op), im.comm, im.stream);
+  });
+  at::Tensor dst = shard;
+  std::function<void()> on_done;
+  if (up) on_done = [dst, out]() mutable { dst.copy_(out); };
+  return std::make_unique<NcclWork>(im, what, deadline, timeout_s_, ev,
+                                    std::vector<at::Tensor>{in, out, full}, std::move(on_done));
 }
 
 void NcclCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {

@@ -59,6 +59,12 @@ class NcclCommunicator final : public Communicator {
   void all_gather(at::Tensor& full, const at::Tensor& shard) override;
   /// See Communicator::reduce_scatter. Shapes as in all_gather. Runs ncclReduceScatter.
   void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
+  /// Non-blocking variants: the collective is queued on the communicator's own CUDA stream
+  /// (after the work already on the legacy default stream) and wait() polls a CUDA event
+  /// recorded after it, with the same timeout. Compiled here; not yet run on a GPU.
+  std::unique_ptr<Work> all_gather_async(at::Tensor& full, const at::Tensor& shard) override;
+  std::unique_ptr<Work> reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
+                                             ReduceOp op) override;
   /// See Communicator::all_reduce. `t`: contiguous CUDA tensor, any shape. ncclAllReduce.
   void all_reduce(at::Tensor& t, ReduceOp op) override;
   /// See Communicator::broadcast. `t`: contiguous CUDA tensor; `root` in [0, world_size()).
@@ -66,8 +72,11 @@ class NcclCommunicator final : public Communicator {
   /// See Communicator::barrier: an all-reduce of one float on the device.
   void barrier() override;
 
- private:
+  /// Opaque CUDA/NCCL state (defined in the .cpp; public only so that its Work handles can
+  /// name it).
   struct Impl;
+
+ private:
   std::unique_ptr<Impl> impl_;
   int rank_ = 0;
   int world_size_ = 1;
