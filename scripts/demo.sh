@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh
+bash scripts/build.sh shardgan-train shardgan-ckpt
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 NP=${NP:-2}
 exec mpirun -np "$NP" --oversubscribe build/shardgan-train configs/fmnist-dcgan.yaml "$@"
