@@ -8,16 +8,13 @@
 #include "shardgan/optim/sharded_adam.h"
 #include "shardgan/sharding/wrap_policy.h"
 #include "shardgan/train/dcgan.h"
+#include "test_util.h"
 
 using namespace shardgan;
+using shardgan::test_util::sharding;
 
 namespace {
 
-ShardingConfig sharding(int stage) {
-  ShardingConfig c;
-  c.stage = stage;
-  return c;
-}
 
 DcganConfig tiny() {
   DcganConfig c;

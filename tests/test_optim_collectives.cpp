@@ -13,16 +13,13 @@
 #include "shardgan/optim/loss_scaler.h"
 #include "shardgan/optim/sharded_sgd.h"
 #include "shardgan/sharding/sharded_model.h"
+#include "test_util.h"
 
 using namespace shardgan;
+using shardgan::test_util::sharding;
 
 namespace {
 
-ShardingConfig sharding(int stage) {
-  ShardingConfig c;
-  c.stage = stage;
-  return c;
-}
 
 std::unique_ptr<ShardedModel> make_model(Communicator& comm, int stage, at::ScalarType dtype, int64_t seed) {
   torch::manual_seed(seed);

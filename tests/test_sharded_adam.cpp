@@ -6,16 +6,13 @@
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/optim/sharded_adam.h"
 #include "shardgan/sharding/sharded_model.h"
+#include "test_util.h"
 
 using namespace shardgan;
+using shardgan::test_util::sharding;
 
 namespace {
 
-ShardingConfig sharding(int stage) {
-  ShardingConfig c;
-  c.stage = stage;
-  return c;
-}
 
 TEST(ShardedAdam, MatchesLibTorchAdamOver100StepsInFloat64) {
   MpiCommunicator self(MPI_COMM_SELF, 60.0);

@@ -295,47 +295,11 @@ NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int device_index, double 
 NcclCommunicator::~NcclCommunicator() = default;  // Impl::~Impl aborts and frees; never throws
 
 void NcclCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
-  check_cuda_contiguous(full, "all_gather", "full", rank_, device_index_);
-  check_cuda_contiguous(shard, "all_gather", "shard", rank_, device_index_);
-  if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
-    std::ostringstream s;
-    s << "all_gather on rank " << rank_ << ": full numel " << full.numel() << " must be shard numel "
-      << shard.numel() << " x world size " << world_size_ << " with equal dtypes";
-    throw CollectiveError(s.str());
-  }
-  const ncclDataType_t dt = nccl_type(shard.scalar_type());
-  stats_.all_gather_calls++;
-  stats_.all_gather_bytes += full.numel() * full.element_size();
-  Impl& im = *impl_;
-  im.run(describe("all_gather", rank_, world_size_, full), timeout_s_, [&] {
-    return ncclAllGather(shard.data_ptr(), full.data_ptr(), static_cast<size_t>(shard.numel()),
-                         dt, im.comm, im.stream);
-  });
+  all_gather_async(full, shard)->wait();
 }
 
 void NcclCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {
-  check_cuda_contiguous(full, "reduce_scatter", "full", rank_, device_index_);
-  check_cuda_contiguous(shard, "reduce_scatter", "shard", rank_, device_index_);
-  if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
-    std::ostringstream s;
-    s << "reduce_scatter on rank " << rank_ << ": full numel " << full.numel()
-      << " must be shard numel " << shard.numel() << " x world size " << world_size_
-      << " with equal dtypes";
-    throw CollectiveError(s.str());
-  }
-  nccl_type(full.scalar_type());  // reject unsupported dtypes before counting
-  stats_.reduce_scatter_calls++;
-  stats_.reduce_scatter_bytes += full.numel() * full.element_size();
-  // 16-bit floats: reduce in float32 and round once (the Communicator contract).
-  const bool up = is_16bit_float(full);
-  at::Tensor in = up ? full.to(at::kFloat) : full;
-  at::Tensor out = up ? at::empty({shard.numel()}, in.options()) : shard;
-  Impl& im = *impl_;
-  im.run(describe("reduce_scatter", rank_, world_size_, full), timeout_s_, [&] {
-    return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
-                             nccl_type(in.scalar_type()), nccl_op(op), im.comm, im.stream);
-  });
-  if (up) shard.copy_(out);
+  reduce_scatter_async(shard, full, op)->wait();
 }
 
 std::unique_ptr<Work> NcclCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
@@ -351,7 +315,7 @@ std::unique_ptr<Work> NcclCommunicator::all_gather_async(at::Tensor& full, const
   stats_.all_gather_calls++;
   stats_.all_gather_bytes += full.numel() * full.element_size();
   Impl& im = *impl_;
-  const std::string what = describe("all_gather (prefetch)", rank_, world_size_, full);
+  const std::string what = describe("all_gather", rank_, world_size_, full);
   const auto deadline = deadline_after(timeout_s_);
   cudaEvent_t ev = im.start(what, deadline, timeout_s_, [&] {
     return ncclAllGather(shard.data_ptr(), full.data_ptr(), static_cast<size_t>(shard.numel()),
