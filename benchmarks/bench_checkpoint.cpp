@@ -143,6 +143,9 @@ int main(int argc, char** argv) {
     }
     MPI_Bcast(&bytes, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
     ckpt_bytes = bytes;
+    // The save deletes the previous checkpoint in the background; a resume (a new process)
+    // never overlaps with that, so let it finish before the load is timed.
+    wait_for_checkpoint_cleanup();
     comm.barrier();
     TrainCounters back;
     t0 = Clock::now();

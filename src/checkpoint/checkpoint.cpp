@@ -353,6 +353,10 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
   return final_dir;
 }
 
+void wait_for_checkpoint_cleanup() {
+  if (pending_deletion().valid()) pending_deletion().get();
+}
+
 std::string resolve_checkpoint_dir(const std::string& path) {
   if (fs::exists(path + "/" + ckpt::kIndexFile) || fs::exists(path + "/" + ckpt::rank_file_name(0))) return path;
   for (const std::string& folder : {path, path + "/checkpoints"}) {

@@ -176,27 +176,54 @@ void File::read(const std::string& path, DType dt, void* out, int64_t numel) con
 
 void File::read_range(const std::string& path, DType dt, int64_t start, int64_t count,
                       void* out) const {
+  read_ranges(path, dt, {Range{start, count, out}});
+}
+
+void File::read_ranges(const std::string& path, DType dt, const std::vector<Range>& ranges,
+                       const std::function<void(size_t)>& done) const {
   const std::string where = path_ + ":/" + path;
   Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
   Handle space{check(H5Dget_space(ds.id), where), H5Sclose};
   if (H5Sget_simple_extent_ndims(space.id) != 1) throw H5Error(where + ": not a 1-D dataset");
   hsize_t n = 0;
   H5Sget_simple_extent_dims(space.id, &n, nullptr);
-  if (start < 0 || count < 0 || static_cast<hsize_t>(start + count) > n) {
-    throw H5Error(where + ": range [" + std::to_string(start) + ", " +
-                  std::to_string(start + count) + ") is outside its " + std::to_string(n) +
-                  " elements");
+  for (const Range& r : ranges) {
+    if (r.start < 0 || r.count < 0 || static_cast<hsize_t>(r.start + r.count) > n) {
+      throw H5Error(where + ": range [" + std::to_string(r.start) + ", " +
+                    std::to_string(r.start + r.count) + ") is outside its " + std::to_string(n) +
+                    " elements");
+    }
   }
-  if (count == 0) return;
   Handle ft{check(H5Dget_type(ds.id), where), H5Tclose};
   if (H5Tget_class(ft.id) != H5Tget_class(mem_type(dt))) {
     throw H5Error(where + ": stored type class differs from the expected " + dtype_name(dt));
   }
-  const hsize_t st = static_cast<hsize_t>(start), ct = static_cast<hsize_t>(count);
-  check_status(H5Sselect_hyperslab(space.id, H5S_SELECT_SET, &st, nullptr, &ct, nullptr), where);
-  Handle mem{check(H5Screate_simple(1, &ct, nullptr), where), H5Sclose};
-  check_status(H5Dread(ds.id, mem_type(dt), mem.id, space.id, H5P_DEFAULT, out),
-               where + ": read failed (corrupt or truncated file?)");
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const Range& r = ranges[i];
+    if (r.count > 0) {
+      const hsize_t st = static_cast<hsize_t>(r.start), ct = static_cast<hsize_t>(r.count);
+      check_status(H5Sselect_hyperslab(space.id, H5S_SELECT_SET, &st, nullptr, &ct, nullptr), where);
+      Handle mem{check(H5Screate_simple(1, &ct, nullptr), where), H5Sclose};
+      check_status(H5Dread(ds.id, mem_type(dt), mem.id, space.id, H5P_DEFAULT, r.out),
+                   where + ": read of elements [" + std::to_string(r.start) + ", " +
+                       std::to_string(r.start + r.count) + ") failed (corrupt or truncated file?)");
+    }
+    if (done) done(i);
+  }
+}
+
+void File::advise_sequential() const {
+  Handle fapl{H5Fget_access_plist(id_), H5Pclose};
+  if (fapl.id < 0 || H5Pget_driver(fapl.id) != H5FD_SEC2) {
+    H5Eclear2(H5E_DEFAULT);
+    return;
+  }
+  void* handle = nullptr;
+  if (H5Fget_vfd_handle(id_, fapl.id, &handle) < 0 || handle == nullptr) {
+    H5Eclear2(H5E_DEFAULT);
+    return;
+  }
+  ::posix_fadvise(*static_cast<int*>(handle), 0, 0, POSIX_FADV_SEQUENTIAL);
 }
 
 DType File::dtype(const std::string& path) const {

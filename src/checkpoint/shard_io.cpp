@@ -1,8 +1,13 @@
 #include "shardgan/checkpoint/shard_io.h"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 namespace shardgan::ckpt {
 namespace fs = std::filesystem;
@@ -17,6 +22,77 @@ int64_t product(const std::vector<int64_t>& shape) {
 const std::string kDoWhat =
     " Restore the file from a copy, or resume from an older checkpoint "
     "(`shardgan-ckpt verify DIR` checks one).";
+
+// Loads read a range in pieces of this many checksum blocks (8 MiB by default): a piece
+// is hashed on a second thread while the next one is read, and it is still in the CPU's
+// cache when it is hashed.
+constexpr int64_t kPieceBlocks = 8;
+
+// Checks pieces 0, 1, 2, ... in order as they are pushed: on a thread of its own when
+// `threaded`, else inline in push(). `check(i)` returns the first bad block of piece i, or
+// -1. finish() waits for every pushed piece and returns the first bad block, or -1.
+class Verifier {
+ public:
+  Verifier(std::function<int64_t(size_t)> check, bool threaded) : check_(std::move(check)) {
+    if (threaded) worker_ = std::thread([this] { run(); });
+  }
+  Verifier(const Verifier&) = delete;
+  ~Verifier() { finish(); }
+
+  void push(size_t i) {
+    if (!worker_.joinable()) {
+      if (bad_ < 0) bad_ = check_(i);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ready_ = i + 1;
+    }
+    cv_.notify_one();
+  }
+  /// True once a checked piece has failed (the reader can stop early).
+  bool failed() const { return bad_ >= 0; }
+  int64_t finish() {
+    if (worker_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        stop_ = true;
+      }
+      cv_.notify_one();
+      worker_.join();
+    }
+    return bad_;
+  }
+
+ private:
+  void run() {
+    size_t next = 0;
+    std::unique_lock<std::mutex> lk(mu_);
+    while (true) {
+      cv_.wait(lk, [&] { return stop_ || next < ready_; });
+      if (next >= ready_) return;  // stopped, and every pushed piece is checked
+      const size_t last = ready_;
+      lk.unlock();
+      for (; next < last; ++next) {
+        if (bad_ < 0) {
+          const int64_t b = check_(next);
+          if (b >= 0) bad_ = b;
+        }
+      }
+      lk.lock();
+    }
+  }
+
+  std::function<int64_t(size_t)> check_;
+  std::atomic<int64_t> bad_{-1};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t ready_ = 0;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+struct StopReading {};  // thrown out of a read_ranges callback once a checksum has failed
 
 }  // namespace
 
@@ -195,6 +271,7 @@ h5::File& CheckpointReader::file(int rank) {
   }
   try {
     auto f = std::make_unique<h5::File>(h5::File::open_read(path));
+    f->advise_sequential();
     return *files_.emplace(rank, std::move(f)).first->second;
   } catch (const std::exception& e) {
     fail_file(rank, std::string("cannot be opened: ") + e.what() + "." + kDoWhat);
@@ -216,30 +293,74 @@ void CheckpointReader::read_verified(int rank, const std::string& path, int64_t 
   if (count == 0) return;
   const int64_t nblocks = (de.numel + be - 1) / be;
   if (static_cast<int64_t>(de.xxh3.size()) != nblocks) fail_file(rank, "dataset '" + path + "': checksum list has the wrong length");
-  // Read whole checksum blocks: at most one partial block at each end is read extra.
-  const int64_t b0 = start / be, b1 = (start + count + be - 1) / be;
-  const int64_t rs = b0 * be, re = std::min(b1 * be, de.numel);
-  std::vector<char> tmp;
-  char* buf = static_cast<char*>(out);
-  if (rs != start || re != start + count) {
-    tmp.resize(static_cast<size_t>((re - rs) * eb));
-    buf = tmp.data();
+  // Whole checksum blocks are read and hashed. Blocks the request covers entirely are read
+  // straight into `out`; the first and the last block, where it covers only part of them,
+  // go through a scratch buffer. Nothing is returned before every block read has matched
+  // its checksum.
+  const int64_t end = start + count, b0 = start / be, b1 = (end + be - 1) / be;
+  auto blo = [&](int64_t b) { return b * be; };
+  auto bhi = [&](int64_t b) { return std::min((b + 1) * be, de.numel); };
+  char* const dst = static_cast<char*>(out);
+  struct Piece {
+    int64_t b_first, b_last;  // blocks [b_first, b_last)
+    char* buf;
+  };
+  std::vector<Piece> pieces;
+  std::vector<char> head, tail;
+  int64_t m0 = b0, m1 = b1;  // blocks read straight into `out`
+  if (blo(b0) != start || bhi(b0) > end) {
+    head.resize(static_cast<size_t>((bhi(b0) - blo(b0)) * eb));
+    pieces.push_back({b0, b0 + 1, head.data()});
+    m0 = b0 + 1;
   }
-  h5::File& f = file(rank);
-  try {
-    f.read_range(path, dt, rs, re - rs, buf);
-  } catch (const std::exception& e) {
-    fail_file(rank, std::string(e.what()) + "." + kDoWhat);
+  const bool tail_partial = b1 - 1 >= m0 && bhi(b1 - 1) > end;
+  if (tail_partial) m1 = b1 - 1;
+  for (int64_t b = m0; b < m1; b += kPieceBlocks) {
+    pieces.push_back({b, std::min(b + kPieceBlocks, m1), dst + (blo(b) - start) * eb});
   }
-  for (int64_t b = b0; b < b1; ++b) {
-    const int64_t n = std::min(be, de.numel - b * be);
-    if (xxh3(buf + (b * be - rs) * eb, n * eb) != de.xxh3[static_cast<size_t>(b)]) {
-      fail_file(rank, "dataset '" + path + "' fails its checksum in block " + std::to_string(b) + " of " +
-                          std::to_string(nblocks) + " (elements " + std::to_string(b * be) + " to " +
-                          std::to_string(b * be + n - 1) + "): the file is corrupted." + kDoWhat);
+  if (tail_partial) {
+    tail.resize(static_cast<size_t>((bhi(b1 - 1) - blo(b1 - 1)) * eb));
+    pieces.push_back({b1 - 1, b1, tail.data()});
+  }
+  std::vector<h5::File::Range> ranges;
+  for (const Piece& p : pieces) ranges.push_back({blo(p.b_first), bhi(p.b_last - 1) - blo(p.b_first), p.buf});
+  auto check = [&](size_t i) -> int64_t {
+    const Piece& p = pieces[i];
+    for (int64_t b = p.b_first; b < p.b_last; ++b) {
+      if (xxh3(p.buf + (blo(b) - blo(p.b_first)) * eb, (bhi(b) - blo(b)) * eb) != de.xxh3[static_cast<size_t>(b)]) {
+        return b;
+      }
     }
+    return -1;
+  };
+  h5::File& f = file(rank);
+  int64_t bad = -1;
+  {
+    Verifier v(check, pieces.size() > 1);
+    try {
+      f.read_ranges(path, dt, ranges, [&](size_t i) {
+        v.push(i);
+        if (v.failed()) throw StopReading{};
+      });
+    } catch (const StopReading&) {
+    } catch (const std::exception& e) {
+      v.finish();
+      fail_file(rank, std::string(e.what()) + "." + kDoWhat);
+    }
+    bad = v.finish();
   }
-  if (buf != out) std::memcpy(out, buf + (start - rs) * eb, static_cast<size_t>(count * eb));
+  if (bad >= 0) {
+    const int64_t n = bhi(bad) - blo(bad);
+    fail_file(rank, "dataset '" + path + "' fails its checksum in block " + std::to_string(bad) + " of " +
+                        std::to_string(nblocks) + " (elements " + std::to_string(blo(bad)) + " to " +
+                        std::to_string(blo(bad) + n - 1) + "): the file is corrupted." + kDoWhat);
+  }
+  if (!head.empty()) {
+    std::memcpy(dst, head.data() + (start - blo(b0)) * eb, static_cast<size_t>((std::min(end, bhi(b0)) - start) * eb));
+  }
+  if (!tail.empty()) {
+    std::memcpy(dst + (blo(b1 - 1) - start) * eb, tail.data(), static_cast<size_t>((end - blo(b1 - 1)) * eb));
+  }
 }
 
 void CheckpointReader::read_dataset(int rank, const std::string& path, void* out, int64_t numel) {

@@ -79,6 +79,11 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
 void load_checkpoint(const std::string& ckpt_dir, TrainCounters& counters,
                      const std::vector<ModelAndOptimizer>& models, Communicator& comm);
 
+/// Local. Waits until this process's background deletion of old checkpoints (started by
+/// the last save_checkpoint on rank 0) has finished; returns at once if there is none.
+/// The benchmark calls it so that a timed load does not share the disk with a deletion.
+void wait_for_checkpoint_cleanup();
+
 /// Local. Resolves what `--resume` names: a checkpoint directory (holding index.h5), or a
 /// checkpoints folder or run directory, where it picks the newest committed checkpoint
 /// (interrupted *.tmp saves are ignored; `latest` names the same one unless a crash hit

@@ -3,6 +3,7 @@
 /// checked; a failure throws H5Error with the file, the object path and HDF5's own
 /// error stack. Torch-free: data moves as raw buffers with an explicit DType.
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -44,6 +45,21 @@ class File {
   /// only those bytes are read). Throws H5Error if the range is out of bounds.
   void read_range(const std::string& path, DType dt, int64_t start, int64_t count,
                   void* out) const;
+  /// One range of a 1-D dataset for read_ranges: elements [start, start + count) into `out`.
+  struct Range {
+    int64_t start = 0, count = 0;
+    void* out = nullptr;
+  };
+  /// Reads several ranges of the 1-D dataset `path` in order, opening it once. `done(i)`,
+  /// if given, is called as soon as range i is in memory (before range i + 1 is read), so
+  /// that a caller can work on it while the next one is read. Throws H5Error (naming the
+  /// range) if a range is out of bounds or a read fails.
+  void read_ranges(const std::string& path, DType dt, const std::vector<Range>& ranges,
+                   const std::function<void(size_t)>& done = {}) const;
+  /// Tells the OS that the file will be read sequentially (POSIX_FADV_SEQUENTIAL on
+  /// HDF5's own descriptor: a larger readahead window). A hint: does nothing for a file
+  /// driver without a POSIX descriptor.
+  void advise_sequential() const;
   /// Shape of dataset `path` (elements per dimension).
   std::vector<int64_t> shape(const std::string& path) const;
   /// Stored element type of dataset `path`; throws H5Error for a type DType cannot name.
