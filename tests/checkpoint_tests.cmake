@@ -10,3 +10,6 @@ foreach(script ckpt_tool_test ckpt_errors_test ckpt_kill_test)
                    $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
   set_tests_properties(${script} PROPERTIES TIMEOUT 300 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
 endforeach()
+
+shardgan_test(test_checkpoint_ranges)
+shardgan_mpi_test(test_checkpoint_ranges 120 1)
