@@ -70,12 +70,23 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, Collectives,
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
 
 TEST(CollectivesMisc, BarrierWaitsForTheSlowestRank) {
+  // Every rank must leave the barrier after rank 0 entered it. steady_clock is
+  // CLOCK_MONOTONIC, one clock for all processes of a host, so the times compare exactly
+  // whatever the scheduling delays (the ranks of this test share one host).
   MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
-  const auto t0 = std::chrono::steady_clock::now();
-  if (comm.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  at::Tensor entered = torch::zeros({1}, torch::kLong);
+  if (comm.rank() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    entered[0] = now_ns();
+  }
   comm.barrier();
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_GE(waited, 0.19);
+  const int64_t left = now_ns();
+  comm.broadcast(entered, 0);
+  EXPECT_GE(left, entered.item<int64_t>()) << "rank " << comm.rank() << " left the barrier early";
 }
 
 TEST(CollectivesMisc, SizeMismatchThrowsBeforeCommunicating) {

@@ -70,16 +70,6 @@ std::vector<std::string> all_gather_strings(Communicator& comm, const std::strin
   return out;
 }
 
-// Stages 1 and 2 keep full parameters beside the owned shard (and mixed precision a
-// compute copy); after writing the shards they must be refreshed. Calls
-// ShardedModel::after_optimizer_step() where the sharding layer has it.
-template <typename M>
-auto refresh_full_parameters(M& m, int) -> decltype(m.after_optimizer_step(), void()) {
-  m.after_optimizer_step();
-}
-template <typename M>
-void refresh_full_parameters(M&, long) {}
-
 void check_model_matches(const ckpt::ModelEntry& me, ShardedModel& m, const std::string& dir) {
   auto differ = [&](const std::string& what) {
     throw CheckpointError("checkpoint '" + dir + "': " + m.name() + " " + what +
@@ -395,7 +385,9 @@ void load_checkpoint(const std::string& ckpt_dir, TrainCounters& counters,
     throw CheckpointError(error.empty() ? "checkpoint '" + ckpt_dir + "': another rank could not load it (see its message)"
                                         : error);
   }
-  for (const auto& mo : models) refresh_full_parameters(*mo.model, 0);
+  // Stages 1 and 2 keep full parameters beside the owned shard (and mixed precision a
+  // compute copy): refresh them from the shards just written.
+  for (const auto& mo : models) mo.model->after_optimizer_step();
 }
 
 }  // namespace shardgan

@@ -10,13 +10,6 @@
 namespace shardgan {
 namespace {
 
-template <typename M>
-auto refresh_full_parameters(M& m, int) -> decltype(m.after_optimizer_step(), void()) {
-  m.after_optimizer_step();
-}
-template <typename M>
-void refresh_full_parameters(M&, long) {}
-
 TrainConfig generator_config(const std::string& yaml, const std::string& where) {
   TrainConfig cfg = parse_config(yaml, where, {});
   cfg.g_sharding.stage = 0;
@@ -61,7 +54,7 @@ std::unique_ptr<ShardedModel> load_generator(ckpt::CheckpointReader& rd, Communi
     rd.read_dataset(be->rank, "generator/buffers/" + bname, c.data_ptr(), c.numel());
     buf.copy_(c);
   }
-  refresh_full_parameters(*g, 0);
+  g->after_optimizer_step();
   if (cfg_out) *cfg_out = cfg;
   return g;
 }
@@ -109,7 +102,7 @@ std::unique_ptr<ShardedModel> load_exported_generator(const std::string& path, C
   }
   auto dst = g->named_buffers(), src = scratch->named_buffers();
   for (size_t i = 0; i < dst.size(); ++i) dst[i].second.copy_(src[i].second);
-  refresh_full_parameters(*g, 0);
+  g->after_optimizer_step();
   if (cfg_out) *cfg_out = cfg;
   return g;
 }

@@ -1,5 +1,7 @@
 #include "shardgan/comm/communicator.h"
 
+#include <sstream>
+
 namespace shardgan {
 namespace {
 
@@ -8,6 +10,15 @@ struct CompletedWork final : Work {
 };
 
 }  // namespace
+
+void Communicator::check_block_sizes(const char* op, const at::Tensor& full,
+                                     const at::Tensor& shard) const {
+  if (full.numel() == shard.numel() * world_size() && full.scalar_type() == shard.scalar_type()) return;
+  std::ostringstream s;
+  s << op << " on rank " << rank() << ": full numel " << full.numel() << " must be shard numel "
+    << shard.numel() << " x world size " << world_size() << " with equal dtypes";
+  throw CollectiveError(s.str());
+}
 
 std::unique_ptr<Work> Communicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
   all_gather(full, shard);

@@ -133,12 +133,7 @@ void MpiCommunicator::wait(MPI_Request& req, const std::string& what) {
 MPI_Request MpiCommunicator::start_all_gather(at::Tensor& full, const at::Tensor& shard) {
   check_cpu_contiguous(full, "all_gather", "full", rank_);
   check_cpu_contiguous(shard, "all_gather", "shard", rank_);
-  if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
-    std::ostringstream s;
-    s << "all_gather on rank " << rank_ << ": full numel " << full.numel() << " must be shard numel "
-      << shard.numel() << " x world size " << world_size_ << " with equal dtypes";
-    throw CollectiveError(s.str());
-  }
+  check_block_sizes("all_gather", full, shard);
   stats_.all_gather_calls++;
   stats_.all_gather_bytes += full.numel() * full.element_size();
   MPI_Datatype dt = mpi_type(shard.scalar_type());
@@ -166,13 +161,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(at::Tensor& shard, c
                                                            ReduceOp op) {
   check_cpu_contiguous(full, "reduce_scatter", "full", rank_);
   check_cpu_contiguous(shard, "reduce_scatter", "shard", rank_);
-  if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
-    std::ostringstream s;
-    s << "reduce_scatter on rank " << rank_ << ": full numel " << full.numel()
-      << " must be shard numel " << shard.numel() << " x world size " << world_size_
-      << " with equal dtypes";
-    throw CollectiveError(s.str());
-  }
+  check_block_sizes("reduce_scatter", full, shard);
   stats_.reduce_scatter_calls++;
   stats_.reduce_scatter_bytes += full.numel() * full.element_size();
   const bool up = is_16bit_float(full);

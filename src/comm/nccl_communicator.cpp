@@ -305,12 +305,7 @@ void NcclCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full,
 std::unique_ptr<Work> NcclCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
   check_cuda_contiguous(full, "all_gather", "full", rank_, device_index_);
   check_cuda_contiguous(shard, "all_gather", "shard", rank_, device_index_);
-  if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
-    std::ostringstream s;
-    s << "all_gather on rank " << rank_ << ": full numel " << full.numel() << " must be shard numel "
-      << shard.numel() << " x world size " << world_size_ << " with equal dtypes";
-    throw CollectiveError(s.str());
-  }
+  check_block_sizes("all_gather", full, shard);
   const ncclDataType_t dt = nccl_type(shard.scalar_type());
   stats_.all_gather_calls++;
   stats_.all_gather_bytes += full.numel() * full.element_size();
@@ -329,13 +324,7 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(at::Tensor& shard, 
                                                             ReduceOp op) {
   check_cuda_contiguous(full, "reduce_scatter", "full", rank_, device_index_);
   check_cuda_contiguous(shard, "reduce_scatter", "shard", rank_, device_index_);
-  if (full.numel() != shard.numel() * world_size_ || full.scalar_type() != shard.scalar_type()) {
-    std::ostringstream s;
-    s << "reduce_scatter on rank " << rank_ << ": full numel " << full.numel()
-      << " must be shard numel " << shard.numel() << " x world size " << world_size_
-      << " with equal dtypes";
-    throw CollectiveError(s.str());
-  }
+  check_block_sizes("reduce_scatter", full, shard);
   nccl_type(full.scalar_type());
   stats_.reduce_scatter_calls++;
   stats_.reduce_scatter_bytes += full.numel() * full.element_size();

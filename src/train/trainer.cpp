@@ -170,28 +170,24 @@ void Trainer::log_step(const StepMetrics& m) {
 std::string Trainer::write_samples() {
   // As DCGAN's reference code does, sample in train mode (BatchNorm statistics of the fixed
   // batch); the running statistics are restored so that sampling never changes training.
-  at::Tensor imgs;
-  {
+  auto sample = [this] {
     torch::NoGradGuard no_grad;
     std::vector<at::Tensor> saved;
     for (auto& kv : g_->named_buffers()) saved.push_back(kv.second.clone());
-    imgs = g_->forward(fixed_z_).to(at::kFloat);
+    at::Tensor imgs = g_->forward(fixed_z_).to(at::kFloat);
     size_t i = 0;
     for (auto& kv : g_->named_buffers()) kv.second.copy_(saved[i++]);
+    return imgs;
+  };
+  at::Tensor imgs = sample();
+  at::Tensor ema_imgs;
+  if (ema_) {
+    EmaSwap swap(*ema_);
+    ema_imgs = sample();
   }
   char name[48];
   std::snprintf(name, sizeof(name), "samples-step-%08lld.png", static_cast<long long>(counters_.step));
   const std::string path = cfg_.run_dir + "/samples/" + name;
-  at::Tensor ema_imgs;
-  if (ema_) {
-    torch::NoGradGuard no_grad;
-    EmaSwap swap(*ema_);
-    std::vector<at::Tensor> saved;
-    for (auto& kv : g_->named_buffers()) saved.push_back(kv.second.clone());
-    ema_imgs = g_->forward(fixed_z_).to(at::kFloat);
-    size_t i = 0;
-    for (auto& kv : g_->named_buffers()) kv.second.copy_(saved[i++]);
-  }
   if (comm_.rank() == 0) {
     std::filesystem::create_directories(cfg_.run_dir + "/samples");
     write_png_grid(path, imgs.narrow(2, 2, 28).narrow(3, 2, 28), 8);

@@ -109,6 +109,10 @@ class Communicator {
   void reset_stats() { stats_ = CommStats{}; }
 
  protected:
+  /// Throws CollectiveError naming `op` and this rank unless full.numel() equals
+  /// shard.numel() * world_size() and the dtypes agree (all-gather, reduce-scatter).
+  void check_block_sizes(const char* op, const at::Tensor& full, const at::Tensor& shard) const;
+
   double timeout_s_ = kDefaultCollectiveTimeoutS;
   CommStats stats_;
 };
