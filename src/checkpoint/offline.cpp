@@ -53,14 +53,7 @@ void consolidate(const std::string& ckpt_dir, const std::string& out_path) {
       f.set_attr(mo.name, "stage", static_cast<int64_t>(mo.stage));
       f.set_attr(mo.name, "optim_step", mo.optim_step);
     }
-    f.set_attr("/", "format", std::string("shardgan-consolidated"));
-    f.set_attr("/", "schema_version", m.schema_version);
-    f.set_attr("/", "world_size", m.world_size);
-    f.set_attr("/", "step", m.step);
-    f.set_attr("/", "epoch", m.epoch);
-    f.set_attr("/", "batch_in_epoch", m.batch_in_epoch);
-    f.set_attr("/", "config", m.config);
-    for (const auto& [k, v] : m.scalars) f.set_attr("/", "scalar." + k, v);
+    write_root_attributes(f, m, "shardgan-consolidated");
     f.flush();
     f.close();
   }

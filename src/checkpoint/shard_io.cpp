@@ -129,6 +129,17 @@ FileEntry RankFileWriter::finish() {
   return entry_;
 }
 
+void write_root_attributes(h5::File& f, const Manifest& m, const std::string& format) {
+  f.set_attr("/", "format", format);
+  f.set_attr("/", "schema_version", m.schema_version);
+  f.set_attr("/", "world_size", m.world_size);
+  f.set_attr("/", "step", m.step);
+  f.set_attr("/", "epoch", m.epoch);
+  f.set_attr("/", "batch_in_epoch", m.batch_in_epoch);
+  f.set_attr("/", "config", m.config);
+  for (const auto& [k, v] : m.scalars) f.set_attr("/", "scalar." + k, v);
+}
+
 void write_index(const std::string& dir, const Manifest& m) {
   const std::string path = dir + "/" + kIndexFile;
   h5::File f = h5::File::create(path);
@@ -176,14 +187,7 @@ void write_index(const std::string& dir, const Manifest& m) {
       f.set_attr(mo.name, "dtype", mo.dtype);
     }
   }
-  f.set_attr("/", "format", std::string(kFormatName));
-  f.set_attr("/", "schema_version", m.schema_version);
-  f.set_attr("/", "world_size", m.world_size);
-  f.set_attr("/", "step", m.step);
-  f.set_attr("/", "epoch", m.epoch);
-  f.set_attr("/", "batch_in_epoch", m.batch_in_epoch);
-  f.set_attr("/", "config", m.config);
-  for (const auto& [k, v] : m.scalars) f.set_attr("/", "scalar." + k, v);
+  write_root_attributes(f, m, kFormatName);
   const std::string text = to_json(m);
   f.write_string("manifest.json", text);
   f.set_attr("/", "manifest_xxh3", static_cast<int64_t>(xxh3(text.data(), static_cast<int64_t>(text.size()))));

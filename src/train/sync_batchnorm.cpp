@@ -22,8 +22,9 @@ struct SyncBatchNormFn : torch::autograd::Function<SyncBatchNormFn> {
     // Statistics accumulate in float64 whatever the compute dtype, so that E[x^2] - E[x]^2
     // does not cancel catastrophically in float32.
     at::Tensor stats = torch::empty({2 * c + 1}, x.options().dtype(at::kDouble));
-    stats.narrow(0, 0, c).copy_(x.sum(dims, false, at::kDouble));
-    stats.narrow(0, c, c).copy_((x.to(at::kDouble) * x.to(at::kDouble)).sum(dims));
+    const at::Tensor xd = x.to(at::kDouble);  // one conversion (a no-op for float64 input)
+    stats.narrow(0, 0, c).copy_(xd.sum(dims));
+    stats.narrow(0, c, c).copy_((xd * xd).sum(dims));
     stats[2 * c] = static_cast<double>(x.numel() / c);
     comm->all_reduce(stats, ReduceOp::kSum);
     const double n = stats[2 * c].item<double>();

@@ -35,6 +35,11 @@ class RankFileWriter {
 /// tensor mapping the rank files' slices. Flushes and fsyncs it.
 void write_index(const std::string& dir, const Manifest& m);
 
+/// Writes the trainer state of `m` as root attributes of `f` (format, schema_version,
+/// world_size, step, epoch, batch_in_epoch, config, scalar.<name>): the one definition
+/// shared by the index and by consolidated files.
+void write_root_attributes(h5::File& f, const Manifest& m, const std::string& format);
+
 /// A full tensor of a checkpoint, as the index presents it.
 struct TensorRef {
   const ModelEntry* model = nullptr;
