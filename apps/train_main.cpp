@@ -11,6 +11,7 @@
 
 #include "shardgan/comm/factory.h"
 #include "shardgan/train/config.h"
+#include "shardgan/train/preflight.h"
 #include "shardgan/train/trainer.h"
 #include "shardgan/util/log.h"
 
@@ -23,9 +24,13 @@ int main(int argc, char** argv) {
   CLI::App app{"shardgan-train: ZeRO-sharded GAN training (run under mpirun or srun)"};
   std::string config_path, resume;
   std::vector<std::string> overrides;
+  bool dry_run = false;
   app.add_option("config", config_path, "YAML config file (see configs/)")->required();
   app.add_option("--set", overrides, "override a config key, e.g. --set train.steps=200");
   app.add_option("--resume", resume, "continue from a checkpoint, checkpoints folder or run dir");
+  app.add_flag("--dry-run", dry_run,
+               "print the memory pre-flight (parameters, bytes per rank per ZeRO stage, node memory) "
+               "as one JSON object on rank 0's stdout and exit without training");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -44,10 +49,23 @@ int main(int argc, char** argv) {
     torch::set_num_threads(threads);
     torch::set_num_interop_threads(1);
     auto comm = shardgan::make_communicator(cfg.backend, MPI_COMM_WORLD, cfg.timeout_s);
+    // Memory pre-flight before anything of the models is allocated: every rank computes
+    // the same estimate locally (no collectives), so every rank refuses alike.
+    nlohmann::json report;
+    if (dry_run || !cfg.skip_memory_check) {
+      report = shardgan::memory_preflight(cfg, *comm, comm->world_size(), local_size);
+      if (dry_run) {
+        if (rank == 0) std::printf("%s\n", report.dump(2).c_str());
+        std::fflush(stdout);
+        MPI_Finalize();
+        return 0;
+      }
+      shardgan::check_memory(cfg, report);
+    }
     if (rank == 0) spdlog::info("config {} ({} threads per rank, local rank {} of {})", config_path, threads, local_rank, local_size);
     shardgan::Trainer trainer(cfg, *comm);
     if (!resume.empty()) trainer.resume(resume);
-    trainer.run();
+    trainer.run(report);
     comm->barrier();
   } catch (const std::exception& e) {
     // Library code throws; here we end the job on every rank so that no peer hangs.

@@ -1,3 +1,17 @@
 # Sharding engine (issue 3): parity matrix, determinism, traffic and memory formulas.
 shardgan_test(test_sharding_matrix)
 shardgan_mpi_test(test_sharding_matrix 300 1 2 3 4)
+
+# Multi-input units, execution-order prefetch, frozen release, ownership, deferred init.
+shardgan_test(test_units)
+shardgan_mpi_test(test_units 120 1 2 3)
+
+# BigGAN at stage 3 on 2 and 3 ranks equals stage 0 on one rank (ctest -R biggan).
+shardgan_test(test_biggan_parity)
+shardgan_mpi_test(test_biggan_parity 300 2 3)
+
+# BigGAN end to end: pre-flight, resume (same N bit for bit, 2 -> 3), verify, h5py, sample.
+add_test(NAME biggan_train_test
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/biggan_train_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(biggan_train_test PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)

@@ -24,11 +24,11 @@
 #include <torch/torch.h>
 
 #include "shardgan/checkpoint/h5.h"
-#include "shardgan/checkpoint/inference.h"
 #include "shardgan/checkpoint/shard_io.h"
 #include "shardgan/comm/local_communicator.h"
 #include "shardgan/comm/mpi_communicator.h"
-#include "shardgan/train/dcgan.h"
+#include "shardgan/sharding/deferred.h"
+#include "shardgan/train/inference.h"
 #include "shardgan/train/trainer.h"
 
 using namespace shardgan;
@@ -296,7 +296,7 @@ TEST(Checkpoint, ExportLoadsBackWithTorchLoad) {
     auto g2 = load_exported_generator(path, local);
     ShardingConfig sc;
     sc.stage = 0;
-    auto g3 = build_generator(cfg.model, local, sc, /*seed=*/999);  // other weights, then torch::load
+    auto g3 = build_sharded_model(cfg.family->generator(local), local, sc, /*seed=*/999, cfg.model_dtype);  // other weights, then torch::load
     auto root = plain_module(*g3);
     torch::load(root, path);
     torch::NoGradGuard no_grad;

@@ -30,7 +30,7 @@ TEST(Config, OverridesWin) {
                                {"train.steps=200", "optim.discriminator.lr=4e-4", "model.dtype=float64"});
   EXPECT_EQ(c.steps, 200);
   EXPECT_DOUBLE_EQ(c.d_optim.lr, 4e-4);
-  EXPECT_EQ(c.model.dtype, at::kDouble);
+  EXPECT_EQ(c.model_dtype, at::kDouble);
 }
 
 TEST(Config, UnknownKeyIsNamed) {

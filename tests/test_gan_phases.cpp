@@ -7,7 +7,7 @@
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/optim/sharded_adam.h"
 #include "shardgan/sharding/wrap_policy.h"
-#include "shardgan/train/dcgan.h"
+#include "shardgan/models/dcgan.h"
 #include "test_util.h"
 
 using namespace shardgan;

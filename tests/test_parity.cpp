@@ -16,13 +16,13 @@ using namespace shardgan;
 
 namespace {
 
-TrainConfig small_config(int stage) {
+TrainConfig small_config(int stage, std::vector<std::string> overrides = {}) {
   TrainConfig c = parse_config(R"(
 run: {seed: 7, dir: ""}
 data: {source: synthetic, synthetic_size: 72}
 train: {steps: 5, global_batch: 12}
 model: {dtype: float64, z_dim: 8, g_width: 4, d_width: 4}
-)", "parity-test", {});
+)", "parity-test", overrides);
   c.g_sharding.stage = c.d_sharding.stage = stage;
   return c;
 }
@@ -70,9 +70,9 @@ TEST(Parity, Stage3MatchesOneRankStage0InFloat64) {
 
 TEST(Memory, Stage3HoldsOneNthOfStage0ModelStates) {
   MpiCommunicator world(MPI_COMM_WORLD, 120.0);
-  TrainConfig c0 = small_config(0), c3 = small_config(3);
-  c0.model.dtype = c3.model.dtype = at::kFloat;  // 16 bytes per parameter with Adam
-  c0.model.g_width = c3.model.g_width = 16;
+  // float32: 16 bytes per parameter with Adam.
+  const std::vector<std::string> o{"model.dtype=float32", "model.g_width=16"};
+  TrainConfig c0 = small_config(0, o), c3 = small_config(3, o);
   Trainer t0(c0, world), t3(c3, world);
   const int n = world.world_size();
   for (auto pick : {0, 1}) {

@@ -18,8 +18,8 @@
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/optim/sharded_adam.h"
 #include "shardgan/sharding/sharded_model.h"
-#include "shardgan/train/layers.h"
-#include "shardgan/train/sync_batchnorm.h"
+#include "shardgan/nn/layers.h"
+#include "shardgan/nn/sync_batchnorm.h"
 
 using namespace shardgan;
 namespace nn = torch::nn;
@@ -35,7 +35,7 @@ struct Case {
   at::ScalarType compute;
 };
 
-ShardedUnit::Forward fwd(nn::Sequential s) {
+ShardedUnit::SingleForward fwd(nn::Sequential s) {
   return [s](const at::Tensor& x) mutable { return s->forward(x); };
 }
 

@@ -13,11 +13,12 @@
 #include <torch/torch.h>
 
 #include "shardgan/checkpoint/checkpoint.h"
-#include "shardgan/checkpoint/inference.h"
 #include "shardgan/checkpoint/offline.h"
 #include "shardgan/checkpoint/shard_io.h"
 #include "shardgan/comm/local_communicator.h"
+#include "shardgan/models/family.h"
 #include "shardgan/train/image_grid.h"
+#include "shardgan/train/inference.h"
 
 using namespace shardgan;
 
@@ -114,9 +115,13 @@ int cmd_sample(ckpt::CheckpointReader& rd, const std::string& out, bool ema, int
   auto g = load_generator(rd, comm, ema, &cfg);
   torch::NoGradGuard no_grad;
   g->train(!eval);  // the trainer samples in train mode (batch statistics), as DCGAN does
-  at::Tensor imgs = g->forward(fixed_latents(cfg, n)).to(at::kFloat);
-  write_png_grid(out, imgs.narrow(2, 2, 28).narrow(3, 2, 28), 8);
-  std::printf("wrote %s: %lld samples of the %s at step %lld\n", out.c_str(), (long long)n,
+  // A conditional family gets the trainer's grid (one class per row); else n latents.
+  int nrow = 8;
+  TensorList in = cfg.family->num_classes() > 0 ? fixed_sample_inputs(cfg, &nrow)
+                                                : TensorList{fixed_latents(cfg, n), at::Tensor()};
+  at::Tensor imgs = g->forward(in).at(0).to(at::kFloat);
+  write_png_grid(out, imgs, nrow);
+  std::printf("wrote %s: %lld samples of the %s at step %lld\n", out.c_str(), (long long)imgs.size(0),
               ema ? "generator's EMA" : "generator", (long long)rd.manifest().step);
   return 0;
 }
@@ -125,7 +130,7 @@ int cmd_export(ckpt::CheckpointReader& rd, const std::string& out, bool ema) {
   LocalCommunicator comm;
   auto g = load_generator(rd, comm, ema);
   export_model(*g, rd.manifest().config, out);
-  std::printf("wrote %s: the %s at step %lld (torch::load it into plain_module(build_generator(...)))\n",
+  std::printf("wrote %s: the %s at step %lld (torch::load it into plain_module(...) of the stored config's generator)\n",
               out.c_str(), ema ? "generator's EMA" : "generator", (long long)rd.manifest().step);
   return 0;
 }

@@ -1,9 +1,14 @@
 #include "shardgan/sharding/sharded_model.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <unordered_set>
 
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/torch.h>
+
+#include "sharding/ownership.h"
 
 namespace shardgan {
 
@@ -12,21 +17,125 @@ ShardedModel::ShardedModel(std::string name, Communicator& comm, ShardingConfig 
 
 ShardedModel::~ShardedModel() = default;
 
+namespace {
+
+// Walks the autograd graph behind `outputs` and throws if a leaf that requires grad is
+// neither a sharding unit's parameter nor one of `inputs`: such a parameter is used by the
+// model but no unit owns it, so its gradient would never be averaged across ranks.
+void check_all_parameters_owned(const std::string& model, const TensorList& inputs,
+                                const TensorList& outputs) {
+  std::unordered_set<const c10::TensorImpl*> input_impls;
+  for (const auto& t : inputs) {
+    if (t.defined()) input_impls.insert(t.unsafeGetTensorImpl());
+  }
+  std::vector<torch::autograd::Node*> stack;
+  std::unordered_set<torch::autograd::Node*> seen;
+  for (const auto& y : outputs) {
+    if (y.defined() && y.grad_fn()) stack.push_back(y.grad_fn().get());
+  }
+  while (!stack.empty()) {
+    torch::autograd::Node* n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(n)) {
+      const at::Tensor& v = acc->variable;
+      if (!detail::is_owned_parameter(v) && !input_impls.count(v.unsafeGetTensorImpl())) {
+        std::string shape;
+        for (auto d : v.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+        throw std::invalid_argument("model '" + model + "': a parameter of shape [" + shape +
+                                    "] is used in forward but belongs to no sharding unit; it "
+                                    "would drift apart across ranks. Register its module in a unit");
+      }
+    }
+    for (const auto& e : n->next_edges()) {
+      if (e.function) stack.push_back(e.function.get());
+    }
+  }
+}
+
+}  // namespace
+
 ShardedUnit& ShardedModel::add_unit(std::string unit_name,
                                     std::shared_ptr<torch::nn::Module> module,
                                     ShardedUnit::Forward forward) {
+  for (auto& u : units_) {
+    if (u->name() == unit_name) {
+      throw std::invalid_argument("model '" + name_ + "': two units are named '" + unit_name + "'");
+    }
+  }
   units_.push_back(std::make_unique<ShardedUnit>(std::move(unit_name), std::move(module),
                                                  std::move(forward), comm_, cfg_, this));
+  order_pos_.push_back(-1);
   return *units_.back();
 }
 
-at::Tensor ShardedModel::forward(at::Tensor x) {
-  for (size_t i = 0; i < units_.size(); ++i) {
-    units_[i]->gather();
-    if (cfg_.prefetch && i + 1 < units_.size()) units_[i + 1]->prefetch();
-    x = units_[i]->forward(x);
+ShardedUnit& ShardedModel::add_unit(std::string unit_name,
+                                    std::shared_ptr<torch::nn::Module> module,
+                                    ShardedUnit::SingleForward forward) {
+  return add_unit(std::move(unit_name), std::move(module), ShardedUnit::single(std::move(forward)));
+}
+
+int64_t ShardedModel::numel() const {
+  int64_t n = 0;
+  for (auto& u : units_) n += u->numel();
+  return n;
+}
+
+ShardedUnit& ShardedModel::unit(const std::string& unit_name) {
+  for (auto& u : units_) {
+    if (u->name() == unit_name) return *u;
   }
-  return x;
+  throw std::out_of_range("model '" + name_ + "' has no unit '" + unit_name + "'");
+}
+
+at::Tensor ShardedModel::forward(at::Tensor x) { return forward(TensorList{std::move(x)}).at(0); }
+
+TensorList ShardedModel::forward(const TensorList& inputs) {
+  recording_ = !recorded_;
+  TensorList out;
+  try {
+    if (program_) {
+      out = program_(*this, inputs);
+    } else {
+      out = inputs;
+      for (auto& u : units_) out = u->forward(out);
+    }
+  } catch (...) {
+    recording_ = false;
+    throw;
+  }
+  if (recording_) {
+    recording_ = false;
+    recorded_ = true;
+    for (size_t i = 0; i < order_.size(); ++i) {
+      if (order_pos_[order_[i]] < 0) order_pos_[order_[i]] = static_cast<ptrdiff_t>(i);
+    }
+  }
+  const bool graph = std::any_of(out.begin(), out.end(),
+                                 [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  if (!ownership_checked_ && graph) {
+    ownership_checked_ = true;
+    check_all_parameters_owned(name_, inputs, out);
+  }
+  return out;
+}
+
+void ShardedModel::on_unit_forward(ShardedUnit& u) {
+  if (recording_) {
+    order_.push_back(u.index());
+    // The default program runs units in registration order: prefetch as it will run.
+    if (!program_ && cfg_.prefetch && u.index() + 1 < units_.size()) units_[u.index() + 1]->prefetch();
+    return;
+  }
+  if (!recorded_ || !cfg_.prefetch) return;
+  const ptrdiff_t pos = order_pos_[u.index()];
+  if (pos >= 0 && static_cast<size_t>(pos) + 1 < order_.size()) units_[order_[pos + 1]]->prefetch();
+}
+
+ShardedUnit* ShardedModel::previous_in_order(const ShardedUnit& u) {
+  if (!recorded_) return u.index() > 0 ? units_[u.index() - 1].get() : nullptr;
+  const ptrdiff_t pos = order_pos_[u.index()];
+  return pos > 0 ? units_[order_[pos - 1]].get() : nullptr;
 }
 
 void ShardedModel::set_requires_grad(bool on) {
@@ -119,6 +228,23 @@ void ShardedModel::ensure_backward_callback() {
     finish_reduces();
     callback_queued_ = false;
   });
+}
+
+}  // namespace shardgan
+
+namespace shardgan {
+
+FullParameters::FullParameters(ShardedModel& model) : model_(model) {
+  for (auto& u : model_.units()) {
+    if (u->stage() == 3 && !u->gathered()) {
+      u->gather();
+      gathered_.push_back(u.get());
+    }
+  }
+}
+
+FullParameters::~FullParameters() {
+  for (ShardedUnit* u : gathered_) u->free_full();
 }
 
 }  // namespace shardgan

@@ -1,11 +1,13 @@
 #include "shardgan/sharding/sharded_unit.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
 #include "shardgan/sharding/sharded_model.h"
+#include "sharding/ownership.h"
 #include "sharding/storage.h"
 
 namespace shardgan {
@@ -24,9 +26,28 @@ struct GradReadyHook final : torch::autograd::FunctionPostHook {
   ShardedUnit* unit;
 };
 
+// Identity on one unit input that requires grad. Its backward runs once the gradient of
+// that input (for this use of it) is complete, i.e. once the unit's own backward is done
+// with it; the unit counts these to know when its gathered parameters are no longer needed.
+struct InputGradReady : torch::autograd::Function<InputGradReady> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x, int64_t unit) {
+    ctx->saved_data["unit"] = unit;
+    return x;  // returned as a view of x with this node as its grad_fn
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    reinterpret_cast<ShardedUnit*>(ctx->saved_data["unit"].toInt())->on_input_grad_ready();
+    return {grads[0], at::Tensor()};
+  }
+};
+
 int64_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
 }  // namespace
+
+ShardedUnit::Forward ShardedUnit::single(SingleForward f) {
+  return [f = std::move(f)](const TensorList& in) { return TensorList{f(in.at(0))}; };
+}
 
 ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> module,
                          Forward forward, Communicator& comm, ShardingConfig cfg,
@@ -40,15 +61,23 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
   }
   torch::NoGradGuard no_grad;
   c10::optional<at::ScalarType> dtype;
-  for (auto& kv : module_->named_parameters(/*recurse=*/true)) {
-    const at::Tensor& p = kv.value();
-    if (dtype && *dtype != p.scalar_type()) {
-      throw std::invalid_argument("unit '" + name_ + "': parameter '" + kv.key() +
-                                  "' has a different dtype from the unit's other parameters");
+  const std::string qualified = (owner_ ? owner_->name() + "." : std::string()) + name_ + ".";
+  try {
+    for (auto& kv : module_->named_parameters(/*recurse=*/true)) {
+      const at::Tensor& p = kv.value();
+      if (dtype && *dtype != p.scalar_type()) {
+        throw std::invalid_argument("unit '" + name_ + "': parameter '" + kv.key() +
+                                    "' has a different dtype from the unit's other parameters");
+      }
+      // Throws, naming both owners, if another unit already owns this parameter.
+      detail::claim_parameter(p, qualified + kv.key());
+      dtype = p.scalar_type();
+      slots_.push_back({kv.key(), p.sizes().vec(), numel_, p.numel(), p});
+      numel_ += p.numel();
     }
-    dtype = p.scalar_type();
-    slots_.push_back({kv.key(), p.sizes().vec(), numel_, p.numel(), p});
-    numel_ += p.numel();
+  } catch (...) {
+    for (auto& s : slots_) detail::release_parameter(s.param);
+    throw;
   }
   master_dtype_ = dtype.value_or(at::kFloat);
   compute_dtype_ = cfg_.compute_dtype.value_or(master_dtype_);
@@ -63,15 +92,30 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
     shard_offset_ = shard_numel_ * comm_.rank();
   }
   const auto master_opts = torch::TensorOptions().dtype(master_dtype_);
-  at::Tensor master_full = torch::zeros({padded_numel_}, master_opts);
-  for (auto& s : slots_) master_full.narrow(0, s.offset, s.numel).copy_(s.param.reshape({-1}));
-  full_ = master_full.to(compute_dtype_);  // no copy when the dtypes agree
-  for (auto& s : slots_) s.param.set_data(full_.narrow(0, s.offset, s.numel).view(s.shape));
-
   const bool same_dtype = compute_dtype_ == master_dtype_;
   shard_aliases_full_ = same_dtype && cfg_.stage <= 2;
-  at::Tensor owned = master_full.narrow(0, shard_offset_, shard_numel_);
-  shard_ = shard_aliases_full_ ? full_.narrow(0, shard_offset_, shard_numel_) : owned.clone();
+  if (cfg_.stage == 3) {
+    // Deferred sharded init: copy only the owned range of each parameter into the master
+    // shard. full_ gets untouched (so never resident) memory that is freed below, and the
+    // parameters' own storage goes with set_data, so the build peaks at one unit + shard.
+    shard_ = torch::zeros({shard_numel_}, master_opts);
+    for (auto& s : slots_) {
+      const int64_t lo = std::max(s.offset, shard_offset_);
+      const int64_t hi = std::min(s.offset + s.numel, shard_offset_ + shard_numel_);
+      if (lo >= hi) continue;
+      shard_.narrow(0, lo - shard_offset_, hi - lo)
+          .copy_(s.param.reshape({-1}).narrow(0, lo - s.offset, hi - lo));
+    }
+    full_ = torch::empty({padded_numel_}, torch::TensorOptions().dtype(compute_dtype_));
+    for (auto& s : slots_) s.param.set_data(full_.narrow(0, s.offset, s.numel).view(s.shape));
+  } else {
+    at::Tensor master_full = torch::zeros({padded_numel_}, master_opts);
+    for (auto& s : slots_) master_full.narrow(0, s.offset, s.numel).copy_(s.param.reshape({-1}));
+    full_ = master_full.to(compute_dtype_);  // no copy when the dtypes agree
+    for (auto& s : slots_) s.param.set_data(full_.narrow(0, s.offset, s.numel).view(s.shape));
+    at::Tensor owned = master_full.narrow(0, shard_offset_, shard_numel_);
+    shard_ = shard_aliases_full_ ? full_.narrow(0, shard_offset_, shard_numel_) : owned.clone();
+  }
   if (cfg_.stage <= 1) {
     grad_flat_ = torch::zeros({padded_numel_}, torch::TensorOptions().dtype(reduce_dtype_));
     grad_shard_aliases_flat_ = reduce_dtype_ == master_dtype_;
@@ -91,6 +135,16 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
 ShardedUnit::~ShardedUnit() {
   // The accumulators may outlive us inside a graph that is still alive; drop our hooks.
   for (auto& acc : accumulators_) acc->post_hooks().clear();
+  for (auto& s : slots_) detail::release_parameter(s.param);
+}
+
+const at::Tensor& ShardedUnit::param(size_t slot) const {
+  const ParamSlot& s = slots_.at(slot);
+  if (cfg_.stage == 3 && (!gathered_ || prefetch_work_)) {
+    throw std::logic_error("unit '" + name_ + "': parameter '" + s.name + "' is sharded (ZeRO stage 3) and not "
+                           "gathered now; read it inside a FullParameters scope (summon_full_params)");
+  }
+  return s.param;
 }
 
 int64_t ShardedUnit::full_bytes_alive() const {
@@ -137,44 +191,69 @@ void ShardedUnit::free_full() {
   gathered_ = false;
 }
 
-at::Tensor ShardedUnit::forward(const at::Tensor& x) {
+at::Tensor ShardedUnit::forward(const at::Tensor& x) { return forward(TensorList{x}).at(0); }
+
+TensorList ShardedUnit::forward(const TensorList& inputs) {
   gather();
-  // Mixed precision: floating inputs are cast to the compute dtype at the unit boundary.
-  const bool cast = x.is_floating_point() && x.scalar_type() != compute_dtype_;
-  at::Tensor y = forward_(cast ? x.to(compute_dtype_) : x);
-  expects_backward_ = y.requires_grad();
-  if (y.requires_grad()) {
+  if (owner_) owner_->on_unit_forward(*this);  // records the order, or prefetches the next
+  TensorList in;
+  in.reserve(inputs.size());
+  for (const at::Tensor& x : inputs) {
+    // Mixed precision: floating inputs are cast to the compute dtype at the unit boundary.
+    at::Tensor t = x.defined() && x.is_floating_point() && x.scalar_type() != compute_dtype_
+                       ? x.to(compute_dtype_) : x;
+    if (t.defined() && t.requires_grad() && at::GradMode::is_enabled()) {
+      t = InputGradReady::apply(t, reinterpret_cast<int64_t>(this));
+      ++input_grads_expected_;
+    }
+    in.push_back(std::move(t));
+  }
+  TensorList out = forward_(in);
+  bool any = false;
+  for (at::Tensor& y : out) {
+    if (!y.defined() || !y.requires_grad()) continue;
+    any = true;
     y.register_hook([this](const at::Tensor&) { on_pre_backward(); });
   }
+  expects_backward_ = expects_backward_ || any;
   if (cfg_.reshard_after_forward) free_full();
-  return y;
+  return out;
 }
 
 void ShardedUnit::on_pre_backward() {
   if (backward_armed_) return;  // a second output of the same unit (e.g. D on real and fake)
   backward_armed_ = true;
   gather();
-  // Backward runs the units in reverse: start the previous unit's all-gather now, if its
-  // forward left it a backward to run.
-  if (cfg_.prefetch && owner_ && index_ > 0) {
-    ShardedUnit& prev = *owner_->units()[index_ - 1];
-    if (prev.expects_backward_) prev.prefetch();
+  // Backward runs the units in reverse of the recorded forward order: start the previous
+  // unit's all-gather now, if its forward left it a backward to run.
+  if (cfg_.prefetch && owner_) {
+    ShardedUnit* prev = owner_->previous_in_order(*this);
+    if (prev && prev->expects_backward_) prev->prefetch();
   }
-  pending_grads_ = 0;
+  // Released once every trainable parameter has its gradient and every input that
+  // required grad has its gradient: then no node of this unit's backward is left to run.
+  pending_grads_ = input_grads_expected_;
   for (auto& s : slots_) pending_grads_ += s.param.requires_grad() ? 1 : 0;
   if (owner_) owner_->ensure_backward_callback();
 }
 
-void ShardedUnit::on_param_grad_ready() {
+void ShardedUnit::on_param_grad_ready() { on_backward_part_done(); }
+
+void ShardedUnit::on_input_grad_ready() { on_backward_part_done(); }
+
+void ShardedUnit::on_backward_part_done() {
   if (!backward_armed_) return;
   if (--pending_grads_ > 0) return;
   reduce_gradients();
   free_full();
   backward_armed_ = false;
+  input_grads_expected_ = 0;
+  expects_backward_ = false;
 }
 
 void ShardedUnit::finish_backward() {
   expects_backward_ = false;
+  input_grads_expected_ = 0;
   if (!backward_armed_) {
     free_full();  // a prefetch for a backward that did not reach this unit
     return;

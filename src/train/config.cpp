@@ -7,6 +7,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "shardgan/models/family.h"
+
 namespace shardgan {
 namespace {
 
@@ -23,64 +25,19 @@ void flatten(const YAML::Node& node, const std::string& prefix, Flat& out,
     out[prefix] = node.Scalar();
   } else if (node.IsNull()) {
     out[prefix] = "";
+  } else if (node.IsSequence()) {
+    YAML::Emitter e;  // kept as YAML text; the reader parses it as a list
+    e << YAML::Flow << node;
+    out[prefix] = e.c_str();
   } else {
-    throw ConfigError(source + ": key '" + prefix + "' must be a scalar or a map");
+    throw ConfigError(source + ": key '" + prefix + "' must be a scalar, a list or a map");
   }
 }
 
-// Typed reads that remember which keys the schema knows, so that leftovers are errors.
-class Reader {
- public:
-  Reader(Flat values, std::string source) : values_(std::move(values)), source_(std::move(source)) {}
-
-  template <typename T>
-  T get(const std::string& key, T fallback) {
-    known_.insert(key);
-    auto it = values_.find(key);
-    T v = fallback;
-    if (it != values_.end()) {
-      try {
-        v = YAML::Load(it->second).as<T>();
-      } catch (const YAML::Exception&) {
-        throw ConfigError(source_ + ": key '" + key + "' has value '" + it->second +
-                          "', which is not a valid " + type_name<T>());
-      }
-    }
-    std::ostringstream s;
-    s << std::boolalpha << v;
-    resolved_ << key << ": " << s.str() << "\n";
-    return v;
-  }
-
-  void check_all_known() const {
-    for (auto& kv : values_) {
-      if (known_.count(kv.first)) continue;
-      std::string list;
-      for (auto& k : known_) list += "\n  " + k;
-      throw ConfigError(source_ + ": unknown config key '" + kv.first +
-                        "'. Fix or remove it; known keys are:" + list);
-    }
-  }
-
-  const std::string& source() const { return source_; }
-  std::string resolved() const { return resolved_.str(); }
-
- private:
-  template <typename T>
-  static const char* type_name() {
-    if constexpr (std::is_same_v<T, bool>) return "boolean (true/false)";
-    else if constexpr (std::is_integral_v<T>) return "integer";
-    else if constexpr (std::is_floating_point_v<T>) return "number";
-    else return "string";
-  }
-  Flat values_;
-  std::string source_;
-  std::set<std::string> known_;
-  std::ostringstream resolved_;
-};
+using Reader = ConfigReader;
 
 void require(bool ok, const Reader& r, const std::string& key, const std::string& what) {
-  if (!ok) throw ConfigError(r.source() + ": key '" + key + "' " + what);
+  r.require(ok, key, what);
 }
 
 ShardingConfig read_sharding(Reader& r, const std::string& who) {
@@ -199,13 +156,14 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   require(c.threads >= 0, r, "train.threads", "must be >= 0");
   std::string dtype = r.get<std::string>("model.dtype", "float32");
   require(dtype == "float32" || dtype == "float64", r, "model.dtype", "must be float32 or float64");
-  c.model.dtype = dtype == "float64" ? at::kDouble : at::kFloat;
-  c.model.z_dim = r.get<int64_t>("model.z_dim", c.model.z_dim);
-  require(c.model.z_dim > 0, r, "model.z_dim", "must be > 0");
-  c.model.g_width = r.get<int64_t>("model.g_width", c.model.g_width);
-  require(c.model.g_width > 0, r, "model.g_width", "must be > 0");
-  c.model.d_width = r.get<int64_t>("model.d_width", c.model.d_width);
-  require(c.model.d_width > 0, r, "model.d_width", "must be > 0");
+  c.model_dtype = dtype == "float64" ? at::kDouble : at::kFloat;
+  c.family = make_family(r);
+  c.d_steps = r.get<int64_t>("train.d_steps", c.d_steps);
+  require(c.d_steps >= 1, r, "train.d_steps", "must be >= 1 (D steps per G step)");
+  c.loss = r.get<std::string>("train.loss", c.loss);
+  require(c.loss == "nonsaturating" || c.loss == "hinge", r, "train.loss",
+          "must be nonsaturating (DCGAN) or hinge (BigGAN)");
+  c.skip_memory_check = r.get<bool>("train.skip_memory_check", c.skip_memory_check);
   c.g_sharding = read_sharding(r, "generator");
   c.d_sharding = read_sharding(r, "discriminator");
   c.g_optim = read_optim(r, "generator", c.steps);

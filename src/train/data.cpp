@@ -2,8 +2,11 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -11,41 +14,133 @@
 namespace shardgan {
 namespace {
 
-uint32_t read_be32(gzFile f, const std::string& path) {
-  unsigned char b[4];
-  if (gzread(f, b, 4) != 4) throw DataError(path + ": truncated idx header");
-  return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | b[3];
+// Counts above this are a corrupt header rather than a dataset (Fashion-MNIST holds 70000).
+constexpr int64_t kMaxItems = int64_t{1} << 24;
+
+void check_split(const std::string& split) {
+  if (split != "train" && split != "t10k") {
+    throw std::invalid_argument("Fashion-MNIST split '" + split +
+                                "' does not exist: use \"train\" (60000 images) or \"t10k\" (10000)");
+  }
 }
+
+// A gzip-compressed idx file read with zlib; every error names the file.
+class IdxReader {
+ public:
+  explicit IdxReader(std::string path) : path_(std::move(path)), f_(nullptr, gzclose) {
+    if (!std::filesystem::exists(path_)) {
+      throw DataError("Fashion-MNIST not found: '" + path_ +
+                      "' does not exist. Install Debian's dataset-fashion-mnist (scripts/setup.sh "
+                      "does) or set data.path to the folder that holds the idx .gz files");
+    }
+    f_.reset(gzopen(path_.c_str(), "rb"));
+    if (!f_) throw DataError("cannot open '" + path_ + "': check that it is readable");
+  }
+
+  const std::string& path() const { return path_; }
+
+  // Reads exactly `bytes` bytes into `dst`; `what` names them in the error.
+  void read_exact(uint8_t* dst, int64_t bytes, const std::string& what) {
+    int64_t got = 0;
+    while (got < bytes) {
+      const int r = gzread(f_.get(), dst + got,
+                           static_cast<unsigned>(std::min<int64_t>(bytes - got, 1 << 30)));
+      if (r < 0) throw DataError(path_ + ": corrupt gzip data (" + zlib_error() + ") while reading " + what);
+      if (r == 0) {
+        throw DataError(path_ + ": truncated: " + what + " needs " + std::to_string(bytes) +
+                        " bytes but the file ends after " + std::to_string(got));
+      }
+      got += r;
+    }
+  }
+
+  uint32_t read_be32(const std::string& what) {
+    unsigned char b[4];
+    read_exact(b, 4, "the idx header (" + what + ")");
+    return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | b[3];
+  }
+
+  // Checks that nothing follows the data, and that the gzip trailer (CRC, length) is valid.
+  void expect_end(const std::string& header_says) {
+    unsigned char extra[64];
+    const int r = gzread(f_.get(), extra, sizeof(extra));
+    if (r < 0) throw DataError(path_ + ": corrupt gzip data (" + zlib_error() + ") at the end of the file");
+    if (r > 0) {
+      throw DataError(path_ + ": more data than its header says (" + header_says +
+                      "): the count in the header is wrong or the file is corrupt");
+    }
+  }
+
+ private:
+  std::string zlib_error() {
+    int errnum = 0;
+    const char* msg = gzerror(f_.get(), &errnum);
+    return msg && *msg ? msg : "zlib error " + std::to_string(errnum);
+  }
+
+  std::string path_;
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> f_;
+};
 
 }  // namespace
 
-at::Tensor load_fashion_mnist(const std::string& dir, at::ScalarType dtype) {
-  const std::string path = dir + "/train-images-idx3-ubyte.gz";
-  if (!std::filesystem::exists(path)) {
-    throw DataError("Fashion-MNIST not found: '" + path +
-                    "' does not exist. Install Debian's dataset-fashion-mnist (scripts/setup.sh "
-                    "does) or set data.path to the folder that holds the idx .gz files");
-  }
-  std::unique_ptr<gzFile_s, int (*)(gzFile)> f(gzopen(path.c_str(), "rb"), gzclose);
-  if (!f) throw DataError("cannot open '" + path + "'");
-  const uint32_t magic = read_be32(f.get(), path);
+at::Tensor load_fashion_mnist(const std::string& dir, at::ScalarType dtype, const std::string& split) {
+  check_split(split);
+  IdxReader f(dir + "/" + split + "-images-idx3-ubyte.gz");
+  const std::string& path = f.path();
+  const uint32_t magic = f.read_be32("magic");
   if (magic != 2051) {
-    throw DataError(path + ": not an idx3 image file (magic " + std::to_string(magic) + ")");
+    throw DataError(path + ": not an idx3 image file (magic " + std::to_string(magic) +
+                    ", expected 2051)");
   }
-  const int64_t n = read_be32(f.get(), path), h = read_be32(f.get(), path),
-                w = read_be32(f.get(), path);
-  if (h != 28 || w != 28) throw DataError(path + ": expected 28x28 images");
+  const int64_t n = f.read_be32("count"), h = f.read_be32("rows"), w = f.read_be32("columns");
+  if (n < 1 || n > kMaxItems) {
+    throw DataError(path + ": implausible image count " + std::to_string(n) + " in the header");
+  }
+  if (h != 28 || w != 28) {
+    throw DataError(path + ": expected 28x28 images, the header says " + std::to_string(h) + "x" +
+                    std::to_string(w));
+  }
   at::Tensor raw = torch::empty({n, 1, h, w}, torch::kUInt8);
-  const int64_t bytes = raw.numel();
-  int64_t got = 0;
-  while (got < bytes) {
-    int r = gzread(f.get(), raw.data_ptr<uint8_t>() + got,
-                   static_cast<unsigned>(std::min<int64_t>(bytes - got, 1 << 30)));
-    if (r <= 0) throw DataError(path + ": truncated after " + std::to_string(got) + " bytes");
-    got += r;
-  }
+  f.read_exact(raw.data_ptr<uint8_t>(), raw.numel(), std::to_string(n) + " images");
+  f.expect_end(std::to_string(n) + " images");
   at::Tensor img = raw.to(dtype).div_(127.5).sub_(1.0);
   return torch::constant_pad_nd(img, {2, 2, 2, 2}, -1.0).contiguous();
+}
+
+at::Tensor load_fashion_mnist_labels(const std::string& dir, const std::string& split) {
+  check_split(split);
+  IdxReader f(dir + "/" + split + "-labels-idx1-ubyte.gz");
+  const std::string& path = f.path();
+  const uint32_t magic = f.read_be32("magic");
+  if (magic != 2049) {
+    throw DataError(path + ": not an idx1 label file (magic " + std::to_string(magic) +
+                    ", expected 2049)");
+  }
+  const int64_t n = f.read_be32("count");
+  if (n < 1 || n > kMaxItems) {
+    throw DataError(path + ": implausible label count " + std::to_string(n) + " in the header");
+  }
+  at::Tensor raw = torch::empty({n}, torch::kUInt8);
+  f.read_exact(raw.data_ptr<uint8_t>(), n, std::to_string(n) + " labels");
+  f.expect_end(std::to_string(n) + " labels");
+  const uint8_t* p = raw.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (p[i] >= kFashionMnistClasses) {
+      throw DataError(path + ": label " + std::to_string(i) + " is " + std::to_string(p[i]) +
+                      ", outside [0, " + std::to_string(kFashionMnistClasses) + ")");
+    }
+  }
+  return raw.to(torch::kLong);
+}
+
+at::Tensor make_synthetic_labels(int64_t n, uint64_t seed, int64_t num_classes) {
+  if (n < 0 || num_classes < 1) {
+    throw std::invalid_argument("make_synthetic_labels: need n >= 0 and num_classes >= 1, got n=" +
+                                std::to_string(n) + ", num_classes=" + std::to_string(num_classes));
+  }
+  auto gen = at::detail::createCPUGenerator(seed);
+  return at::randint(num_classes, {n}, gen, torch::TensorOptions().dtype(at::kLong));
 }
 
 at::Tensor make_synthetic_images(int64_t n, uint64_t seed, at::ScalarType dtype) {

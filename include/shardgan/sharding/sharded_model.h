@@ -36,12 +36,33 @@ class ShardedModel {
   ShardedModel(std::string name, Communicator& comm, ShardingConfig cfg);
   ~ShardedModel();
 
-  /// Adds a unit (call in forward order, identically on every rank).
+  /// Runs a model's units on its inputs (e.g. {z, y} for a conditional G) and returns its
+  /// outputs. It calls units through model.unit(name).forward(...) or model.units().
+  using Program = std::function<TensorList(ShardedModel&, const TensorList&)>;
+
+  /// Adds a unit (call identically on every rank; the order is the default program's and
+  /// the initial prefetch order). The module's parameters are flattened and, at stage 3,
+  /// sharded at once. Throws std::invalid_argument if a parameter of `module` already
+  /// belongs to another unit of any model, or the unit name is taken, naming it.
   ShardedUnit& add_unit(std::string unit_name, std::shared_ptr<torch::nn::Module> module,
                         ShardedUnit::Forward forward);
+  ShardedUnit& add_unit(std::string unit_name, std::shared_ptr<torch::nn::Module> module,
+                        ShardedUnit::SingleForward forward);
+  /// Sets the program that forward() runs; without one, forward() chains the units in
+  /// registration order, each getting the previous unit's outputs.
+  void set_program(Program program) { program_ = std::move(program); }
 
-  /// Collective (stage 3: one all-gather per unit). Runs the units in order.
+  /// Collective (stage 3: one all-gather per unit). Runs the program. The first call
+  /// records the order in which units actually ran; prefetch then follows that order
+  /// (forward: the next unit; backward: the previous one). The first call with autograd
+  /// on also checks that every parameter the outputs depend on belongs to a sharding unit
+  /// (std::invalid_argument naming its shape otherwise: it would drift apart across ranks).
+  TensorList forward(const TensorList& inputs);
+  /// forward({x})[0].
   at::Tensor forward(at::Tensor x);
+
+  /// The unit called `unit_name`; throws std::out_of_range naming it if there is none.
+  ShardedUnit& unit(const std::string& unit_name);
 
   /// Local: freezes or unfreezes every parameter (BigGAN's frozen D during the G step).
   void set_requires_grad(bool on);
@@ -65,6 +86,8 @@ class ShardedModel {
   MemoryStats memory_stats() const;
 
   const std::string& name() const { return name_; }
+  /// Parameter elements of the whole model (unpadded, summed over units).
+  int64_t numel() const;
   const ShardingConfig& config() const { return cfg_; }
   Communicator& comm() { return comm_; }
   std::vector<std::unique_ptr<ShardedUnit>>& units() { return units_; }
@@ -73,8 +96,15 @@ class ShardedModel {
   /// number of buckets): a bound on the flat gradient buffers alive during backward.
   static constexpr size_t kMaxReducesInFlight = 2;
 
+  /// Units in the order the first forward ran them (empty before the first forward).
+  const std::vector<size_t>& execution_order() const { return order_; }
+
   // Called by units from autograd hooks. Not for users.
   void on_unit_gathered();
+  /// A unit's forward is starting: records the order (first pass) or prefetches the next.
+  void on_unit_forward(ShardedUnit& u);
+  /// The unit that ran before `u` in the recorded order, or nullptr.
+  ShardedUnit* previous_in_order(const ShardedUnit& u);
   void ensure_backward_callback();
   void before_reduce_start(ShardedUnit& u);
   void on_reduce_started(ShardedUnit& u);
@@ -89,10 +119,41 @@ class ShardedModel {
   Communicator& comm_;
   ShardingConfig cfg_;
   std::vector<std::unique_ptr<ShardedUnit>> units_;
+  Program program_;
+  std::vector<size_t> order_;            // recorded execution order (unit indices)
+  std::vector<ptrdiff_t> order_pos_;     // unit index -> first position in order_, or -1
+  bool recording_ = false, recorded_ = false, ownership_checked_ = false;
   bool callback_queued_ = false;
   std::vector<ShardedUnit*> reducing_;  // units with a reduce-scatter in flight, oldest first
   size_t max_in_flight_ = 0;
   int64_t peak_full_bytes_ = 0;
+};
+
+/// FSDP's summon_full_params (read-only, scoped): while it lives, every unit of the model
+/// holds its full parameters, so that code outside forward (sampling helpers, an orthogonal
+/// regularizer, export) can read the modules' parameters as ordinary tensors.
+///
+/// Construction is a collective at stage 3 (one all-gather per unit that is not already
+/// gathered; every rank must construct it at the same point); destruction is local and
+/// frees what construction gathered. Memory: the whole model in the compute dtype on every
+/// rank, so do not use it on a model that does not fit replicated. Writes into the
+/// gathered parameters are not written back to the shards at stage 3 (they are discarded).
+///
+/// Outside such a scope (and outside a unit's forward/backward) a stage-3 parameter has no
+/// memory behind it: its storage's data pointer is null, never a pointer to freed or stale
+/// memory, so a direct read faults at once instead of returning old values. Read
+/// parameters through ShardedUnit::param(), which throws std::logic_error when the unit
+/// is not gathered, or inside a FullParameters scope.
+class FullParameters {
+ public:
+  explicit FullParameters(ShardedModel& model);
+  ~FullParameters();
+  FullParameters(const FullParameters&) = delete;
+  FullParameters& operator=(const FullParameters&) = delete;
+
+ private:
+  ShardedModel& model_;
+  std::vector<ShardedUnit*> gathered_;
 };
 
 }  // namespace shardgan

@@ -54,10 +54,18 @@ struct ShardingConfig {
   bool prefetch = true;
 };
 
+/// Inputs or outputs of a unit or model. Tensors may be undefined (e.g. no labels).
+using TensorList = std::vector<at::Tensor>;
+
 class ShardedUnit {
  public:
-  /// Runs the unit's module on one input; shapes are the module's own.
-  using Forward = std::function<at::Tensor(const at::Tensor&)>;
+  /// Runs the unit's module: the activation plus any conditioning tensors in, one or more
+  /// tensors out; shapes are the module's own.
+  using Forward = std::function<TensorList(const TensorList&)>;
+  /// The common case of one tensor in and one out.
+  using SingleForward = std::function<at::Tensor(const at::Tensor&)>;
+  /// Adapts a SingleForward (inputs[0] in, one output).
+  static Forward single(SingleForward f);
 
   /// Where each original parameter lives inside the flat parameter.
   struct ParamSlot {
@@ -78,9 +86,14 @@ class ShardedUnit {
   ShardedUnit(const ShardedUnit&) = delete;
   ShardedUnit& operator=(const ShardedUnit&) = delete;
 
-  /// Collective at stage 3 (all-gather). Gathers the full parameters, runs the module, and
-  /// frees them again if reshard_after_forward. When the output requires grad, it arms
-  /// the pre-backward gather and the post-backward gradient reduction for this unit.
+  /// Collective at stage 3 (all-gather). Gathers the full parameters, casts every floating
+  /// input to the compute dtype, runs the module, and frees the parameters again if
+  /// reshard_after_forward. When an output requires grad, it arms the pre-backward gather
+  /// and the release after backward: the unit is reduced and freed once every trainable
+  /// parameter has its gradient and every input that requires grad has its gradient (a
+  /// frozen unit is thus freed as soon as its input gradient is computed).
+  TensorList forward(const TensorList& inputs);
+  /// forward({x})[0].
   at::Tensor forward(const at::Tensor& x);
 
   /// Collective at stage 3: all-gathers the flat parameter (no-op if already gathered or
@@ -138,6 +151,11 @@ class ShardedUnit {
   /// Largest transient communication buffer allocated so far (bytes).
   int64_t peak_comm_buffer_bytes() const { return peak_comm_bytes_; }
   const std::vector<ParamSlot>& slots() const { return slots_; }
+  /// Parameter `slot` of the module (original shape, compute dtype) when its memory is
+  /// there: always at stages 0-2, while gathered at stage 3 (in forward/backward or inside
+  /// a FullParameters scope). Throws std::logic_error naming the unit and parameter when it
+  /// was freed, instead of touching memory that is not there. Local.
+  const at::Tensor& param(size_t slot) const;
   torch::nn::Module& module() { return *module_; }
   bool gathered() const { return gathered_; }
   /// Bytes currently held by the gathered flat parameter at stage 3 (0 when freed, and at
@@ -150,6 +168,7 @@ class ShardedUnit {
   // Backward bookkeeping, called from autograd hooks. Not for users.
   void on_pre_backward();
   void on_param_grad_ready();
+  void on_input_grad_ready();
   /// End of a backward pass: reduces and frees a unit whose gradients did not all arrive.
   void finish_backward();
 
@@ -180,6 +199,9 @@ class ShardedUnit {
   int64_t peak_comm_bytes_ = 0;
   bool backward_armed_ = false;
   int pending_grads_ = 0;
+  int input_grads_expected_ = 0;  // inputs that required grad in forwards since the last backward
+
+  void on_backward_part_done();
 };
 
 }  // namespace shardgan

@@ -2,6 +2,7 @@
 /// The training configuration: a YAML file (yaml-cpp) plus `--set key=value` overrides.
 /// Keys are dotted paths ("train.steps"); configs/fmnist-dcgan.yaml lists them all.
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -10,15 +11,11 @@
 #include "shardgan/optim/loss_scaler.h"
 #include "shardgan/optim/sharded_ema.h"
 #include "shardgan/sharding/sharded_unit.h"
-#include "shardgan/train/dcgan.h"
+#include "shardgan/util/config_reader.h"
 
 namespace shardgan {
 
-/// A bad config: the message names the file and the key, and says what is accepted.
-class ConfigError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+class ModelFamily;
 
 struct TrainConfig {
   std::string source;        ///< the YAML file it came from (for messages)
@@ -40,7 +37,13 @@ struct TrainConfig {
   int64_t threads = 0;            ///< train.threads per rank (0 = cores / local ranks)
   int64_t keep_checkpoints = 3;   ///< train.keep_checkpoints: newest committed ones kept
 
-  DcganConfig model;              ///< model.{dtype,z_dim,g_width,d_width}
+  int64_t d_steps = 1;            ///< train.d_steps: D steps per G step (BigGAN uses 2)
+  std::string loss = "nonsaturating";  ///< train.loss: nonsaturating | hinge
+  bool skip_memory_check = false; ///< train.skip_memory_check: skip the memory pre-flight
+
+  at::ScalarType model_dtype = at::kFloat;  ///< model.dtype: float32 | float64 (masters)
+  /// model.arch (dcgan | biggan) and that family's model.* keys.
+  std::shared_ptr<const ModelFamily> family;
   ShardingConfig g_sharding;      ///< sharding.generator.{stage,reshard_after_forward,
                                   ///<   compute_dtype,reduce_dtype}
   ShardingConfig d_sharding;      ///< sharding.discriminator.{...}

@@ -1,5 +1,5 @@
 #pragma once
-/// Training images and the distributed sampler.
+/// Training images, class labels and the distributed sampler.
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -8,21 +8,45 @@
 
 namespace shardgan {
 
-/// A missing or malformed dataset file; the message names the file and what to do.
+/// A missing or malformed dataset file; the message names the file and what is wrong.
 class DataError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-/// Reads Fashion-MNIST's train-images-idx3-ubyte.gz from `dir` (Debian's
+/// Number of classes in Fashion-MNIST (T-shirt/top, Trouser, Pullover, Dress, Coat, Sandal,
+/// Shirt, Sneaker, Bag, Ankle boot; label k is the k-th of these).
+inline constexpr int64_t kFashionMnistClasses = 10;
+
+/// Reads Fashion-MNIST's `<split>-images-idx3-ubyte.gz` from `dir` (Debian's
 /// dataset-fashion-mnist installs it in /usr/share/datasets/fashion-mnist) with zlib.
-/// Returns [60000, 1, 32, 32] in `dtype`, scaled from [0, 255] to [-1, 1], the 28x28
-/// images centred and padded with -1. Throws DataError naming the file.
-at::Tensor load_fashion_mnist(const std::string& dir, at::ScalarType dtype);
+/// `split` is "train" (60000 images) or "t10k" (10000 images).
+/// Returns [N, 1, 32, 32] in `dtype`, contiguous, scaled from [0, 255] to [-1, 1], the 28x28
+/// images centred and padded with -1.
+/// Throws std::invalid_argument for another `split`, and DataError naming the file when it
+/// is missing, cannot be decompressed, has another idx magic than 2051 (idx3, unsigned
+/// bytes), images other than 28x28, or fewer or more bytes than its header says.
+at::Tensor load_fashion_mnist(const std::string& dir, at::ScalarType dtype,
+                              const std::string& split = "train");
+
+/// Reads Fashion-MNIST's `<split>-labels-idx1-ubyte.gz` from `dir` with zlib.
+/// `split` is "train" (60000 labels, 6000 per class) or "t10k" (10000, 1000 per class).
+/// Returns int64 [N], values in [0, 10); label i belongs to image i of load_fashion_mnist
+/// with the same `dir` and `split`.
+/// Throws std::invalid_argument for another `split`, and DataError naming the file when it
+/// is missing, cannot be decompressed, has another idx magic than 2049 (idx1, unsigned
+/// bytes), fewer or more labels than its header's count, or a label >= 10.
+at::Tensor load_fashion_mnist_labels(const std::string& dir, const std::string& split = "train");
 
 /// `n` deterministic synthetic images [n, 1, 32, 32] in [-1, 1] (for tests): smooth random
 /// blobs drawn from a generator seeded with `seed`.
 at::Tensor make_synthetic_images(int64_t n, uint64_t seed, at::ScalarType dtype);
+
+/// `n` deterministic synthetic labels, int64 [n], uniform in [0, num_classes), drawn from a
+/// generator seeded with `seed` (the same `n`, `seed` and `num_classes` give the same labels).
+/// Throws std::invalid_argument if n < 0 or num_classes < 1.
+at::Tensor make_synthetic_labels(int64_t n, uint64_t seed,
+                                 int64_t num_classes = kFashionMnistClasses);
 
 /// Gives each rank a disjoint, contiguous slice of every global batch of each epoch's
 /// seeded permutation (like torch's DistributedSampler, but batch-major, so that N ranks

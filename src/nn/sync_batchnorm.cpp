@@ -1,4 +1,4 @@
-#include "shardgan/train/sync_batchnorm.h"
+#include "shardgan/nn/sync_batchnorm.h"
 
 #include <torch/torch.h>
 
@@ -44,6 +44,11 @@ struct SyncBatchNormFn : torch::autograd::Function<SyncBatchNormFn> {
     ctx->save_for_backward({xhat, invstd_x, weight});
     ctx->saved_data["comm"] = comm_ptr;
     ctx->saved_data["n"] = n;
+    // Non-affine (class-conditional BN applies its own gain and bias): weight and bias come
+    // as empty placeholders, since autograd functions take no undefined inputs in 1.13.
+    const bool affine = weight.numel() > 0;
+    ctx->saved_data["affine"] = affine;
+    if (!affine) return xhat;
     return xhat * weight.view(shape) + bias.view(shape);
   }
 
@@ -61,14 +66,45 @@ struct SyncBatchNormFn : torch::autograd::Function<SyncBatchNormFn> {
     auto shape = std::vector<int64_t>{1, c, 1, 1};
     at::Tensor mean_dy = (red.narrow(0, 0, c) / n).view(shape);
     at::Tensor mean_dy_xhat = (red.narrow(0, c, c) / n).view(shape);
-    at::Tensor dx = (dy - mean_dy - xhat * mean_dy_xhat) * (invstd * weight.view(shape));
+    const bool affine = ctx->saved_data["affine"].toBool();
+    at::Tensor scale = affine ? invstd * weight.view(shape) : invstd;
+    at::Tensor dx = (dy - mean_dy - xhat * mean_dy_xhat) * scale;
     // Local parameter gradients: the data-parallel gradient average makes them global.
-    return {dx, sum_dy_xhat, sum_dy, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+    at::Tensor dweight = affine ? sum_dy_xhat : at::Tensor();
+    at::Tensor dbias = affine ? sum_dy : at::Tensor();
+    return {dx, dweight, dbias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor()};
   }
 };
 
 }  // namespace
+
+at::Tensor sync_batch_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                           const at::Tensor& running_mean, const at::Tensor& running_var,
+                           bool training, double eps, double momentum, Communicator* comm) {
+  TORCH_CHECK(x.dim() == 4, "sync_batch_norm: expected [B, C, H, W], got ", x.sizes());
+  const int64_t c = x.size(1);
+  TORCH_CHECK(running_mean.numel() == c && running_var.numel() == c,
+              "sync_batch_norm: running statistics have ", running_mean.numel(), " and ",
+              running_var.numel(), " elements for ", c, " channels");
+  TORCH_CHECK(weight.defined() == bias.defined(),
+              "sync_batch_norm: weight and bias must both be defined or both undefined");
+  TORCH_CHECK(!weight.defined() || (weight.numel() == c && bias.numel() == c),
+              "sync_batch_norm: weight/bias must have ", c, " elements");
+  if (!training) {
+    auto shape = std::vector<int64_t>{1, c, 1, 1};
+    const auto dt = x.scalar_type();
+    at::Tensor out = (x - running_mean.to(dt).view(shape)) *
+                     (running_var.to(dt).view(shape) + eps).rsqrt();
+    if (weight.defined()) out = out * weight.view(shape) + bias.view(shape);
+    return out;
+  }
+  TORCH_CHECK(comm != nullptr, "sync_batch_norm: training mode needs a communicator");
+  const at::Tensor none = weight.defined() ? at::Tensor() : at::empty({0}, x.options());
+  return SyncBatchNormFn::apply(x.contiguous(), weight.defined() ? weight : none,
+                                bias.defined() ? bias : none, running_mean, running_var, eps,
+                                momentum, reinterpret_cast<int64_t>(comm));
+}
 
 SyncBatchNorm2dImpl::SyncBatchNorm2dImpl(int64_t channels, Communicator* comm, double eps,
                                          double momentum)

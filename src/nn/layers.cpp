@@ -1,4 +1,4 @@
-#include "shardgan/train/layers.h"
+#include "shardgan/nn/layers.h"
 
 #include <torch/torch.h>
 

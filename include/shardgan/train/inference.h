@@ -1,12 +1,14 @@
 #pragma once
 /// The generator out of a checkpoint, for sampling and export (shardgan-ckpt sample and
-/// export). Runs on any world-size-1 communicator, e.g. LocalCommunicator (no MPI).
+/// export), for any model family: the checkpoint's stored config names the family. Runs on
+/// any world-size-1 communicator, e.g. LocalCommunicator (no MPI).
 #include <memory>
 #include <string>
 
 #include <torch/nn/module.h>
 
 #include "shardgan/checkpoint/shard_io.h"
+#include "shardgan/models/family.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/config.h"
 
@@ -20,7 +22,7 @@ std::unique_ptr<ShardedModel> load_generator(ckpt::CheckpointReader& rd, Communi
                                              TrainConfig* cfg_out = nullptr);
 
 /// A plain torch::nn::Module whose children are `m`'s unit modules, registered under the
-/// unit names ("block0", ..., "out"). This is what export writes and what torch::load
+/// unit names (e.g. DCGAN's "block0", ..., "out"). This is what export writes and what torch::load
 /// reads back into: parameters "block0.0.weight", buffers "block0.1.running_mean", ...
 std::shared_ptr<torch::nn::Module> plain_module(ShardedModel& m);
 
@@ -30,14 +32,19 @@ void export_model(ShardedModel& m, const std::string& config_yaml, const std::st
 
 /// Reads an export: rebuilds the generator from its stored config at stage 0 on `comm`
 /// (world size 1) and torch::load()s the weights into it. Equivalent by hand:
-///   auto g = build_generator(cfg.model, comm, {0}, 0);
+///   auto g = build_sharded_model(cfg.family->generator(comm), comm, {0}, 0, cfg.model_dtype);
 ///   auto root = plain_module(*g);
 ///   torch::load(root, path);
 std::unique_ptr<ShardedModel> load_exported_generator(const std::string& path, Communicator& comm,
                                                       TrainConfig* cfg_out = nullptr);
 
-/// The fixed latent batch the trainer samples from ([n, z_dim, 1, 1], seeded with
-/// cfg.seed + 4; n = 64 gives the trainer's grid).
+/// The first `n` latents of the fixed batch the trainer samples from (the family's
+/// sample_latents from a generator seeded with cfg.seed + 4), in the model dtype.
 at::Tensor fixed_latents(const TrainConfig& cfg, int64_t n);
+
+/// The trainer's fixed sample batch {z, y}: for an unconditional family 64 latents (an 8x8
+/// grid, y undefined); for a conditional one 8 per class with y = 0,..,0,1,..,1,... so that
+/// grid row k shows class k. `nrow` (if given) receives the images per grid row (8).
+TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow = nullptr);
 
 }  // namespace shardgan

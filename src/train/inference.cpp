@@ -1,11 +1,12 @@
-#include "shardgan/checkpoint/inference.h"
+#include "shardgan/train/inference.h"
 
 #include <algorithm>
 #include <filesystem>
 
 #include <torch/torch.h>
 
-#include "shardgan/train/dcgan.h"
+#include "shardgan/sharding/deferred.h"
+#include "shardgan/train/image_grid.h"
 
 namespace shardgan {
 namespace {
@@ -16,13 +17,17 @@ TrainConfig generator_config(const std::string& yaml, const std::string& where) 
   return cfg;
 }
 
+std::unique_ptr<ShardedModel> build_stored_generator(const TrainConfig& cfg, Communicator& comm) {
+  return build_sharded_model(cfg.family->generator(comm), comm, cfg.g_sharding, cfg.seed + 1, cfg.model_dtype);
+}
+
 }  // namespace
 
 std::unique_ptr<ShardedModel> load_generator(ckpt::CheckpointReader& rd, Communicator& comm, bool ema,
                                              TrainConfig* cfg_out) {
   const ckpt::Manifest& m = rd.manifest();
   TrainConfig cfg = generator_config(m.config, rd.dir() + "/index.h5 (stored config)");
-  auto g = build_generator(cfg.model, comm, cfg.g_sharding, cfg.seed + 1);
+  auto g = build_stored_generator(cfg, comm);
   const ckpt::ModelEntry* me = m.model(g->name());
   if (!me) throw CheckpointError("checkpoint '" + rd.dir() + "' holds no generator");
   const std::string kind = ema ? "ema" : "param_shard";
@@ -86,10 +91,10 @@ std::unique_ptr<ShardedModel> load_exported_generator(const std::string& path, C
     throw CheckpointError("'" + path + "' is not a shardgan export (no shardgan.config entry)");
   }
   TrainConfig cfg = generator_config(v.toStringRef(), path + " (stored config)");
-  auto g = build_generator(cfg.model, comm, cfg.g_sharding, cfg.seed + 1);
+  auto g = build_stored_generator(cfg, comm);
   // torch::load replaces the parameters' storage (Tensor::set_), which would detach them
   // from the flat buffer; load into a scratch copy and copy the values over instead.
-  auto scratch = build_generator(cfg.model, comm, cfg.g_sharding, cfg.seed + 1);
+  auto scratch = build_stored_generator(cfg, comm);
   plain_module(*scratch)->load(ar);
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < g->units().size(); ++i) {
@@ -109,7 +114,15 @@ std::unique_ptr<ShardedModel> load_exported_generator(const std::string& path, C
 
 at::Tensor fixed_latents(const TrainConfig& cfg, int64_t n) {
   auto gen = at::detail::createCPUGenerator(cfg.seed + 4);
-  return at::randn({n, cfg.model.z_dim, 1, 1}, gen, torch::TensorOptions().dtype(cfg.model.dtype));
+  return cfg.family->sample_latents(n, gen, cfg.model_dtype);
+}
+
+TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow) {
+  constexpr int kPerRow = 8;
+  if (nrow) *nrow = kPerRow;
+  const int64_t classes = cfg.family->num_classes();
+  if (classes == 0) return {fixed_latents(cfg, kPerRow * kPerRow), at::Tensor()};
+  return {fixed_latents(cfg, classes * kPerRow), class_grid_labels(classes, kPerRow)};
 }
 
 }  // namespace shardgan

@@ -1,0 +1,58 @@
+#pragma once
+/// A model family, selected by `model.arch` (dcgan | biggan). A family supplies exactly
+/// four things, and nothing else in the trainer, the tools or the checkpoint layer knows
+/// which family is in use:
+///  - its G and D, as unit specs built with deferred sharded initialization (deferred.h);
+///  - the image shape;
+///  - the number of classes (0: unconditional);
+///  - its latent and label sampler.
+///
+/// Calling convention of the models it builds (all tensors on the CPU):
+///  - G.forward({z, y}) -> {images}: z from sample_latents ([B, ...], the model dtype), y
+///    int64 [B] class labels (undefined when unconditional); images [B, C, H, W] in [-1, 1].
+///  - D.forward({x, y}) -> {logits}: x [B, C, H, W], y as for G; logits [B] (any float dtype).
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include "shardgan/sharding/deferred.h"
+#include "shardgan/util/config_reader.h"
+
+namespace shardgan {
+
+class Communicator;
+
+struct ImageShape {
+  int64_t channels = 1;
+  int64_t height = 32;
+  int64_t width = 32;
+};
+
+class ModelFamily {
+ public:
+  virtual ~ModelFamily() = default;
+  /// The `model.arch` value ("dcgan", "biggan").
+  virtual const char* arch() const = 0;
+  /// G's unit specs and program. `comm` (for SyncBatchNorm) must outlive the model.
+  virtual ModelSpec generator(Communicator& comm) const = 0;
+  /// D's unit specs and program.
+  virtual ModelSpec discriminator(Communicator& comm) const = 0;
+  /// Shape of one image, G's output and D's input.
+  virtual ImageShape image_shape() const = 0;
+  /// Classes the models are conditioned on; 0 for an unconditional family.
+  virtual int64_t num_classes() const = 0;
+  /// Local. `n` latents for G ([n, ...], `dtype`) drawn from `gen`.
+  virtual at::Tensor sample_latents(int64_t n, at::Generator& gen, at::ScalarType dtype) const = 0;
+  /// Local. `n` labels (int64 [n], uniform over the classes) drawn from `gen`; undefined
+  /// when num_classes() is 0 (and then `gen` is not advanced).
+  at::Tensor sample_labels(int64_t n, at::Generator& gen) const;
+};
+
+/// Reads `model.arch` and that family's `model.*` keys from `r` (an unknown arch, or a bad
+/// value of one of its keys, is a ConfigError naming the key) and returns the family.
+std::unique_ptr<ModelFamily> make_family(ConfigReader& r);
+
+}  // namespace shardgan

@@ -1,0 +1,59 @@
+#pragma once
+/// Deferred, sharded initialization (FSDP's deferred init / DeepSpeed's zero.Init, for a
+/// model written as a list of units): a model is described by unit specs, and each unit is
+/// built, initialized, flattened and sharded before the next one is built, so that no rank
+/// ever holds the whole model. Peak memory while building is one unit's parameters plus
+/// the shards kept so far.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardgan/sharding/sharded_model.h"
+
+namespace shardgan {
+
+/// What a unit spec builds: the unit's module (parameters on the CPU, float32) and the
+/// function that runs it.
+struct BuiltUnit {
+  std::shared_ptr<torch::nn::Module> module;
+  ShardedUnit::Forward forward;
+};
+
+/// One unit of a model, built on demand.
+struct UnitSpec {
+  std::string name;  ///< unit name, unique within the model ("block0", "shared", ...)
+  /// Builds the module. With `initialize`, parameters get the family's initialization,
+  /// drawn from torch's global generator, which build_sharded_model seeds for this unit
+  /// alone; without it they are left as constructed (for counting only).
+  std::function<BuiltUnit(bool initialize)> make;
+};
+
+/// A whole model: its units in registration order and the program that runs them.
+struct ModelSpec {
+  std::string name;                  ///< "generator" or "discriminator"
+  std::vector<UnitSpec> units;
+  /// Runs the units on the model's inputs; empty means "chain the units' first outputs".
+  ShardedModel::Program program;
+};
+
+/// Local (no collectives; must be called identically on every rank). Builds each unit of
+/// `spec` in turn: seeds torch's global generator with unit_seed(seed, unit name), calls
+/// make(true), casts the module to `dtype` (float32 or float64), and adds it to the model,
+/// which flattens it and keeps only this rank's shard at stage 3 before the next unit is
+/// built. The initial values depend on `seed` and the unit's name only, never on the world
+/// size or stage. Throws std::invalid_argument for a duplicate unit name or a parameter
+/// that belongs to two units (naming it).
+std::unique_ptr<ShardedModel> build_sharded_model(const ModelSpec& spec, Communicator& comm,
+                                                  ShardingConfig cfg, uint64_t seed,
+                                                  at::ScalarType dtype);
+
+/// Local. Parameter elements of each unit of `spec`, in order, found by building each unit
+/// uninitialized and dropping it at once (peak memory: one unit). For the memory pre-flight.
+std::vector<int64_t> unit_numels(const ModelSpec& spec);
+
+/// The seed of unit `unit_name` of a model built with `seed` (a 64-bit mix of both).
+uint64_t unit_seed(uint64_t seed, const std::string& unit_name);
+
+}  // namespace shardgan

@@ -1,0 +1,131 @@
+#pragma once
+/// Memory pre-flight: the bytes one rank will hold for a model's training state, computed
+/// from parameter counts alone, before anything is allocated (like DeepSpeed's
+/// estimate_zero3_model_states_mem_needs_all_live, deepspeed/runtime/zero/stage3.py).
+///
+/// Everything here is pure and local: no collective, no tensor, no MPI. Sizes are in bytes
+/// unless a name says elements ("numel"). All counts are per rank.
+///
+/// Reference point, the ZeRO paper (Rajbhandari et al. 2020, Sec. 3 and 5): mixed-precision
+/// Adam holds 2Ψ (fp16 params) + 2Ψ (fp16 grads) + KΨ (fp32 master, momentum, variance;
+/// K = 12) = 16Ψ bytes, partitioned as 2Ψ + 2Ψ + KΨ/N (stage 1), 2Ψ + (2 + K)Ψ/N (stage 2)
+/// and (4 + K)Ψ/N (stage 3). The estimate follows shardgan's code, which differs from the
+/// paper in two places: gradients end in a master-dtype (fp32) gradient shard, kept beside
+/// the low-precision flat gradient at stages 0-1 (+4Ψ, +4Ψ/N) and instead of an fp16 one at
+/// stages 2-3 (+2Ψ/N); and stage 3 keeps no low-precision parameter shard (-2Ψ/N: it is
+/// cast from the master shard when gathering). With bfloat16 compute and reduce, stage 3 is
+/// thus exactly the paper's 16Ψ/N (plus padding); tests/test_memory_estimate.cpp checks all
+/// four. DeepSpeed's estimator (largest layer + 18Ψ/N at stage 3) is coarser.
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace shardgan {
+
+/// One model's shape and sharding setup, as the estimator needs them.
+struct ModelMemorySpec {
+  /// Unpadded parameter count T of every sharding unit (elements), in any order.
+  std::vector<int64_t> unit_numels;
+  int world_size = 1;  ///< N, ranks sharing the model (>= 1)
+  int stage = 3;       ///< ZeRO stage 0-3
+  /// Bytes per element of the master dtype (the module's dtype: 4 float32, 8 float64), of
+  /// the compute dtype (2 bfloat16/float16, 4, 8) and of the reduce dtype (2, 4, 8). Equal
+  /// byte counts are taken to mean the same dtype, as they do for float32 / float64 masters.
+  int master_bytes = 4;
+  int compute_bytes = 4;
+  int reduce_bytes = 4;
+  /// Optimizer state tensors per element, each in the master dtype: Adam/AdamW 2; SGD 0,
+  /// or 1 with momentum; RMSprop 1, +1 with momentum, +1 centered. See optimizer_states().
+  int optimizer_states = 2;
+  /// An EMA of the weights (the generator's): one more master-dtype shard.
+  bool ema = false;
+  /// ShardingConfig::reshard_after_forward. False keeps every unit gathered from forward
+  /// to backward, so the whole model counts as gathered at stage 3.
+  bool reshard_after_forward = true;
+  /// The model runs a backward with its parameters frozen (D during the G step): its units
+  /// stay gathered until that backward ends, so the whole model counts as gathered.
+  bool frozen_backward = false;
+  // Gradient accumulation (micro-batches) changes nothing here: stages 0-1 keep the flat
+  // gradient whether or not they accumulate, and stages 2-3 reduce every micro-step.
+};
+
+/// Bytes per rank for one model at one stage.
+struct ModelMemoryEstimate {
+  int stage = 0;
+  int world_size = 1;
+  int64_t numel = 0;              ///< Ψ = sum of T (elements)
+  int64_t padded_numel = 0;       ///< sum of P = ceil(T/N)*N at stages 1-3; Ψ at stage 0
+  int64_t padding_elements = 0;   ///< padded_numel - numel (MemoryStats::padding_elements)
+  int64_t shard_numel = 0;        ///< sum of S = P/N (T at stage 0): elements this rank owns
+
+  // Persistent (between steps). Each equals the code's own accounting exactly.
+  int64_t param_bytes = 0;            ///< == MemoryStats::param_shard_bytes
+  int64_t grad_bytes = 0;             ///< == MemoryStats::grad_shard_bytes
+  int64_t optimizer_state_bytes = 0;  ///< == ShardedOptimizer::state_bytes()
+  int64_t ema_bytes = 0;              ///< == sum of ShardedEma::unit_shard() bytes
+
+  // Transient (during forward/backward), stage-dependent bounds.
+  int64_t gathered_unit_bytes = 0;  ///< stage 3: largest unit gathered, max P * compute; else 0
+  int gathered_units = 0;           ///< stage 3: units gathered at once, at most (see below)
+  /// Stage 3: bound on MemoryStats::peak_full_param_bytes: the gathered_units largest units.
+  /// With reshard_after_forward and prefetch that is 3 (the unit computing, the one
+  /// prefetched, and in backward the one being reduced; docs/design.md), else every unit.
+  int64_t gathered_peak_bytes = 0;
+  /// == MemoryStats::comm_buffer_bytes after a backward that synced gradients: 0 at stage
+  /// 0 (in-place all-reduce), max S * reduce at stage 1 (reduce-scatter output), and
+  /// max (P + S) * reduce at stages 2-3 (flat gradient + output).
+  int64_t comm_buffer_bytes = 0;
+  /// Bound on gradient buffers alive in backward beyond the persistent ones: one unit's
+  /// autograd .grad (max T * compute), plus at stage 0 a master-dtype copy of the reduced
+  /// gradient when the reduce dtype differs, at stage 1 ShardedModel::kMaxReducesInFlight
+  /// reduce-scatter outputs, and at stages 2-3 one flat gradient being filled plus
+  /// kMaxReducesInFlight (flat + output) pairs in flight.
+  int64_t grad_transient_bytes = 0;
+
+  int64_t persistent_bytes() const { return param_bytes + grad_bytes + optimizer_state_bytes + ema_bytes; }
+  int64_t transient_bytes() const { return gathered_peak_bytes + grad_transient_bytes; }
+  /// persistent + transient: an upper estimate of this model's state at its peak, without
+  /// activations, allocator overhead, or the MPI library's own buffers.
+  int64_t peak_bytes() const { return persistent_bytes() + transient_bytes(); }
+};
+
+/// State tensors per element of shardgan's optimizers: "adam"/"adamw" 2, "sgd" 0 or 1
+/// (momentum != 0), "rmsprop" 1 + (momentum > 0) + centered. Throws std::invalid_argument
+/// naming an unknown type.
+int optimizer_states(const std::string& type, double momentum = 0.0, bool centered = false);
+
+/// The estimate for spec.stage. Throws std::invalid_argument, naming the field, for a stage
+/// outside 0-3, world_size < 1, a byte size other than those listed, a negative numel or
+/// negative optimizer_states.
+ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec);
+
+/// The estimate at stages 0, 1, 2 and 3 (spec.stage ignored), indexed by stage.
+std::array<ModelMemoryEstimate, 4> estimate_all_stages(const ModelMemorySpec& spec);
+
+/// The lowest stage (least communication) whose peak_bytes() is <= limit_bytes, or nullopt
+/// when none fits (spec.stage ignored).
+std::optional<int> lowest_fitting_stage(const ModelMemorySpec& spec, int64_t limit_bytes);
+
+/// One line for logs and error messages, e.g. "stage 3, N=4, 1.2M params: params 4800000 B,
+/// grads ..., peak 23456789 B (0.022 GiB)".
+std::string describe(const ModelMemoryEstimate& e);
+
+/// Host memory in bytes.
+struct HostMemory {
+  int64_t total_bytes = 0;      ///< MemTotal, or the cgroup limit when smaller
+  int64_t available_bytes = 0;  ///< MemAvailable, or the cgroup's headroom when smaller
+};
+
+/// Reads /proc/meminfo (MemTotal, MemAvailable) and caps both by the cgroup v2 limit in
+/// /sys/fs/cgroup/memory.max when it is a number smaller than MemTotal: total becomes the
+/// limit, available at most limit - memory.current (0 if over). Host-wide, not per rank:
+/// divide by the ranks on this host. Throws std::runtime_error naming /proc/meminfo if it
+/// cannot be read or lacks either field. A missing or "max" cgroup file means no limit.
+HostMemory read_host_memory();
+/// The same with other files (tests). `cgroup_max` may name a missing file; memory.current
+/// is looked for next to it.
+HostMemory read_host_memory(const std::string& meminfo, const std::string& cgroup_max);
+
+}  // namespace shardgan

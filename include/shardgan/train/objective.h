@@ -1,0 +1,81 @@
+#pragma once
+/// The GAN objective and one training step: `d_steps` D updates, then one G update with D
+/// frozen (BigGAN, Brock et al. 2019, Sec. 3 and Appendix C: hinge loss, two D steps per G
+/// step), each accumulated over micro-batches. Losses: non-saturating (Goodfellow et al.
+/// 2014; DCGAN) or hinge (Lim & Ye 2017; Miyato et al. 2018; BigGAN).
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "shardgan/sharding/sharded_unit.h"
+
+namespace shardgan {
+
+class Communicator;
+class DynamicLossScaler;
+class ShardedModel;
+class ShardedOptimizer;
+
+/// Global-batch averages of one step (identical on every rank).
+struct StepMetrics {
+  int64_t step = 0;          ///< steps done after this one
+  double loss_d = 0, loss_g = 0;  ///< D loss averaged over the D steps; G loss
+  double d_real = 0, d_fake = 0;  ///< mean sigmoid(D(x)) and sigmoid(D(G(z))), D steps
+  double step_time_s = 0;         ///< wall time of the step on rank 0 (seconds)
+  double grad_norm_d = 0, grad_norm_g = 0;  ///< global gradient norms (0 unless clipping)
+  bool skipped_d = false, skipped_g = false;  ///< a step skipped (float16 overflow, inf norm)
+  double loss_scale_d = 1, loss_scale_g = 1;  ///< current loss scales (1 unless float16)
+};
+
+/// One model with what updates it.
+struct TrainedModel {
+  ShardedModel* model;
+  ShardedOptimizer* optim;
+  DynamicLossScaler* scaler;
+};
+
+/// Where a step's inputs come from (the trainer's data pipeline and latent sampler).
+struct StepInputs {
+  /// This rank's part of micro-batch `micro` of the next real global batch: {x, y} with x
+  /// [B_local, C, H, W] (model dtype) and y int64 [B_local] or undefined. Called with
+  /// micro = 0, 1, ... k-1 once per D step; micro 0 moves to the next global batch.
+  std::function<TensorList(int64_t micro)> real;
+  /// G's inputs for one whole global batch, {z, y} (same on every rank, so that results
+  /// do not depend on the world size).
+  std::function<TensorList()> latents;
+  /// This rank's part of micro-batch `micro` of a global-batch tensor (dim 0).
+  std::function<at::Tensor(const at::Tensor& global, int64_t micro)> local;
+};
+
+class GanObjective {
+ public:
+  /// `loss`: "nonsaturating" or "hinge" (std::invalid_argument otherwise). `d_steps` >= 1.
+  /// `micro_batches` >= 1: each update accumulates that many backward passes, each loss
+  /// divided by it. `grad_clip` > 0 clips each model's global gradient norm.
+  GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches, double grad_clip,
+               Communicator& comm);
+
+  /// D's loss on logits [B] of real and fake images: mean over the batch. Local.
+  at::Tensor d_loss(const at::Tensor& real_logits, const at::Tensor& fake_logits) const;
+  /// G's loss on D's logits [B] of fake images. Local.
+  at::Tensor g_loss(const at::Tensor& fake_logits) const;
+
+  /// Collective. d_steps D updates (G under no_grad), then one G update with D frozen
+  /// (input gradients only, no D reduce-scatter). Fills every field but step and
+  /// step_time_s.
+  StepMetrics step(TrainedModel g, TrainedModel d, const StepInputs& in);
+
+ private:
+  /// Collective: unscale and vote (float16), clip, then step, post-step all-gather and zero
+  /// the gradients. Returns whether the optimizer stepped.
+  bool finish_update(TrainedModel m, double& norm, int64_t step_index);
+
+  std::string loss_;
+  int64_t d_steps_, micro_;
+  double grad_clip_;
+  Communicator& comm_;
+};
+
+}  // namespace shardgan

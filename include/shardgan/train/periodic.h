@@ -1,0 +1,60 @@
+#pragma once
+/// What a training run does between steps: metrics lines, sample grids and the schedule of
+/// checkpoints (the trainer's loop calls these; the GAN step itself is in objective.h).
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include "shardgan/sharding/sharded_model.h"
+#include "shardgan/train/objective.h"
+
+namespace shardgan {
+
+class ShardedEma;
+struct TrainConfig;
+
+class PeriodicActions {
+ public:
+  /// `cfg` and `comm` must outlive this object.
+  PeriodicActions(const TrainConfig& cfg, Communicator& comm);
+
+  /// Whether step `step` (steps done) logs, samples or checkpoints. Local.
+  bool log_due(int64_t step) const;
+  bool sample_due(int64_t step) const;
+  bool checkpoint_due(int64_t step) const;
+
+  /// Local (rank 0 writes). Prints one line and appends one JSON object to
+  /// <run>/metrics.jsonl, with the model-state bytes of G and D (this rank's accounting)
+  /// and this process's peak RSS (VmHWM, bytes).
+  void log_step(const StepMetrics& m, int64_t g_state_bytes, int64_t d_state_bytes) const;
+
+  /// Collective (G forward on every rank). Writes <run>/samples/samples-step-XXXXXXXX.png
+  /// from G on `inputs` ({z, y} of the fixed sample batch), and samples-ema-step-*.png from
+  /// G's EMA when `ema` is given; rank 0 writes the files. Sampling runs in train mode (as
+  /// DCGAN's and BigGAN's reference code do for BatchNorm) and restores every buffer
+  /// (BatchNorm running statistics, spectral-norm u vectors), so that it never changes
+  /// training. `nrow` images per grid row (a class per row for conditional models).
+  /// Returns the first grid's path.
+  std::string write_samples(ShardedModel& g, ShardedEma* ema, const TensorList& inputs,
+                            int64_t step, int nrow) const;
+
+ private:
+  const TrainConfig& cfg_;
+  Communicator& comm_;
+};
+
+/// Collective (one all-gather). Gathers every rank's peak RSS (VmHWM) and, on rank 0,
+/// logs it per rank and summed, and writes <run>/memory.json: world size, the measured
+/// peak RSS per rank and summed (bytes), G's and D's model-state accounting on rank 0
+/// (MemoryStats, bytes) and `preflight` (the estimate, may be null). The OS measurement
+/// is the evidence; the accounting and the estimate are printed next to it.
+void report_memory(const TrainConfig& cfg, Communicator& comm, const MemoryStats& g,
+                   const MemoryStats& d, const nlohmann::json& preflight);
+
+/// This process's peak resident set size (VmHWM from /proc/self/status), bytes; 0 if
+/// unreadable.
+int64_t peak_rss_bytes();
+
+}  // namespace shardgan

@@ -1,0 +1,37 @@
+#pragma once
+/// Memory pre-flight of a training config (DeepSpeed's estimate_zero3_model_states_mem_needs
+/// for two models): bytes per rank of G and D at every ZeRO stage under the configured world
+/// size, next to this node's memory, before anything of the models is allocated.
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "shardgan/train/config.h"
+
+namespace shardgan {
+
+class Communicator;
+
+/// Thrown when the configured run would need more memory than the node has available.
+class MemoryPreflightError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Local (no collectives). Counts the parameters of every unit of G and D (building one
+/// unit at a time, uninitialized, and dropping it) and estimates per-rank bytes at each
+/// stage for `world_size` ranks, `local_ranks` of them on this node. The JSON holds the
+/// integer keys generator_params and discriminator_params; per stage 0-3 and model, the
+/// bytes per rank of params, grads, optimizer state, EMA, the largest gathered unit and the
+/// peak; the configured stages' per-node total; and the node's total and available memory
+/// (bytes, /proc/meminfo capped by the cgroup limit).
+nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int world_size, int local_ranks);
+
+/// Local. Throws MemoryPreflightError when the configured stages' estimate (per-rank peak
+/// times `local_ranks`) exceeds the node's available memory. The message gives the bytes
+/// needed and available, and the lowest stage (for both models) that would fit, or says
+/// that none does. `report` is memory_preflight's result.
+void check_memory(const TrainConfig& cfg, const nlohmann::json& report);
+
+}  // namespace shardgan

@@ -1,0 +1,224 @@
+#include "models/biggan/layers.h"
+
+#include <cmath>
+
+#include <torch/torch.h>
+
+namespace shardgan::biggan {
+namespace {
+
+namespace F = torch::nn::functional;
+
+// F.normalize(x, dim=1, eps) for a row vector: x / max(||x||, eps).
+at::Tensor normalize_row(const at::Tensor& x, double eps) {
+  return x / x.norm(2, {1}, /*keepdim=*/true).clamp_min(eps);
+}
+
+at::Tensor upsample2(const at::Tensor& x) {
+  return at::upsample_nearest2d(x, {2 * x.size(2), 2 * x.size(3)});
+}
+
+at::Tensor pool2(const at::Tensor& x) { return at::avg_pool2d(x, {2, 2}); }
+
+// PyTorch's default bias init for conv and linear layers.
+void init_bias(at::Tensor& b, int64_t fan_in) {
+  if (!b.defined()) return;
+  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  torch::NoGradGuard g;
+  b.uniform_(-bound, bound);
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> spectral_normalize(const at::Tensor& weight, at::Tensor& u,
+                                                     bool update, double eps) {
+  TORCH_CHECK(weight.dim() >= 2, "spectral_normalize: weight must be at least 2-D, got ",
+              weight.sizes());
+  TORCH_CHECK(u.dim() == 2 && u.size(0) == 1 && u.size(1) == weight.size(0),
+              "spectral_normalize: u must be [1, ", weight.size(0), "], got ", u.sizes());
+  const at::Tensor w = weight.reshape({weight.size(0), -1});  // [out, in], differentiable
+  at::Tensor v, u_new;
+  {
+    torch::NoGradGuard no_grad;
+    // The power iteration runs in u's (master) dtype, so that a bfloat16 weight does not
+    // round the singular vectors that persist from step to step.
+    const at::Tensor wm = w.detach().to(u.scalar_type());
+    v = normalize_row(at::mm(u, wm), eps);            // [1, in]
+    u_new = normalize_row(at::mm(v, wm.t()), eps);    // [1, out]
+    if (update) u.copy_(u_new);
+  }
+  const auto dt = weight.scalar_type();
+  at::Tensor sigma = at::mm(at::mm(v.to(dt), w.t()), u_new.to(dt).t()).squeeze();
+  return {weight / sigma, sigma};
+}
+
+at::Tensor SNBase::normalized_weight() {
+  auto [w_bar, sigma] = spectral_normalize(weight, u, is_training());
+  last_sigma_ = sigma.detach();
+  return w_bar;
+}
+
+SNConv2dImpl::SNConv2dImpl(int64_t in, int64_t out, int64_t kernel, int64_t padding, bool bias_on)
+    : padding_(padding) {
+  weight = register_parameter("weight", torch::empty({out, in, kernel, kernel}));
+  if (bias_on) bias = register_parameter("bias", torch::empty({out}));
+  u = register_buffer("u", torch::randn({1, out}));
+}
+
+at::Tensor SNConv2dImpl::forward(const at::Tensor& x) {
+  return at::conv2d(x, normalized_weight(), bias, {1, 1}, {padding_, padding_});
+}
+
+SNLinearImpl::SNLinearImpl(int64_t in, int64_t out, bool bias_on) {
+  weight = register_parameter("weight", torch::empty({out, in}));
+  if (bias_on) bias = register_parameter("bias", torch::empty({out}));
+  u = register_buffer("u", torch::randn({1, out}));
+}
+
+at::Tensor SNLinearImpl::forward(const at::Tensor& x) {
+  return at::linear(x, normalized_weight(), bias);
+}
+
+SNEmbeddingImpl::SNEmbeddingImpl(int64_t n, int64_t dim) {
+  weight = register_parameter("weight", torch::empty({n, dim}));
+  u = register_buffer("u", torch::randn({1, n}));
+}
+
+at::Tensor SNEmbeddingImpl::forward(const at::Tensor& y) {
+  return at::embedding(normalized_weight(), y);
+}
+
+CCBNImpl::CCBNImpl(int64_t channels, int64_t cond_dim, Communicator* comm) : comm_(comm) {
+  gain = register_module("gain", SNLinear(cond_dim, channels, /*bias=*/false));
+  bias = register_module("bias", SNLinear(cond_dim, channels, /*bias=*/false));
+  running_mean = register_buffer("running_mean", torch::zeros({channels}));
+  running_var = register_buffer("running_var", torch::ones({channels}));
+}
+
+at::Tensor CCBNImpl::forward(const at::Tensor& x, const at::Tensor& cond) {
+  TORCH_CHECK(x.dim() == 4 && cond.dim() == 2 && cond.size(0) == x.size(0),
+              "ccbn: expected x [B, C, H, W] and cond [B, D], got ", x.sizes(), " and ",
+              cond.sizes());
+  const int64_t b = x.size(0);
+  at::Tensor xhat = sync_batch_norm(x, at::Tensor(), at::Tensor(), running_mean, running_var,
+                                    is_training(), kBnEps, kBnMomentum, comm_);
+  at::Tensor g = (gain->forward(cond) + 1.0).view({b, -1, 1, 1});
+  at::Tensor s = bias->forward(cond).view({b, -1, 1, 1});
+  return xhat * g + s;
+}
+
+AttentionImpl::AttentionImpl(int64_t ch) : ch_(ch) {
+  TORCH_CHECK(ch >= 8, "Attention: needs at least 8 channels, got ", ch);
+  theta = register_module("theta", SNConv2d(ch, ch / 8, 1, 0, false));
+  phi = register_module("phi", SNConv2d(ch, ch / 8, 1, 0, false));
+  g = register_module("g", SNConv2d(ch, ch / 2, 1, 0, false));
+  o = register_module("o", SNConv2d(ch / 2, ch, 1, 0, false));
+  gamma = register_parameter("gamma", torch::zeros({1}));
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 4 && x.size(1) == ch_ && x.size(2) % 2 == 0 && x.size(3) % 2 == 0,
+              "Attention: expected [B, ", ch_, ", H, W] with even H and W, got ", x.sizes());
+  const int64_t b = x.size(0), h = x.size(2), w = x.size(3), hw = h * w;
+  at::Tensor th = theta->forward(x).view({b, ch_ / 8, hw});
+  at::Tensor ph = at::max_pool2d(phi->forward(x), {2, 2}).view({b, ch_ / 8, hw / 4});
+  at::Tensor gg = at::max_pool2d(g->forward(x), {2, 2}).view({b, ch_ / 2, hw / 4});
+  at::Tensor beta = at::softmax(at::bmm(th.transpose(1, 2), ph), -1);  // [B, hw, hw/4]
+  at::Tensor out = o->forward(at::bmm(gg, beta.transpose(1, 2)).view({b, ch_ / 2, h, w}));
+  return x + gamma * out;
+}
+
+GBlockImpl::GBlockImpl(int64_t in, int64_t out, int64_t cond_dim, bool upsample,
+                       Communicator* comm)
+    : upsample_(upsample) {
+  conv1 = register_module("conv1", SNConv2d(in, out, 3, 1));
+  conv2 = register_module("conv2", SNConv2d(out, out, 3, 1));
+  if (in != out || upsample) conv_sc = register_module("conv_sc", SNConv2d(in, out, 1, 0));
+  bn1 = register_module("bn1", CCBN(in, cond_dim, comm));
+  bn2 = register_module("bn2", CCBN(out, cond_dim, comm));
+}
+
+at::Tensor GBlockImpl::forward(const at::Tensor& x_in, const at::Tensor& cond) {
+  at::Tensor x = x_in;
+  at::Tensor h = at::relu(bn1->forward(x, cond));
+  if (upsample_) {
+    h = upsample2(h);
+    x = upsample2(x);
+  }
+  h = conv1->forward(h);
+  h = conv2->forward(at::relu(bn2->forward(h, cond)));
+  if (conv_sc) x = conv_sc->forward(x);
+  return h + x;
+}
+
+DBlockImpl::DBlockImpl(int64_t in, int64_t out, bool preactivation, bool downsample)
+    : preactivation_(preactivation), downsample_(downsample) {
+  conv1 = register_module("conv1", SNConv2d(in, out, 3, 1));
+  conv2 = register_module("conv2", SNConv2d(out, out, 3, 1));
+  if (in != out || downsample) conv_sc = register_module("conv_sc", SNConv2d(in, out, 1, 0));
+}
+
+at::Tensor DBlockImpl::forward(const at::Tensor& x) {
+  at::Tensor h = preactivation_ ? at::relu(x) : x;
+  h = conv2->forward(at::relu(conv1->forward(h)));
+  if (downsample_) h = pool2(h);
+  at::Tensor sc = x;
+  if (preactivation_) {
+    if (conv_sc) sc = conv_sc->forward(sc);
+    if (downsample_) sc = pool2(sc);
+  } else {
+    if (downsample_) sc = pool2(sc);
+    if (conv_sc) sc = conv_sc->forward(sc);
+  }
+  return h + sc;
+}
+
+GOutImpl::GOutImpl(int64_t ch, int64_t channels, Communicator* comm) : comm_(comm) {
+  bn = register_module("bn", SyncBatchNorm2d(ch, comm, kBnEps, kBnMomentum));
+  conv = register_module("conv", SNConv2d(ch, channels, 3, 1));
+}
+
+at::Tensor GOutImpl::forward(const at::Tensor& x) {
+  // The functional form keeps eval-mode outputs in x's dtype under mixed precision.
+  at::Tensor h = sync_batch_norm(x, bn->weight, bn->bias, bn->running_mean, bn->running_var,
+                                 is_training(), kBnEps, kBnMomentum, comm_);
+  return at::tanh(conv->forward(at::relu(h)));
+}
+
+DOutImpl::DOutImpl(int64_t ch, int64_t n_classes) {
+  linear = register_module("linear", SNLinear(ch, 1));
+  embed = register_module("embed", SNEmbedding(n_classes, ch));
+}
+
+at::Tensor DOutImpl::forward(const at::Tensor& x, const at::Tensor& y) {
+  TORCH_CHECK(y.defined() && y.dim() == 1 && y.size(0) == x.size(0),
+              "DOut: expected labels [", x.size(0), "]");
+  at::Tensor h = at::relu(x).sum({2, 3});                         // [B, ch]
+  at::Tensor out = linear->forward(h).squeeze(1);                 // [B]
+  return out + (embed->forward(y) * h).sum(1);
+}
+
+void init_weights(torch::nn::Module& m, Init scheme) {
+  torch::NoGradGuard no_grad;
+  for (auto& mod : m.modules(/*include_self=*/true)) {
+    auto* sn = dynamic_cast<SNBase*>(mod.get());
+    if (sn == nullptr) continue;
+    at::Tensor& w = sn->weight;
+    switch (scheme) {
+      case Init::kOrtho:
+        torch::nn::init::orthogonal_(w);
+        break;
+      case Init::kN02:
+        w.normal_(0.0, 0.02);
+        break;
+      case Init::kXavier:
+        torch::nn::init::xavier_uniform_(w);
+        break;
+    }
+    const int64_t fan_in = w.numel() / w.size(0);
+    if (auto* c = dynamic_cast<SNConv2dImpl*>(sn)) init_bias(c->bias, fan_in);
+    if (auto* l = dynamic_cast<SNLinearImpl*>(sn)) init_bias(l->bias, fan_in);
+  }
+}
+
+}  // namespace shardgan::biggan

@@ -1,0 +1,115 @@
+#include "shardgan/models/dcgan.h"
+
+#include <torch/torch.h>
+
+#include "shardgan/nn/layers.h"
+#include "shardgan/nn/sync_batchnorm.h"
+
+namespace shardgan {
+namespace {
+
+namespace nn = torch::nn;
+
+void dcgan_init(nn::Module& m) {
+  torch::NoGradGuard g;
+  for (auto& kv : m.named_parameters(true)) {
+    const std::string& name = kv.key();
+    at::Tensor p = kv.value();
+    const bool is_bn = name.find("weight") != std::string::npos && p.dim() == 1;
+    if (is_bn) {
+      p.normal_(1.0, 0.02);
+    } else if (name.find("weight") != std::string::npos) {
+      p.normal_(0.0, 0.02);
+    } else {
+      p.zero_();
+    }
+  }
+}
+
+// A unit made of a Sequential that `build` returns.
+UnitSpec seq_unit(std::string name, std::function<nn::Sequential()> build) {
+  return {name, [build](bool initialize) {
+            nn::Sequential seq = build();
+            if (initialize) dcgan_init(*seq);
+            return BuiltUnit{seq.ptr(), ShardedUnit::single([seq](const at::Tensor& x) mutable {
+                               return seq->forward(x);
+                             })};
+          }};
+}
+
+ConvTranspose2d up(int64_t in, int64_t out, int64_t stride, int64_t pad) {
+  return ConvTranspose2d(nn::ConvTranspose2dOptions(in, out, 4).stride(stride).padding(pad).bias(false));
+}
+
+nn::Conv2d down(int64_t in, int64_t out, int64_t stride, int64_t pad) {
+  return nn::Conv2d(nn::Conv2dOptions(in, out, 4).stride(stride).padding(pad).bias(false));
+}
+
+nn::LeakyReLU lrelu() { return nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)); }
+
+ModelSpec generator_spec(const DcganConfig& cfg, Communicator* c) {
+  const int64_t w = cfg.g_width, z = cfg.z_dim, ch = cfg.channels;
+  ModelSpec s{"generator", {}, {}};
+  s.units.push_back(seq_unit("block0", [=] { return nn::Sequential(up(z, 4 * w, 1, 0), SyncBatchNorm2d(4 * w, c), nn::ReLU()); }));
+  s.units.push_back(seq_unit("block1", [=] { return nn::Sequential(up(4 * w, 2 * w, 2, 1), SyncBatchNorm2d(2 * w, c), nn::ReLU()); }));
+  s.units.push_back(seq_unit("block2", [=] { return nn::Sequential(up(2 * w, w, 2, 1), SyncBatchNorm2d(w, c), nn::ReLU()); }));
+  s.units.push_back(seq_unit("out", [=] { return nn::Sequential(up(w, ch, 2, 1), nn::Tanh()); }));
+  return s;
+}
+
+ModelSpec discriminator_spec(const DcganConfig& cfg, Communicator* c) {
+  const int64_t w = cfg.d_width, ch = cfg.channels;
+  ModelSpec s{"discriminator", {}, {}};
+  s.units.push_back(seq_unit("block0", [=] { return nn::Sequential(down(ch, w, 2, 1), lrelu()); }));
+  s.units.push_back(seq_unit("block1", [=] { return nn::Sequential(down(w, 2 * w, 2, 1), SyncBatchNorm2d(2 * w, c), lrelu()); }));
+  s.units.push_back(seq_unit("block2", [=] { return nn::Sequential(down(2 * w, 4 * w, 2, 1), SyncBatchNorm2d(4 * w, c), lrelu()); }));
+  s.units.push_back(seq_unit("out", [=] { return nn::Sequential(down(4 * w, 1, 1, 0), nn::Flatten()); }));
+  return s;
+}
+
+class DcganFamily final : public ModelFamily {
+ public:
+  explicit DcganFamily(DcganConfig cfg) : cfg_(cfg) {}
+  const char* arch() const override { return "dcgan"; }
+  ModelSpec generator(Communicator& comm) const override { return generator_spec(cfg_, &comm); }
+  ModelSpec discriminator(Communicator& comm) const override { return discriminator_spec(cfg_, &comm); }
+  ImageShape image_shape() const override { return {cfg_.channels, 32, 32}; }
+  int64_t num_classes() const override { return 0; }
+  at::Tensor sample_latents(int64_t n, at::Generator& gen, at::ScalarType dtype) const override {
+    return at::randn({n, cfg_.z_dim, 1, 1}, gen, torch::TensorOptions().dtype(dtype));
+  }
+
+ private:
+  DcganConfig cfg_;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelFamily> make_dcgan_family(const DcganConfig& cfg) {
+  return std::make_unique<DcganFamily>(cfg);
+}
+
+std::unique_ptr<ModelFamily> make_dcgan_family(ConfigReader& r) {
+  DcganConfig c;
+  c.z_dim = r.get<int64_t>("model.z_dim", c.z_dim);
+  r.require(c.z_dim > 0, "model.z_dim", "must be > 0");
+  c.g_width = r.get<int64_t>("model.g_width", c.g_width);
+  r.require(c.g_width > 0, "model.g_width", "must be > 0");
+  c.d_width = r.get<int64_t>("model.d_width", c.d_width);
+  r.require(c.d_width > 0, "model.d_width", "must be > 0");
+  c.channels = r.get<int64_t>("model.channels", c.channels);
+  r.require(c.channels == 1 || c.channels == 3, "model.channels", "must be 1 or 3");
+  return make_dcgan_family(c);
+}
+
+std::unique_ptr<ShardedModel> build_generator(const DcganConfig& cfg, Communicator& comm,
+                                              ShardingConfig sharding, uint64_t seed) {
+  return build_sharded_model(generator_spec(cfg, &comm), comm, sharding, seed, cfg.dtype);
+}
+
+std::unique_ptr<ShardedModel> build_discriminator(const DcganConfig& cfg, Communicator& comm,
+                                                  ShardingConfig sharding, uint64_t seed) {
+  return build_sharded_model(discriminator_spec(cfg, &comm), comm, sharding, seed, cfg.dtype);
+}
+
+}  // namespace shardgan

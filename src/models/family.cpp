@@ -1,0 +1,22 @@
+#include "shardgan/models/family.h"
+
+#include <torch/torch.h>
+
+#include "shardgan/models/biggan.h"
+#include "shardgan/models/dcgan.h"
+
+namespace shardgan {
+
+at::Tensor ModelFamily::sample_labels(int64_t n, at::Generator& gen) const {
+  if (num_classes() == 0) return at::Tensor();
+  return at::randint(num_classes(), {n}, gen, torch::TensorOptions().dtype(at::kLong));
+}
+
+std::unique_ptr<ModelFamily> make_family(ConfigReader& r) {
+  const std::string arch = r.get<std::string>("model.arch", "dcgan");
+  if (arch == "dcgan") return make_dcgan_family(r);
+  if (arch == "biggan") return make_biggan_family(r);
+  throw ConfigError(r.source() + ": key 'model.arch' is '" + arch + "'; use dcgan or biggan");
+}
+
+}  // namespace shardgan

@@ -1,0 +1,116 @@
+#include "shardgan/train/objective.h"
+
+#include <stdexcept>
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "shardgan/comm/communicator.h"
+#include "shardgan/optim/clip_grad.h"
+#include "shardgan/optim/loss_scaler.h"
+#include "shardgan/optim/optimizer.h"
+#include "shardgan/sharding/sharded_model.h"
+
+namespace shardgan {
+namespace F = torch::nn::functional;
+
+GanObjective::GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches,
+                           double grad_clip, Communicator& comm)
+    : loss_(std::move(loss)), d_steps_(d_steps), micro_(micro_batches), grad_clip_(grad_clip), comm_(comm) {
+  if (loss_ != "nonsaturating" && loss_ != "hinge") {
+    throw std::invalid_argument("GAN loss '" + loss_ + "' is unknown: use nonsaturating or hinge");
+  }
+  if (d_steps_ < 1 || micro_ < 1) throw std::invalid_argument("d_steps and micro_batches must be >= 1");
+}
+
+at::Tensor GanObjective::d_loss(const at::Tensor& real, const at::Tensor& fake) const {
+  if (loss_ == "hinge") return torch::relu(1.0 - real).mean() + torch::relu(1.0 + fake).mean();
+  return F::softplus(-real).mean() + F::softplus(fake).mean();
+}
+
+at::Tensor GanObjective::g_loss(const at::Tensor& fake) const {
+  if (loss_ == "hinge") return -fake.mean();
+  return F::softplus(-fake).mean();
+}
+
+StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs& in) {
+  const int64_t k = micro_;
+  at::Tensor stats = torch::zeros({4}, torch::kDouble);  // loss_d, loss_g, D(x), D(G(z))
+  StepMetrics r;
+  // D steps: each loss is divided by k so that the accumulated gradient equals the one of
+  // the whole global batch. G runs without autograd, so G gets no gradients.
+  for (int64_t s = 0; s < d_steps_; ++s) {
+    TensorList fake_in = in.latents();
+    for (int64_t j = 0; j < k; ++j) {
+      d.model->set_gradient_sync(j == k - 1);
+      TensorList real = in.real(j);
+      at::Tensor y_fake = fake_in[1].defined() ? in.local(fake_in[1], j) : at::Tensor();
+      at::Tensor fake;
+      {
+        torch::NoGradGuard no_grad;
+        fake = g.model->forward(TensorList{in.local(fake_in[0], j), y_fake}).at(0);
+      }
+      at::Tensor d_real = d.model->forward(TensorList{real.at(0), real.at(1)}).at(0).reshape({-1});
+      at::Tensor d_fake = d.model->forward(TensorList{fake, y_fake}).at(0).reshape({-1});
+      const at::ScalarType md = real.at(0).scalar_type();
+      d_real = d_real.to(md);
+      d_fake = d_fake.to(md);
+      at::Tensor loss = d_loss(d_real, d_fake) / k;
+      d.scaler->scale_loss(loss).backward();
+      stats[0] += loss.detach().to(at::kDouble) / d_steps_;
+      stats[2] += torch::sigmoid(d_real.detach()).mean().to(at::kDouble) / (k * d_steps_);
+      stats[3] += torch::sigmoid(d_fake.detach()).mean().to(at::kDouble) / (k * d_steps_);
+    }
+    double norm = 0;
+    if (!finish_update(d, norm, s)) r.skipped_d = true;
+    r.grad_norm_d = norm;
+  }
+
+  // G step: D is frozen; it is gathered for forward and backward but yields input
+  // gradients only (no D parameter gradients, no D reduce-scatter).
+  d.model->set_requires_grad(false);
+  TensorList gen_in = in.latents();
+  for (int64_t j = 0; j < k; ++j) {
+    g.model->set_gradient_sync(j == k - 1);
+    at::Tensor y = gen_in[1].defined() ? in.local(gen_in[1], j) : at::Tensor();
+    at::Tensor fake = g.model->forward(TensorList{in.local(gen_in[0], j), y}).at(0);
+    at::Tensor out = d.model->forward(TensorList{fake, y}).at(0).reshape({-1});
+    at::Tensor loss = g_loss(out.to(gen_in[0].scalar_type())) / k;
+    g.scaler->scale_loss(loss).backward();
+    stats[1] += loss.detach().to(at::kDouble);
+  }
+  d.model->set_requires_grad(true);
+  r.skipped_g = !finish_update(g, r.grad_norm_g, 0);
+  r.loss_scale_d = d.scaler->scale();
+  r.loss_scale_g = g.scaler->scale();
+
+  comm_.all_reduce(stats, ReduceOp::kAvg);
+  r.loss_d = stats[0].item<double>();
+  r.loss_g = stats[1].item<double>();
+  r.d_real = stats[2].item<double>();
+  r.d_fake = stats[3].item<double>();
+  return r;
+}
+
+bool GanObjective::finish_update(TrainedModel m, double& norm, int64_t step_index) {
+  bool ok = m.scaler->unscale_and_vote({m.model}, comm_);  // float16 only; else no collective
+  if (ok && grad_clip_ > 0) {
+    ClipResult c = clip_grad_norm({m.model}, grad_clip_, comm_);
+    norm = c.total_norm;
+    if (!c.finite) {
+      ok = false;
+      if (comm_.rank() == 0) {
+        spdlog::warn("{} update {}: gradient norm is {}; skipping its optimizer step",
+                     m.model->name(), step_index, c.total_norm);
+      }
+    }
+  }
+  if (ok) {
+    m.optim->step();
+    m.model->after_optimizer_step();
+  }
+  m.model->zero_grad();
+  return ok;
+}
+
+}  // namespace shardgan

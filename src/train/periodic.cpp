@@ -1,0 +1,127 @@
+#include "shardgan/train/periodic.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "shardgan/optim/sharded_ema.h"
+#include "shardgan/train/config.h"
+#include "shardgan/train/image_grid.h"
+
+namespace shardgan {
+
+int64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // kB
+  }
+  return 0;
+}
+
+namespace {
+
+nlohmann::json stats_json(const MemoryStats& m) {
+  return {{"param_shard_bytes", m.param_shard_bytes},
+          {"grad_shard_bytes", m.grad_shard_bytes},
+          {"optimizer_state_bytes", m.optimizer_state_bytes},
+          {"model_state_bytes", m.model_state_bytes()},
+          {"peak_full_param_bytes", m.peak_full_param_bytes},
+          {"comm_buffer_bytes", m.comm_buffer_bytes}};
+}
+
+}  // namespace
+
+void report_memory(const TrainConfig& cfg, Communicator& comm, const MemoryStats& g,
+                   const MemoryStats& d, const nlohmann::json& preflight) {
+  const int n = comm.world_size();
+  at::Tensor mine = torch::full({1}, static_cast<double>(peak_rss_bytes()), torch::kDouble);
+  at::Tensor all = torch::empty({n}, torch::kDouble);
+  comm.all_gather(all, mine);
+  if (comm.rank() != 0) return;
+  std::vector<int64_t> per_rank;
+  int64_t sum = 0;
+  std::string text;
+  for (int r = 0; r < n; ++r) {
+    per_rank.push_back(static_cast<int64_t>(all[r].item<double>()));
+    sum += per_rank.back();
+    text += fmt::format("{}{:.2f}", r ? ", " : "", per_rank.back() / 1073741824.0);
+  }
+  spdlog::info("peak RSS (VmHWM) per rank: [{}] GiB, summed {:.2f} GiB", text, sum / 1073741824.0);
+  nlohmann::json j = {{"world_size", n},
+                      {"peak_rss_bytes_per_rank", per_rank},
+                      {"peak_rss_bytes_sum", sum},
+                      {"generator_accounting_rank0", stats_json(g)},
+                      {"discriminator_accounting_rank0", stats_json(d)},
+                      {"preflight", preflight}};
+  std::filesystem::create_directories(cfg.run_dir);
+  std::ofstream(cfg.run_dir + "/memory.json") << j.dump(2) << "\n";
+}
+
+PeriodicActions::PeriodicActions(const TrainConfig& cfg, Communicator& comm) : cfg_(cfg), comm_(comm) {}
+
+bool PeriodicActions::log_due(int64_t step) const {
+  return step % cfg_.log_every == 0 || step == cfg_.steps;
+}
+
+bool PeriodicActions::sample_due(int64_t step) const {
+  return cfg_.sample_every > 0 && step % cfg_.sample_every == 0;
+}
+
+bool PeriodicActions::checkpoint_due(int64_t step) const {
+  return cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0 && step != cfg_.steps;
+}
+
+void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int64_t d_state_bytes) const {
+  if (comm_.rank() != 0) return;
+  const double sps = cfg_.global_batch / std::max(m.step_time_s, 1e-9);
+  const int64_t rss = peak_rss_bytes();
+  spdlog::info("step {:>6}/{}  loss_d {:.4f}  loss_g {:.4f}  D(x) {:.3f}  D(G(z)) {:.3f}  {:.3f} s/step  {:.0f} img/s  peak RSS {:.2f} GiB",
+               m.step, cfg_.steps, m.loss_d, m.loss_g, m.d_real, m.d_fake, m.step_time_s, sps,
+               rss / 1073741824.0);
+  nlohmann::json j = {{"step", m.step},       {"loss_d", m.loss_d},
+                      {"loss_g", m.loss_g},   {"d_real", m.d_real},
+                      {"d_fake", m.d_fake},   {"step_time_s", m.step_time_s},
+                      {"images_per_s", sps},  {"world_size", comm_.world_size()},
+                      {"g_model_state_bytes", g_state_bytes},
+                      {"d_model_state_bytes", d_state_bytes},
+                      {"peak_rss_bytes_rank0", rss}};
+  std::ofstream(cfg_.run_dir + "/metrics.jsonl", std::ios::app) << j.dump() << "\n";
+}
+
+std::string PeriodicActions::write_samples(ShardedModel& g, ShardedEma* ema, const TensorList& inputs,
+                                           int64_t step, int nrow) const {
+  auto sample = [&] {
+    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> saved;
+    for (auto& kv : g.named_buffers()) saved.push_back(kv.second.clone());
+    at::Tensor imgs = g.forward(inputs).at(0).to(at::kFloat);
+    size_t i = 0;
+    for (auto& kv : g.named_buffers()) kv.second.copy_(saved[i++]);
+    return imgs;
+  };
+  at::Tensor imgs = sample();
+  at::Tensor ema_imgs;
+  if (ema) {
+    EmaSwap swap(*ema);
+    ema_imgs = sample();
+  }
+  char name[64];
+  std::snprintf(name, sizeof(name), "samples-step-%08lld.png", static_cast<long long>(step));
+  const std::string path = cfg_.run_dir + "/samples/" + name;
+  if (comm_.rank() == 0) {
+    std::filesystem::create_directories(cfg_.run_dir + "/samples");
+    write_png_grid(path, imgs, nrow);
+    if (ema_imgs.defined()) {
+      std::snprintf(name, sizeof(name), "samples-ema-step-%08lld.png", static_cast<long long>(step));
+      write_png_grid(cfg_.run_dir + "/samples/" + name, ema_imgs, nrow);
+    }
+  }
+  return path;
+}
+
+}  // namespace shardgan
