@@ -9,7 +9,7 @@ PY=/usr/bin/python3
 T=$(mktemp -d /tmp/shardgan-biggan.XXXXXX)
 CFG=$SRC/configs/fmnist-biggan.yaml
 COMMON=(--set data.source=synthetic --set data.synthetic_size=96 --set train.global_batch=12
-        --set model.ch=4 --set model.d_ch=4 --set model.z_dim=8 --set model.shared_dim=8
+        --set model.ch=4 --set model.d_ch=8 --set model.z_dim=8 --set model.shared_dim=8
         --set train.log_every=1 --set train.sample_every=0 --set train.checkpoint_every=0
         --set run.seed=5 --set ema.start_step=0)
 
@@ -34,7 +34,7 @@ PYEOF
 timeout 300 "${MPIRUN[@]}" -np 2 "$TRAIN" "$SRC/configs/biggan-1b.yaml" --set sharding.generator.stage=0 \
   --set sharding.discriminator.stage=0 --set run.dir="$T/refused" > "$T/refused.log" 2>&1 \
   && bad "stage 0 of the 1e9 config was not refused" || ok "stage 0 of the 1e9 config exits non-zero"
-grep -q "memory pre-flight" "$T/refused.log" && grep -q "ZeRO stage 3 for both models" "$T/refused.log" \
+grep -q "memory pre-flight" "$T/refused.log" && grep -qE "ZeRO stage [0-3] for both models would need .* and fits" "$T/refused.log" \
   && ok "refusal names the bytes and a stage that fits" || bad "refusal message: $(grep -m2 error "$T/refused.log")"
 [ "$(grep -c 'memory pre-flight' "$T/refused.log")" -ge 2 ] && ok "both ranks refused" || bad "not every rank refused"
 
@@ -71,8 +71,27 @@ PYEOF
 # Resume on another world size (2 -> 3 ranks): continues within tolerance of the 2-rank run.
 "${MPIRUN[@]}" -np 3 "$TRAIN" "$CFG" "${COMMON[@]}" --set train.steps=4 --set run.dir="$T/c" --resume "$T/b/checkpoints/step-00000002" > "$T/c.log" 2>&1 \
   && ok "resume 2 -> 3 ranks" || bad "resume 2 -> 3: $(tail -5 "$T/c.log")"
-# float32, 2 steps of Adam after a reshard: summation order differs, so allow 1e-3 relative.
-"$CKPT" diff "$A" "$T/c/checkpoints/step-00000004" --rtol 1e-3 > "$T/cdiff.txt" 2>&1 \
-  && ok "2 -> 3 ranks within 1e-3: $(tail -1 "$T/cdiff.txt")" || bad "2 -> 3 ranks: $(tail -3 "$T/cdiff.txt")"
+# float32: after the reshard only summation order differs. Adam with beta1 = 0 moves each
+# parameter by at most about lr per step (|m| / sqrt(v) <= 1), also where its gradient is
+# only rounding noise (biases in front of BatchNorm), so two runs that differ in rounding
+# alone can differ by up to 2 steps x 2 x lr_D = 1.6e-3 in a parameter. A wrong reshard (a
+# shifted range, a lost shard) moves parameters by their own size (0.05-0.5 here), far
+# above. Every parameter and buffer is compared through h5py on the two index files.
+"$PY" - "$A/index.h5" "$T/c/checkpoints/step-00000004/index.h5" > "$T/cdiff.txt" 2>&1 <<'PYEOF' \
+  && ok "2 -> 3 ranks: $(tail -1 "$T/cdiff.txt")" || bad "2 -> 3 ranks: $(tail -3 "$T/cdiff.txt")"
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+n, worst = 0, 0.0
+def visit(name, obj):
+    global n, worst
+    if isinstance(obj, h5py.Dataset) and ("/params/" in name or "/buffers/" in name):
+        x, y = a[name][...].astype(np.float64), obj[...].astype(np.float64)
+        d, scale = np.abs(x - y).max(), np.abs(y).max()
+        assert d <= 1.6e-3, (name, d, scale)
+        worst, n = max(worst, d / max(scale, 1e-30)), n + 1
+b.visititems(visit)
+assert n > 100, n
+print(f"{n} parameters and buffers within 1.6e-3, worst relative {worst:.3g}")
+PYEOF
 rm -rf "$T"
 finish

@@ -243,7 +243,8 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
         me.units.push_back(std::move(ue));
       }
       if (rank == 0) {
-        for (auto& [bname, buf] : m.named_buffers()) put(w, m.name() + "/buffers/" + bname, buf);
+        // Flat, like every shard; the manifest keeps the shape and the index views it whole.
+        for (auto& [bname, buf] : m.named_buffers()) put(w, m.name() + "/buffers/" + bname, buf.reshape({-1}));
       }
       if (f.exists(m.name())) {
         f.set_attr(m.name(), "optim_step", mo.optim ? mo.optim->step_count() : int64_t{0});

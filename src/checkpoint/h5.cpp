@@ -184,9 +184,21 @@ void File::read_ranges(const std::string& path, DType dt, const std::vector<Rang
   const std::string where = path_ + ":/" + path;
   Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
   Handle space{check(H5Dget_space(ds.id), where), H5Sclose};
-  if (H5Sget_simple_extent_ndims(space.id) != 1) throw H5Error(where + ": not a 1-D dataset");
-  hsize_t n = 0;
-  H5Sget_simple_extent_dims(space.id, &n, nullptr);
+  // Flat shards are 1-D. A replicated buffer keeps its own shape (e.g. a spectral-norm u
+  // vector [1, out]); it is read whole, as its elements in row-major order.
+  const int ndims = H5Sget_simple_extent_ndims(space.id);
+  if (ndims < 1 || ndims > 8) throw H5Error(where + ": not a 1-D to 8-D dataset");
+  hsize_t dims[8] = {0};
+  H5Sget_simple_extent_dims(space.id, dims, nullptr);
+  hsize_t n = 1;
+  for (int d = 0; d < ndims; ++d) n *= dims[d];
+  if (ndims > 1) {
+    for (const Range& r : ranges) {
+      if (r.count > 0 && (r.start != 0 || static_cast<hsize_t>(r.count) != n)) {
+        throw H5Error(where + ": a " + std::to_string(ndims) + "-D dataset can only be read whole");
+      }
+    }
+  }
   for (const Range& r : ranges) {
     if (r.start < 0 || r.count < 0 || static_cast<hsize_t>(r.start + r.count) > n) {
       throw H5Error(where + ": range [" + std::to_string(r.start) + ", " +
@@ -202,7 +214,11 @@ void File::read_ranges(const std::string& path, DType dt, const std::vector<Rang
     const Range& r = ranges[i];
     if (r.count > 0) {
       const hsize_t st = static_cast<hsize_t>(r.start), ct = static_cast<hsize_t>(r.count);
-      check_status(H5Sselect_hyperslab(space.id, H5S_SELECT_SET, &st, nullptr, &ct, nullptr), where);
+      if (ndims == 1) {
+        check_status(H5Sselect_hyperslab(space.id, H5S_SELECT_SET, &st, nullptr, &ct, nullptr), where);
+      } else {
+        check_status(H5Sselect_all(space.id), where);
+      }
       Handle mem{check(H5Screate_simple(1, &ct, nullptr), where), H5Sclose};
       check_status(H5Dread(ds.id, mem_type(dt), mem.id, space.id, H5P_DEFAULT, r.out),
                    where + ": read of elements [" + std::to_string(r.start) + ", " +

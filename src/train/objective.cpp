@@ -23,9 +23,16 @@ GanObjective::GanObjective(std::string loss, int64_t d_steps, int64_t micro_batc
   if (d_steps_ < 1 || micro_ < 1) throw std::invalid_argument("d_steps and micro_batches must be >= 1");
 }
 
+at::Tensor GanObjective::d_loss_real(const at::Tensor& real) const {
+  return loss_ == "hinge" ? torch::relu(1.0 - real).mean() : F::softplus(-real).mean();
+}
+
+at::Tensor GanObjective::d_loss_fake(const at::Tensor& fake) const {
+  return loss_ == "hinge" ? torch::relu(1.0 + fake).mean() : F::softplus(fake).mean();
+}
+
 at::Tensor GanObjective::d_loss(const at::Tensor& real, const at::Tensor& fake) const {
-  if (loss_ == "hinge") return torch::relu(1.0 - real).mean() + torch::relu(1.0 + fake).mean();
-  return F::softplus(-real).mean() + F::softplus(fake).mean();
+  return d_loss_real(real) + d_loss_fake(fake);
 }
 
 at::Tensor GanObjective::g_loss(const at::Tensor& fake) const {
@@ -42,7 +49,6 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
   for (int64_t s = 0; s < d_steps_; ++s) {
     TensorList fake_in = in.latents();
     for (int64_t j = 0; j < k; ++j) {
-      d.model->set_gradient_sync(j == k - 1);
       TensorList real = in.real(j);
       at::Tensor y_fake = fake_in[1].defined() ? in.local(fake_in[1], j) : at::Tensor();
       at::Tensor fake;
@@ -50,13 +56,21 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
         torch::NoGradGuard no_grad;
         fake = g.model->forward(TensorList{in.local(fake_in[0], j), y_fake}).at(0);
       }
-      at::Tensor d_real = d.model->forward(TensorList{real.at(0), real.at(1)}).at(0).reshape({-1});
-      at::Tensor d_fake = d.model->forward(TensorList{fake, y_fake}).at(0).reshape({-1});
+      // Real and fake each get their own forward and backward. One backward through two D
+      // forwards would keep every D unit gathered until the backward of the first forward
+      // reaches it (the engine runs the later forward's path first, and a unit's parameter
+      // gradients are complete only after both); two backwards release each unit as soon as
+      // it is done, at the cost of one more reduce-scatter of D per D step (stages 2-3).
       const at::ScalarType md = real.at(0).scalar_type();
-      d_real = d_real.to(md);
-      d_fake = d_fake.to(md);
-      at::Tensor loss = d_loss(d_real, d_fake) / k;
-      d.scaler->scale_loss(loss).backward();
+      d.model->set_gradient_sync(false);
+      at::Tensor d_real = d.model->forward(TensorList{real.at(0), real.at(1)}).at(0).reshape({-1}).to(md);
+      at::Tensor loss_real = d_loss_real(d_real) / k;
+      d.scaler->scale_loss(loss_real).backward();
+      d.model->set_gradient_sync(j == k - 1);
+      at::Tensor d_fake = d.model->forward(TensorList{fake, y_fake}).at(0).reshape({-1}).to(md);
+      at::Tensor loss_fake = d_loss_fake(d_fake) / k;
+      d.scaler->scale_loss(loss_fake).backward();
+      at::Tensor loss = loss_real.detach() + loss_fake.detach();
       stats[0] += loss.detach().to(at::kDouble) / d_steps_;
       stats[2] += torch::sigmoid(d_real.detach()).mean().to(at::kDouble) / (k * d_steps_);
       stats[3] += torch::sigmoid(d_fake.detach()).mean().to(at::kDouble) / (k * d_steps_);

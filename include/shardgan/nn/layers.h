@@ -24,4 +24,14 @@ class ConvTranspose2dImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ConvTranspose2d);
 
+/// 2-D convolution, stride 1, no bias: x [B, in, H, W], w [out, in, k, k] -> [B, out, H +
+/// 2p - k + 1, W + 2p - k + 1], in x's dtype. Float32 and float64 go to at::conv2d. For
+/// bfloat16 and float16 CPU tensors LibTorch 1.13 picks its im2col path with a naive 16-bit
+/// gemm (slow_conv2d: a 1e9-parameter BigGAN step took over 6 minutes), so this computes in
+/// float32 through oneDNN and rounds the output once, as CPU autocast does. A custom
+/// autograd function saves the 16-bit x and w themselves, not float32 copies, so nothing
+/// weight-sized stays alive from forward to backward (w remains a view of the sharding
+/// unit's flat parameter) and the float32 copies are recomputed in backward. Local.
+at::Tensor conv2d_lowp(const at::Tensor& x, const at::Tensor& w, int64_t padding);
+
 }  // namespace shardgan

@@ -59,11 +59,16 @@ class GanObjective {
 
   /// D's loss on logits [B] of real and fake images: mean over the batch. Local.
   at::Tensor d_loss(const at::Tensor& real_logits, const at::Tensor& fake_logits) const;
+  /// The real-image and fake-image terms of d_loss. Local.
+  at::Tensor d_loss_real(const at::Tensor& real_logits) const;
+  at::Tensor d_loss_fake(const at::Tensor& fake_logits) const;
   /// G's loss on D's logits [B] of fake images. Local.
   at::Tensor g_loss(const at::Tensor& fake_logits) const;
 
-  /// Collective. d_steps D updates (G under no_grad), then one G update with D frozen
-  /// (input gradients only, no D reduce-scatter). Fills every field but step and
+  /// Collective. d_steps D updates (G under no_grad; real and fake images each get a
+  /// forward and a backward of their own, so that D's units are released as in any single
+  /// backward), then one G update with D frozen (input gradients only, no D
+  /// reduce-scatter). Fills every field but step and
   /// step_time_s.
   StepMetrics step(TrainedModel g, TrainedModel d, const StepInputs& in);
 

@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include "shardgan/nn/layers.h"
+
 namespace shardgan::biggan {
 namespace {
 
@@ -30,8 +32,9 @@ void init_bias(at::Tensor& b, int64_t fan_in) {
 
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> spectral_normalize(const at::Tensor& weight, at::Tensor& u,
-                                                     bool update, double eps) {
+namespace {
+
+at::Tensor spectral_sigma(const at::Tensor& weight, at::Tensor& u, bool update, double eps) {
   TORCH_CHECK(weight.dim() >= 2, "spectral_normalize: weight must be at least 2-D, got ",
               weight.sizes());
   TORCH_CHECK(u.dim() == 2 && u.size(0) == 1 && u.size(1) == weight.size(0),
@@ -48,14 +51,21 @@ std::pair<at::Tensor, at::Tensor> spectral_normalize(const at::Tensor& weight, a
     if (update) u.copy_(u_new);
   }
   const auto dt = weight.scalar_type();
-  at::Tensor sigma = at::mm(at::mm(v.to(dt), w.t()), u_new.to(dt).t()).squeeze();
+  return at::mm(at::mm(v.to(dt), w.t()), u_new.to(dt).t()).squeeze();
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> spectral_normalize(const at::Tensor& weight, at::Tensor& u,
+                                                     bool update, double eps) {
+  at::Tensor sigma = spectral_sigma(weight, u, update, eps);
   return {weight / sigma, sigma};
 }
 
-at::Tensor SNBase::normalized_weight() {
-  auto [w_bar, sigma] = spectral_normalize(weight, u, is_training());
-  last_sigma_ = sigma.detach();
-  return w_bar;
+at::Tensor SNBase::sigma() {
+  at::Tensor s = spectral_sigma(weight, u, is_training(), kSnEps);
+  last_sigma_ = s.detach();
+  return s;
 }
 
 SNConv2dImpl::SNConv2dImpl(int64_t in, int64_t out, int64_t kernel, int64_t padding, bool bias_on)
@@ -66,7 +76,8 @@ SNConv2dImpl::SNConv2dImpl(int64_t in, int64_t out, int64_t kernel, int64_t padd
 }
 
 at::Tensor SNConv2dImpl::forward(const at::Tensor& x) {
-  return at::conv2d(x, normalized_weight(), bias, {1, 1}, {padding_, padding_});
+  at::Tensor y = conv2d_lowp(x, weight, padding_) / sigma();
+  return bias.defined() ? y + bias.view({1, -1, 1, 1}) : y;
 }
 
 SNLinearImpl::SNLinearImpl(int64_t in, int64_t out, bool bias_on) {
@@ -76,7 +87,8 @@ SNLinearImpl::SNLinearImpl(int64_t in, int64_t out, bool bias_on) {
 }
 
 at::Tensor SNLinearImpl::forward(const at::Tensor& x) {
-  return at::linear(x, normalized_weight(), bias);
+  at::Tensor y = at::linear(x, weight) / sigma();
+  return bias.defined() ? y + bias : y;
 }
 
 SNEmbeddingImpl::SNEmbeddingImpl(int64_t n, int64_t dim) {
@@ -85,7 +97,7 @@ SNEmbeddingImpl::SNEmbeddingImpl(int64_t n, int64_t dim) {
 }
 
 at::Tensor SNEmbeddingImpl::forward(const at::Tensor& y) {
-  return at::embedding(normalized_weight(), y);
+  return at::embedding(weight, y) / sigma();
 }
 
 CCBNImpl::CCBNImpl(int64_t channels, int64_t cond_dim, Communicator* comm) : comm_(comm) {

@@ -46,6 +46,12 @@ std::pair<at::Tensor, at::Tensor> spectral_normalize(const at::Tensor& weight, a
 
 /// Base of the SN layers: parameter "weight", buffer "u" [1, weight.size(0)] (randn).
 /// One power iteration per training-mode forward updates u; eval mode leaves it.
+///
+/// The layers compute op(x, W) / sigma (+ bias) rather than op(x, W / sigma): the ops are
+/// linear in W, so the result is the same, but autograd then saves W itself, a view of the
+/// sharding unit's gathered flat parameter, instead of a full-size W / sigma copy per layer
+/// that would stay alive from forward to backward and defeat ZeRO-3 (at 1e9 parameters
+/// those copies were 3 GiB per rank in the D step).
 class SNBase : public torch::nn::Module {
  public:
   at::Tensor weight, u;
@@ -53,8 +59,8 @@ class SNBase : public torch::nn::Module {
   const at::Tensor& last_sigma() const { return last_sigma_; }
 
  protected:
-  /// W / sigma, updating u in training mode; remembers sigma.
-  at::Tensor normalized_weight();
+  /// sigma (differentiable in W), updating u in training mode; remembers it.
+  at::Tensor sigma();
   at::Tensor last_sigma_;
 };
 
