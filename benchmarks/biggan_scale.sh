@@ -20,7 +20,8 @@ CFG=configs/biggan-1b.yaml
 for ch in $CHS; do
   for np in $NS; do
     for stage in $STAGES; do
-      RUN=$OUT/run-ch$ch-np$np-s$stage
+      RUN=${TMPDIR:-/tmp}/shardgan-biggan-scale/run-ch$ch-np$np-s$stage  # logs and run dirs stay out of $OUT
+      mkdir -p "$(dirname "$RUN")"
       rm -rf "$RUN"
       SET=(--set model.ch=$ch --set model.d_ch=$ch --set sharding.generator.stage=$stage
            --set sharding.discriminator.stage=$stage --set train.steps=1 --set train.d_steps=1

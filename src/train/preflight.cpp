@@ -41,6 +41,10 @@ nlohmann::json stage_json(const ModelMemoryEstimate& e) {
           {"peak_bytes", e.peak_bytes()}};
 }
 
+int64_t with_margin(int64_t per_rank_bytes) {
+  return static_cast<int64_t>(kPreflightFactor * static_cast<double>(per_rank_bytes)) + kPreflightRankOverheadBytes;
+}
+
 std::string gib(int64_t b) {
   char s[32];
   std::snprintf(s, sizeof(s), "%.2f GiB", b / 1073741824.0);
@@ -75,20 +79,22 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   j["configured"] = {{"generator_stage", cfg.g_sharding.stage},
                      {"discriminator_stage", cfg.d_sharding.stage},
                      {"per_rank_peak_bytes", per_rank},
-                     {"node_peak_bytes", per_rank * local_ranks}};
+                     {"node_peak_bytes", per_rank * local_ranks},
+                     {"node_bytes_checked", with_margin(per_rank) * local_ranks}};
   HostMemory host = read_host_memory();
   j["node_memory"] = {{"total_bytes", host.total_bytes}, {"available_bytes", host.available_bytes}};
   return j;
 }
 
 void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
-  const int64_t need = report["configured"]["node_peak_bytes"].get<int64_t>();
+  const int ranks_here = report["ranks_on_node"].get<int>();
+  const int64_t need = with_margin(report["configured"]["per_rank_peak_bytes"].get<int64_t>()) * ranks_here;
   const int64_t avail = report["node_memory"]["available_bytes"].get<int64_t>();
   if (need <= avail) return;
   const int ranks = report["ranks_on_node"].get<int>();
   std::string fits;
   for (int s = 0; s < 4 && fits.empty(); ++s) {
-    const int64_t n = report["per_rank"]["stage" + std::to_string(s)]["total_peak_bytes"].get<int64_t>() * ranks;
+    const int64_t n = with_margin(report["per_rank"]["stage" + std::to_string(s)]["total_peak_bytes"].get<int64_t>()) * ranks;
     if (n <= avail) fits = "ZeRO stage " + std::to_string(s) + " for both models would need " + gib(n) + " and fits";
   }
   if (fits.empty()) {
@@ -98,7 +104,7 @@ void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
   throw MemoryPreflightError(
       cfg.source + ": memory pre-flight: G stage " + std::to_string(cfg.g_sharding.stage) + " and D stage " +
       std::to_string(cfg.d_sharding.stage) + " on " + std::to_string(ranks) + " ranks of this node need about " +
-      std::to_string(need) + " bytes (" + gib(need) + ") of training state, but only " + std::to_string(avail) +
+      std::to_string(need) + " bytes (" + gib(need) + ": training state plus measured overhead), but only " + std::to_string(avail) +
       " bytes (" + gib(avail) + ") are available. " + fits +
       " (set sharding.generator.stage / sharding.discriminator.stage), or set train.skip_memory_check: true "
       "to run anyway. `shardgan-train CONFIG --dry-run` prints the whole estimate.");

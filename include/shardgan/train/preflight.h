@@ -28,8 +28,15 @@ class MemoryPreflightError : public std::runtime_error {
 /// (bytes, /proc/meminfo capped by the cgroup limit).
 nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int world_size, int local_ranks);
 
-/// Local. Throws MemoryPreflightError when the configured stages' estimate (per-rank peak
-/// times `local_ranks`) exceeds the node's available memory. The message gives the bytes
+/// What a rank needs beyond the estimate, calibrated on measured peak RSS (VmHWM) of BigGAN
+/// runs at 6.7e7-1e9 parameters, stages 0-3, N = 2 and 4 (docs/benchmarks.md): LibTorch's
+/// own ~0.35 GiB per process, MPI's buffers, activations and the 16-bit reduction copies,
+/// which the estimate leaves out. Checked: estimate * kPreflightFactor + overhead per rank.
+inline constexpr double kPreflightFactor = 1.15;
+inline constexpr int64_t kPreflightRankOverheadBytes = int64_t{1} << 30;
+
+/// Local. Throws MemoryPreflightError when the configured stages' estimate, with the margin
+/// above, times `local_ranks` exceeds the node's available memory. The message gives the bytes
 /// needed and available, and the lowest stage (for both models) that would fit, or says
 /// that none does. `report` is memory_preflight's result.
 void check_memory(const TrainConfig& cfg, const nlohmann::json& report);
