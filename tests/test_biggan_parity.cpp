@@ -15,8 +15,10 @@
 
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/train/trainer.h"
+#include "test_util.h"
 
 using namespace shardgan;
+using shardgan::test_util::max_rel_diff;
 
 namespace {
 
@@ -34,21 +36,6 @@ ema: {enabled: true, decay: 0.9, start_step: 0}
 )", "biggan-parity-test", {});
   c.g_sharding.stage = c.d_sharding.stage = stage;
   return c;
-}
-
-double max_rel_diff(const std::vector<std::pair<std::string, at::Tensor>>& a,
-                    const std::vector<std::pair<std::string, at::Tensor>>& b, const char* what) {
-  EXPECT_EQ(a.size(), b.size()) << what;
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    EXPECT_EQ(a[i].first, b[i].first);
-    const double scale = b[i].second.abs().max().item<double>();
-    const double diff = (a[i].second - b[i].second).abs().max().item<double>();
-    const double rel = diff / std::max(scale, 1e-300);
-    EXPECT_LE(rel, 1e-9) << what << " " << a[i].first << ": max abs diff " << diff << ", scale " << scale;
-    worst = std::max(worst, rel);
-  }
-  return worst;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ema_of(Trainer& t) {

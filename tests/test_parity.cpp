@@ -11,8 +11,10 @@
 
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/train/trainer.h"
+#include "test_util.h"
 
 using namespace shardgan;
+using shardgan::test_util::max_rel_diff;
 
 namespace {
 
@@ -25,21 +27,6 @@ model: {dtype: float64, z_dim: 8, g_width: 4, d_width: 4}
 )", "parity-test", overrides);
   c.g_sharding.stage = c.d_sharding.stage = stage;
   return c;
-}
-
-double max_rel_diff(const std::vector<std::pair<std::string, at::Tensor>>& a,
-                    const std::vector<std::pair<std::string, at::Tensor>>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    EXPECT_EQ(a[i].first, b[i].first);
-    const double scale = b[i].second.abs().max().item<double>();
-    const double diff = (a[i].second - b[i].second).abs().max().item<double>();
-    const double rel = diff / std::max(scale, 1e-300);
-    EXPECT_LE(rel, 1e-9) << a[i].first << ": max abs diff " << diff << ", scale " << scale;
-    worst = std::max(worst, rel);
-  }
-  return worst;
 }
 
 TEST(Parity, Stage3MatchesOneRankStage0InFloat64) {
