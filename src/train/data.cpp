@@ -54,6 +54,15 @@ class IdxReader {
     }
   }
 
+  // Reads the magic number and throws DataError naming the file unless it is `want`.
+  void expect_magic(uint32_t want, const std::string& kind) {
+    const uint32_t magic = read_be32("magic");
+    if (magic != want) {
+      throw DataError(path_ + ": not an " + kind + " file (magic " + std::to_string(magic) +
+                      ", expected " + std::to_string(want) + ")");
+    }
+  }
+
   uint32_t read_be32(const std::string& what) {
     unsigned char b[4];
     read_exact(b, 4, "the idx header (" + what + ")");
@@ -88,11 +97,7 @@ at::Tensor load_fashion_mnist(const std::string& dir, at::ScalarType dtype, cons
   check_split(split);
   IdxReader f(dir + "/" + split + "-images-idx3-ubyte.gz");
   const std::string& path = f.path();
-  const uint32_t magic = f.read_be32("magic");
-  if (magic != 2051) {
-    throw DataError(path + ": not an idx3 image file (magic " + std::to_string(magic) +
-                    ", expected 2051)");
-  }
+  f.expect_magic(2051, "idx3 image");
   const int64_t n = f.read_be32("count"), h = f.read_be32("rows"), w = f.read_be32("columns");
   if (n < 1 || n > kMaxItems) {
     throw DataError(path + ": implausible image count " + std::to_string(n) + " in the header");
@@ -112,11 +117,7 @@ at::Tensor load_fashion_mnist_labels(const std::string& dir, const std::string& 
   check_split(split);
   IdxReader f(dir + "/" + split + "-labels-idx1-ubyte.gz");
   const std::string& path = f.path();
-  const uint32_t magic = f.read_be32("magic");
-  if (magic != 2049) {
-    throw DataError(path + ": not an idx1 label file (magic " + std::to_string(magic) +
-                    ", expected 2049)");
-  }
+  f.expect_magic(2049, "idx1 label");
   const int64_t n = f.read_be32("count");
   if (n < 1 || n > kMaxItems) {
     throw DataError(path + ": implausible label count " + std::to_string(n) + " in the header");

@@ -31,10 +31,6 @@ at::Tensor GanObjective::d_loss_fake(const at::Tensor& fake) const {
   return loss_ == "hinge" ? torch::relu(1.0 + fake).mean() : F::softplus(fake).mean();
 }
 
-at::Tensor GanObjective::d_loss(const at::Tensor& real, const at::Tensor& fake) const {
-  return d_loss_real(real) + d_loss_fake(fake);
-}
-
 at::Tensor GanObjective::g_loss(const at::Tensor& fake) const {
   if (loss_ == "hinge") return -fake.mean();
   return F::softplus(-fake).mean();
@@ -70,8 +66,7 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
       at::Tensor d_fake = d.model->forward(TensorList{fake, y_fake}).at(0).reshape({-1}).to(md);
       at::Tensor loss_fake = d_loss_fake(d_fake) / k;
       d.scaler->scale_loss(loss_fake).backward();
-      at::Tensor loss = loss_real.detach() + loss_fake.detach();
-      stats[0] += loss.detach().to(at::kDouble) / d_steps_;
+      stats[0] += (loss_real.detach() + loss_fake.detach()).to(at::kDouble) / d_steps_;
       stats[2] += torch::sigmoid(d_real.detach()).mean().to(at::kDouble) / (k * d_steps_);
       stats[3] += torch::sigmoid(d_fake.detach()).mean().to(at::kDouble) / (k * d_steps_);
     }

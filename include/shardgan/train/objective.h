@@ -57,9 +57,8 @@ class GanObjective {
   GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches, double grad_clip,
                Communicator& comm);
 
-  /// D's loss on logits [B] of real and fake images: mean over the batch. Local.
-  at::Tensor d_loss(const at::Tensor& real_logits, const at::Tensor& fake_logits) const;
-  /// The real-image and fake-image terms of d_loss. Local.
+  /// D's loss on logits [B] of real images and of fake images, each a mean over the batch;
+  /// the D loss is their sum. Local.
   at::Tensor d_loss_real(const at::Tensor& real_logits) const;
   at::Tensor d_loss_fake(const at::Tensor& fake_logits) const;
   /// G's loss on D's logits [B] of fake images. Local.
