@@ -2,6 +2,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <thread>
 
@@ -12,6 +13,7 @@
 #include "shardgan/comm/factory.h"
 #include "shardgan/train/config.h"
 #include "shardgan/train/preflight.h"
+#include "shardgan/train/preemption.h"
 #include "shardgan/train/trainer.h"
 #include "shardgan/util/log.h"
 
@@ -27,7 +29,9 @@ int main(int argc, char** argv) {
   bool dry_run = false;
   app.add_option("config", config_path, "YAML config file (see configs/)")->required();
   app.add_option("--set", overrides, "override a config key, e.g. --set train.steps=200");
-  app.add_option("--resume", resume, "continue from a checkpoint, checkpoints folder or run dir");
+  app.add_option("--resume", resume,
+                 "continue from a checkpoint, checkpoints folder or run dir; 'auto': from the newest "
+                 "checkpoint of run.dir if there is one, else start fresh (for requeued jobs)");
   app.add_flag("--dry-run", dry_run,
                "print the memory pre-flight (parameters, bytes per rank per ZeRO stage, node memory) "
                "as one JSON object on rank 0's stdout and exit without training");
@@ -40,6 +44,7 @@ int main(int argc, char** argv) {
     return code;
   }
 
+  shardgan::install_preemption_handlers();
   try {
     shardgan::TrainConfig cfg = shardgan::load_config(config_path, overrides);
     shardgan::init_logging(rank, cfg.run_dir);
@@ -64,13 +69,20 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) spdlog::info("config {} ({} threads per rank, local rank {} of {})", config_path, threads, local_rank, local_size);
     shardgan::Trainer trainer(cfg, *comm);
-    if (!resume.empty()) trainer.resume(resume);
+    if (resume == "auto") {
+      trainer.resume_auto();
+    } else if (!resume.empty()) {
+      trainer.resume(resume);
+    }
     trainer.run(report);
     comm->barrier();
   } catch (const std::exception& e) {
     // Library code throws; here we end the job on every rank so that no peer hangs.
     std::fprintf(stderr, "shardgan-train: error on rank %d: %s\n", rank, e.what());
     std::fflush(stderr);
+    // Errors the ranks agreed on (a failed save, a NaN vote) throw on every rank at once:
+    // a moment's grace lets each print its own message before the first abort kills all.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }

@@ -9,13 +9,14 @@
 # bytes per parameter at stages 0-3). Prints one JSON object per cell, then the largest model that trained at
 # each stage per world size. Not a timed test: step times share the machine's 2 cores.
 #   benchmarks/biggan_scale.sh [build dir] [out dir] ["ch list"] ["N list"] ["stage list"]
+# SWEEP_APPEND=1 appends to an existing biggan_scale.jsonl (a long sweep run in parts).
 set -uo pipefail
 BUILD=${1:-build}; OUT=${2:-benchmarks/results/biggan}
 CHS=${3:-"16 32 45 64"}; NS=${4:-"1 2 4"}; STAGES=${5:-"0 1 2 3"}
 mkdir -p "$OUT"
 [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 J=$OUT/biggan_scale.jsonl
-: > "$J"
+[ "${SWEEP_APPEND:-0}" = 1 ] || : > "$J"
 CFG=configs/biggan-1b.yaml
 for ch in $CHS; do
   for np in $NS; do

@@ -13,3 +13,9 @@ endforeach()
 
 shardgan_test(test_checkpoint_ranges)
 shardgan_mpi_test(test_checkpoint_ranges 120 1)
+
+# A save that fails on one rank only (rank 1 under a file-size limit): all ranks end at once.
+add_test(NAME ckpt_save_failure_test
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_save_failure_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(ckpt_save_failure_test PROPERTIES TIMEOUT 300 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)

@@ -32,6 +32,7 @@ def main():
     idx.visititems(visit)
     # Rebuild each parameter from the rank files by hand and compare with the VDS.
     files = {}
+    rebuilt = 0
     for model in manifest["models"]:
         for unit in model["units"]:
             flat = np.zeros(unit["numel"], dtype=model["dtype"])
@@ -44,6 +45,7 @@ def main():
                 want = flat[p["offset"]:p["offset"] + p["numel"]].reshape(p["shape"])
                 got = idx[f"{model['name']}/params/{unit['name']}.{p['name']}"][...]
                 assert np.array_equal(got, want), p["name"]
+                rebuilt += 1
     checked = 0
     if len(sys.argv) > 2:
         exp = h5py.File(sys.argv[2], "r")
@@ -58,7 +60,10 @@ def main():
 
         exp.visititems(compare)
         assert checked > 0
-    print(f"h5py {h5py.__version__}: read {n} virtual datasets; {checked} equal the trainer's full tensors")
+    assert n > 0 and rebuilt > 0, f"nothing compared: {n} virtual datasets, {rebuilt} parameters"
+    extra = f"; {checked} equal the trainer's full tensors" if len(sys.argv) > 2 else ""
+    print(f"h5py {h5py.__version__}: read {n} virtual datasets; {rebuilt} parameters rebuilt by hand "
+          f"from the rank files equal them{extra}")
 
 
 if __name__ == "__main__":

@@ -15,3 +15,17 @@ add_test(NAME biggan_train_test
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/biggan_train_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
 set_tests_properties(biggan_train_test PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+
+# Independent references (issue 10): SyncBatchNorm against at::batch_norm on the global
+# batch plus a float64 gradient check (ctest -R syncbn_ref).
+shardgan_test(test_syncbn_ref)
+shardgan_mpi_test(test_syncbn_ref 60 1 2 3)
+
+# Stage-3 gradients against plain LibTorch autograd on torch::nn modules (ctest -R grad_ref).
+shardgan_test(test_grad_ref)
+shardgan_mpi_test(test_grad_ref 60 1 2 3)
+
+# R1 penalty (double backward) through a stage-3 D: parity with stage 0 on one rank and
+# with plain autograd (ctest -R r1).
+shardgan_test(test_r1)
+shardgan_mpi_test(test_r1 60 1 2 3)

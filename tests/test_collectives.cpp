@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <climits>
 #include <thread>
 
 #include "shardgan/comm/mpi_communicator.h"
@@ -109,6 +110,72 @@ TEST(CollectivesMisc, StatsCountBytes) {
   EXPECT_EQ(comm.stats().all_gather_calls, 1);
   EXPECT_EQ(comm.stats().all_gather_bytes, 16 * comm.world_size());
   EXPECT_EQ(comm.stats().reduce_scatter_bytes, 16 * comm.world_size());
+}
+
+// MPI counts are int: a collective above INT_MAX elements per rank is split into several
+// calls (MpiCommunicator::set_max_count). With the limit lowered to 3 elements, every
+// collective must give exactly what one call gives, and the call counters prove the split.
+// A split that drops or misplaces a column range leaves zeros or swapped values, which
+// torch::equal rejects; the call counters prove that the split path ran at all.
+TEST(CollectivesSplit, SplitCallsEqualOneCall) {
+  MpiCommunicator one(MPI_COMM_WORLD, 60.0), split(MPI_COMM_WORLD, 60.0);
+  split.set_max_count(3);
+  const int n = one.world_size(), r = one.rank();
+  const int64_t s = 10;  // 4 calls of 3, 3, 3, 1 elements per rank
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    at::Tensor shard = torch::randn({s}, torch::TensorOptions().dtype(dt)).add_(r);
+    at::Tensor want = torch::empty({n * s}, shard.options()), got = torch::zeros_like(want);
+    one.all_gather(want, shard);
+    split.all_gather(got, shard);
+    EXPECT_TRUE(torch::equal(got, want)) << "all_gather " << dt;
+    // In place (the shard is block r of full), and async.
+    at::Tensor inplace = torch::zeros_like(want);
+    inplace.narrow(0, r * s, s).copy_(shard);
+    at::Tensor own = inplace.narrow(0, r * s, s);
+    split.all_gather_async(inplace, own)->wait();
+    EXPECT_TRUE(torch::equal(inplace, want)) << "in-place async all_gather " << dt;
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      at::Tensor full = torch::randn({n * s}).add_(r).to(dt);
+      at::Tensor a = torch::empty({s}, full.options()), b = torch::empty({s}, full.options());
+      one.reduce_scatter(a, full, op);
+      split.reduce_scatter_async(b, full, op)->wait();
+      EXPECT_TRUE(torch::equal(a, b)) << "reduce_scatter " << to_string(op) << " " << dt;
+    }
+    at::Tensor t = torch::randn({11}).add_(r).to(dt), u = t.clone();
+    one.all_reduce(t, ReduceOp::kSum);
+    split.all_reduce(u, ReduceOp::kSum);
+    EXPECT_TRUE(torch::equal(t, u)) << "all_reduce " << dt;
+    at::Tensor bt = torch::randn({10}).add_(r).to(dt), bu = bt.clone();
+    one.broadcast(bt, n - 1);
+    split.broadcast(bu, n - 1);
+    EXPECT_TRUE(torch::equal(bt, bu)) << "broadcast " << dt;
+  }
+  EXPECT_EQ(split.stats().all_gather_calls, 2 * 2 * 4);  // 2 dtypes x (blocking, async) x 4
+  EXPECT_EQ(split.stats().reduce_scatter_calls, 2 * 2 * 4);
+  EXPECT_EQ(one.stats().all_gather_calls, 2);
+}
+
+// One real collective above INT_MAX elements: a uint8 broadcast of 2^31 + 7 bytes (2 GiB
+// per rank; run at world size <= 2 to bound memory). Without the split, the count cast to
+// int is negative and MPI_Ibcast fails.
+TEST(CollectivesSplit, BroadcastAboveIntMax) {
+  MpiCommunicator comm(MPI_COMM_WORLD, 120.0);
+  if (comm.world_size() > 2) GTEST_SKIP() << "2 GiB per rank: run at world size 1 and 2 only";
+  const int64_t numel = (int64_t{1} << 31) + 7;
+  at::Tensor t = torch::empty({numel}, torch::kByte);
+  const int root = comm.world_size() - 1;
+  const uint8_t fill = comm.rank() == root ? 7 : 0;
+  t.fill_(fill);
+  if (comm.rank() == root) t[numel - 1] = 9;
+  comm.broadcast(t, root);
+  EXPECT_EQ(t[0].item<int>(), 7);
+  EXPECT_EQ(t[INT_MAX - 1].item<int>(), 7);
+  EXPECT_EQ(t[INT_MAX].item<int>(), 7);
+  EXPECT_EQ(t[numel - 1].item<int>(), 9);
+  at::Tensor body = t.narrow(0, 0, numel - 1);  // min and max reduce without a temporary
+  EXPECT_EQ(body.min().item<int>(), 7);
+  EXPECT_EQ(body.max().item<int>(), 7);
+  EXPECT_EQ(comm.stats().broadcast_calls, 1);
 }
 
 }  // namespace

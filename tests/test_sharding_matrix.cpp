@@ -1,22 +1,39 @@
 // The sharding engine against its reference: every ZeRO stage x {1, 2 micro-batches} x
-// {float64, bfloat16 compute}, at the world size mpirun gives (1-4), must match stage 0 on
-// one rank with the same global batch, micro-batches and compute dtype. Plus determinism,
-// the ZeRO paper's communication volume (Sec. 7) and its model-state memory formulas
-// (Sec. 5), and the bound on gathered units.
+// {float64, bfloat16 compute} x {Adam, plain SGD}, at the world size mpirun gives (1-4),
+// must match stage 0 on one rank with the same global batch, micro-batches, compute dtype
+// and optimizer. Plus determinism, the ZeRO paper's communication volume (Sec. 7) and its
+// model-state memory formulas (Sec. 5), and the bound on gathered units.
 //
-// Tolerances (per tensor, max|a - b| over max|b| for float64, max|a - b| for bfloat16):
-// - float64: 1e-12 (about 5e-16 is reached). Only summation order differs (per-rank partial gradient and
-//   SyncBatchNorm sums), ~1e-16 per reduction, amplified by Adam's m / sqrt(v).
-// - bfloat16 compute (float32 master and Adam state): 2e-2 absolute. bfloat16 keeps 8
-//   significant bits, so a rank-partial sum can differ from the full-batch one by ~2^-8
-//   relative, and Adam turns a gradient of the wrong sign into an update of the wrong sign:
-//   3 steps x 2 x lr (1e-3) = 6e-3, plus bfloat16 rounding of the activations feeding the
-//   gradients.
+// Tolerances (per tensor):
+// - Adam, float64: max|a - b| / max|b| <= 1e-12 (about 5e-16 is reached). Only summation
+//   order differs (per-rank partial gradient and SyncBatchNorm sums), ~1e-16 per
+//   reduction, amplified by Adam's m / sqrt(v).
+// - Adam, bfloat16 compute (float32 master and Adam state): max|a - b| <= 2e-2. bfloat16
+//   keeps 8 significant bits, so a rank-partial sum can differ from the full-batch one by
+//   ~2^-8 relative, and Adam turns a gradient of the wrong sign into an update of the wrong
+//   sign: 3 steps x 2 x lr (1e-3) = 6e-3, plus bfloat16 rounding of the activations
+//   feeding the gradients. Adam normalizes the gradient's scale away, so this row cannot
+//   see a wrong reduction factor (issue 10): the SGD rows below can.
+// - Plain SGD (no momentum, lr 0.05): the update d = p_final - p_init is linear in the
+//   gradient, so a gradient scaled by s scales d by s. We compare updates:
+//   max|d_a - d_b| / max|d_b|. float64: 1e-12, as for Adam. bfloat16: 0.5. The runs differ
+//   only in rounding, but bfloat16 rounds every activation and gradient to 2^-9 relative
+//   (about 8 roundings between the loss and a weight gradient in this 4-unit model), and a
+//   weight gradient is a sum over 24 samples whose terms largely cancel (sum |terms| up
+//   to ~10x |sum|), so one step's gradient can move by 8 x 2^-9 x 10 ~ 0.16 of its size;
+//   over 3 steps the bfloat16 compute copies of the weights also round differently (an
+//   ulp of a weight is about one update here). Measured worst: 0.33 (N = 2, 2
+//   micro-batches). A wrong reduction is larger: a sum where an average belongs scales d
+//   by N, a missing 1/k under accumulation by k. Negative control, run in every N >= 2
+//   SGD case: rank 1's loss (so its gradient) is scaled by 2, and the test asserts that
+//   this broken run FAILS the same bound (measured 1.6 to 14.8 at N = 2-4 in bfloat16,
+//   12 to 70 in float64).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/optim/sharded_adam.h"
+#include "shardgan/optim/sharded_sgd.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/nn/layers.h"
 #include "shardgan/nn/sync_batchnorm.h"
@@ -33,6 +50,7 @@ struct Case {
   int stage;
   int micro;
   at::ScalarType compute;
+  bool sgd = false;  ///< plain SGD (no momentum) instead of Adam
 };
 
 ShardedUnit::SingleForward fwd(nn::Sequential s) {
@@ -64,18 +82,31 @@ std::unique_ptr<ShardedModel> build(Communicator& comm, Communicator& bn_comm, S
 
 struct TrainResult {
   std::vector<std::pair<std::string, at::Tensor>> params;
+  std::vector<std::pair<std::string, at::Tensor>> init;  ///< parameters before the first step
   MemoryStats mem;
   int64_t largest_unit_bytes = 0;  // full (gathered) bytes of the largest unit
 };
 
-TrainResult train(Communicator& comm, Communicator& bn_comm, const Case& c, int stage_override = -1) {
+// `rank1_loss_scale` != 1 breaks the run on purpose (the negative control): rank 1's loss,
+// hence its share of every gradient, is scaled.
+TrainResult train(Communicator& comm, Communicator& bn_comm, const Case& c, int stage_override = -1,
+                  double rank1_loss_scale = 1.0) {
   ShardingConfig cfg;
   cfg.stage = stage_override >= 0 ? stage_override : c.stage;
   const bool low = c.compute != at::kDouble;
   const at::ScalarType master = low ? at::kFloat : at::kDouble;
   if (low) cfg.compute_dtype = c.compute;
   auto model = build(comm, bn_comm, cfg, master);
-  ShardedAdam opt(*model, AdamConfig{1e-3, 0.9, 0.999, 1e-8});
+  std::unique_ptr<ShardedOptimizer> optp;
+  if (c.sgd) {
+    optp = std::make_unique<ShardedSgd>(*model, SgdConfig{0.05});
+  } else {
+    optp = std::make_unique<ShardedAdam>(*model, AdamConfig{1e-3, 0.9, 0.999, 1e-8});
+  }
+  ShardedOptimizer& opt = *optp;
+  TrainResult r;
+  r.init = model->gather_full_parameters();
+  const double loss_scale = comm.rank() == 1 ? rank1_loss_scale : 1.0;
   auto gen = at::detail::createCPUGenerator(99);
   const int64_t per_micro = kGlobalBatch / c.micro, local = per_micro / comm.world_size();
   for (int step = 0; step < kSteps; ++step) {
@@ -85,13 +116,12 @@ TrainResult train(Communicator& comm, Communicator& bn_comm, const Case& c, int 
       model->set_gradient_sync(j == c.micro - 1);
       const int64_t start = j * per_micro + comm.rank() * local;
       at::Tensor out = model->forward(labels.narrow(0, start, local)).view(-1).to(master);
-      ((out - target.narrow(0, start, local)).pow(2).mean() / c.micro).backward();
+      ((out - target.narrow(0, start, local)).pow(2).mean() * (loss_scale / c.micro)).backward();
     }
     opt.step();
     model->after_optimizer_step();
     model->zero_grad();
   }
-  TrainResult r;
   r.mem = model->memory_stats();
   for (auto& u : model->units()) {
     r.largest_unit_bytes = std::max<int64_t>(r.largest_unit_bytes, u->padded_numel() * static_cast<int64_t>(at::elementSize(c.compute)));
@@ -103,7 +133,28 @@ TrainResult train(Communicator& comm, Communicator& bn_comm, const Case& c, int 
 
 std::string name_of(const Case& c) {
   return "stage" + std::to_string(c.stage) + "_micro" + std::to_string(c.micro) + "_" +
-         c10::toString(c.compute);
+         c10::toString(c.compute) + (c.sgd ? "_sgd" : "");
+}
+
+// The worst per-tensor error of `a` against `b` under the case's metric (see the header).
+double worst_error(const TrainResult& a, const TrainResult& b, const Case& c, bool expect_within, double tol) {
+  const bool f64 = c.compute == at::kDouble;
+  double worst = 0;
+  EXPECT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < b.params.size() && i < a.params.size(); ++i) {
+    at::Tensor x = a.params[i].second.to(at::kDouble), y = b.params[i].second.to(at::kDouble);
+    if (c.sgd) {
+      x = x - a.init[i].second.to(at::kDouble);
+      y = y - b.init[i].second.to(at::kDouble);
+    }
+    const double diff = (x - y).abs().max().item<double>();
+    const double err = f64 || c.sgd ? diff / std::max(y.abs().max().item<double>(), 1e-300) : diff;
+    if (expect_within) {
+      EXPECT_LE(err, tol) << a.params[i].first;
+    }
+    worst = std::max(worst, err);
+  }
+  return worst;
 }
 
 class Matrix : public ::testing::TestWithParam<Case> {};
@@ -115,19 +166,19 @@ TEST_P(Matrix, MatchesOneRankStage0) {
   TrainResult sharded = train(world, world_bn, c);
   TrainResult ref = train(self, self_bn, c, /*stage=*/0);
   const bool f64 = c.compute == at::kDouble;
-  const double tol = f64 ? 1e-12 : 2e-2;
-  double worst = 0;
-  ASSERT_EQ(sharded.params.size(), ref.params.size());
-  for (size_t i = 0; i < ref.params.size(); ++i) {
-    const at::Tensor a = sharded.params[i].second.to(at::kDouble), b = ref.params[i].second.to(at::kDouble);
-    const double diff = (a - b).abs().max().item<double>();
-    const double err = f64 ? diff / std::max(b.abs().max().item<double>(), 1e-300) : diff;
-    EXPECT_LE(err, tol) << sharded.params[i].first;
-    worst = std::max(worst, err);
-  }
+  const double tol = f64 ? 1e-12 : (c.sgd ? 0.5 : 2e-2);
+  const double worst = worst_error(sharded, ref, c, true, tol);
   if (world.rank() == 0) {
     std::printf("[matrix] N=%d %s: worst %s diff %.3g (tolerance %.0e)\n", world.world_size(),
-                name_of(c).c_str(), f64 ? "relative" : "absolute", worst, tol);
+                name_of(c).c_str(), f64 || c.sgd ? "relative" : "absolute", worst, tol);
+  }
+  if (c.sgd && world.world_size() >= 2) {
+    // Negative control: the same case with rank 1's gradient doubled must fail the bound.
+    TrainResult broken = train(world, world_bn, c, -1, /*rank1_loss_scale=*/2.0);
+    const double err = worst_error(broken, ref, c, false, tol);
+    EXPECT_GT(err, tol) << "a doubled gradient on rank 1 passed the bound: the test cannot fail";
+    if (world.rank() == 0) std::printf("[matrix] N=%d %s, rank 1 gradient x2: worst %.3g (must exceed %.0e)\n",
+                                       world.world_size(), name_of(c).c_str(), err, tol);
   }
 }
 
@@ -135,7 +186,8 @@ std::vector<Case> all_cases() {
   std::vector<Case> v;
   for (int stage : {0, 1, 2, 3})
     for (int micro : {1, 2})
-      for (auto dt : {at::kDouble, at::kBFloat16}) v.push_back({stage, micro, dt});
+      for (auto dt : {at::kDouble, at::kBFloat16})
+        for (bool sgd : {false, true}) v.push_back({stage, micro, dt, sgd});
   return v;
 }
 

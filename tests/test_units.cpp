@@ -137,6 +137,46 @@ TEST(Units, FrozenModelIsReleasedUnitByUnitInBackward) {
   EXPECT_EQ(d->memory_stats().full_param_bytes_alive, 0);
 }
 
+// A unit whose first layer is frozen and whose last layer trains (issue 10): its trainable
+// gradients are complete before the backward reaches the frozen layer, which still needs
+// its weight to pass the gradient on to the unit's input. The unit must stay gathered
+// until that input gradient exists (it counts input gradients as well as parameter
+// gradients). Compared with plain autograd on unsharded copies at stage 3.
+TEST(Units, PartlyFrozenUnitKeepsItsFrozenWeightForTheInputGradient) {
+  MpiCommunicator world(MPI_COMM_WORLD, 60.0);
+  auto make = [] {
+    torch::manual_seed(21);
+    nn::Linear first(4, 6);
+    nn::Sequential mixed(nn::Linear(6, 6), nn::Functional([](const at::Tensor& t) { return torch::tanh(t); }), nn::Linear(6, 3));
+    first->to(torch::kDouble);
+    mixed->to(torch::kDouble);
+    for (auto& p : mixed[0]->parameters()) p.requires_grad_(false);  // frozen, first in the unit
+    return std::make_pair(first, mixed);
+  };
+  const int64_t global = 6, local = global / world.world_size();
+  torch::manual_seed(22);
+  const at::Tensor x = torch::randn({global, 4}, torch::kDouble);
+  // Reference: plain autograd, whole batch.
+  auto [rf, rm] = make();
+  rm->forward(rf->forward(x)).pow(2).mean().backward();
+  std::vector<at::Tensor> want_first, want_mixed;
+  for (auto& p : rf->parameters()) want_first.push_back(p.grad().reshape({-1}));
+  for (auto& p : rm->parameters()) {
+    want_mixed.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, torch::kDouble));
+  }
+  // Sharded, stage 3.
+  auto [sf, sm] = make();
+  ShardedModel m("m", world, sharding(3));
+  m.add_unit("first", sf.ptr(), [sf = sf](const at::Tensor& t) mutable { return sf->forward(t); });
+  m.add_unit("mixed", sm.ptr(), [sm = sm](const at::Tensor& t) mutable { return sm->forward(t); });
+  m.forward(x.narrow(0, world.rank() * local, local)).pow(2).mean().backward();
+  auto got = grads_of(m, world);
+  const double tol = 1e-12;  // summation order only (the rank-partial gradient average)
+  test_util::max_rel_diff({{"first", got[0].second}, {"mixed", got[1].second}},
+                          {{"first", torch::cat(want_first)}, {"mixed", torch::cat(want_mixed)}}, "partly frozen", tol);
+  EXPECT_EQ(m.memory_stats().full_param_bytes_alive, 0) << "a unit stayed gathered after backward";
+}
+
 TEST(Units, ParameterInTwoUnitsIsAnErrorNamingIt) {
   MpiCommunicator world(MPI_COMM_WORLD, 60.0);
   ShardedModel m("twice", world, sharding(3));

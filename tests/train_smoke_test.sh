@@ -8,7 +8,16 @@ T=$(mktemp -d /tmp/shardgan-smoke.XXXXXX)
   --set run.dir="$T/run" > "$T/log" 2>&1 && ok "training exits 0" || bad "training failed: $(tail -5 "$T/log")"
 [ -s "$T/run/samples/samples-step-00000010.png" ] && ok "sample grid written" || bad "no sample grid"
 [ "$(wc -l < "$T/run/metrics.jsonl")" -eq 2 ] && ok "two metrics lines" || bad "metrics.jsonl: $(cat "$T/run/metrics.jsonl")"
-grep -q '"loss_d":[0-9]' "$T/run/metrics.jsonl" && ok "finite losses" || bad "losses not finite"
+# Every loss of every line must be a finite number (nlohmann-json writes NaN and Inf as null).
+/usr/bin/python3 - "$T/run/metrics.jsonl" > "$T/f.txt" 2>&1 <<'PYEOF' && ok "$(cat "$T/f.txt")" || bad "losses: $(cat "$T/f.txt")"
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+keys = [k for k in rows[0] if k.startswith("loss")]
+assert {"loss_d", "loss_g"} <= set(keys), f"no loss_d/loss_g in {rows[0]}"
+bad = [(r["step"], k, r[k]) for r in rows for k in keys if not isinstance(r[k], (int, float)) or not math.isfinite(r[k])]
+assert not bad, f"non-finite: {bad}"
+print(f"every loss finite: {keys} over {len(rows)} lines")
+PYEOF
 [ "$(cat "$T/run/checkpoints/latest")" = "step-00000010" ] && ok "latest names step 10" || bad "latest pointer wrong"
 [ -f "$T/run/checkpoints/step-00000010/rank-00001.h5" ] && ok "rank files present" || bad "rank files missing"
 h5dump -a /step "$T/run/checkpoints/step-00000010/rank-00000.h5" | grep -q "(0): 10" && ok "h5dump reads the step" || bad "h5dump cannot read step"

@@ -35,9 +35,32 @@ void put(ckpt::RankFileWriter& w, const std::string& path, const at::Tensor& t) 
   w.write(path, h5_type(c), c.sizes().vec(), c.data_ptr());
 }
 
-bool is_step_dir(const std::string& n) {  // step-XXXXXXXX exactly: committed
-  return n.size() == 13 && n.rfind("step-", 0) == 0 &&
-         std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
+// The step of a committed checkpoint directory "step-" + at least 8 digits (zero-padded to 8,
+// longer past step 99,999,999), or -1 for anything else (*.tmp, *.old, *.del leftovers).
+int64_t committed_step(const std::string& n) {
+  if (n.size() < 13 || n.size() > 24 || n.rfind("step-", 0) != 0) return -1;
+  if (!std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
+  return std::stoll(n.substr(5));
+}
+
+// Orders committed directory names by step, not by string (step-100000000 after step-99999999).
+bool by_step(const std::string& a, const std::string& b) { return committed_step(a) < committed_step(b); }
+
+// Collective (one all-reduce). Every rank passes its own error ("" if none); if any rank
+// failed, every rank throws: the failing ones their own message, the others one naming the
+// failed ranks. So a write error on one rank ends all of them at once, instead of leaving
+// the others in the next collective until its timeout.
+void agree_or_throw(Communicator& comm, const std::string& error, const std::string& what) {
+  at::Tensor failed = torch::zeros({comm.world_size()}, torch::kDouble);
+  if (!error.empty()) failed[comm.rank()] = 1.0;
+  comm.all_reduce(failed, ReduceOp::kSum);
+  if (failed.sum().item<double>() == 0) return;
+  if (!error.empty()) throw CheckpointError(error);
+  std::string ranks;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (failed[r].item<double>() != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  throw CheckpointError(what + " failed on rank " + ranks + " (see its message); committed checkpoints are untouched");
 }
 
 void write_atomically(const std::string& path, const std::string& text) {
@@ -203,15 +226,21 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
   std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(counters.step));
   const std::string final_dir = root + "/" + name, tmp_dir = final_dir + ".tmp";
   const int rank = comm.rank();
+  const std::string what = "checkpoint save of step " + std::to_string(counters.step) + " to '" + final_dir + "'";
+  std::string error;
   if (rank == 0) {
-    fs::remove_all(tmp_dir);
-    fs::create_directories(tmp_dir);
+    try {
+      fs::remove_all(tmp_dir);
+      fs::create_directories(tmp_dir);
+    } catch (const std::exception& e) {
+      error = "rank 0: " + what + ": " + e.what();
+    }
   }
-  comm.barrier();
+  agree_or_throw(comm, error, what);
 
   // This rank's file, and a record of what it holds (its part of the manifest).
   Manifest mine;
-  {
+  try {
     ckpt::RankFileWriter w(tmp_dir, rank);
     h5::File& f = w.file();
     f.set_attr("/", "schema_version", kCheckpointSchemaVersion);
@@ -258,11 +287,14 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
       stats->bytes = mine.files.back().bytes;
       stats->write_s = std::chrono::duration<double>(clock::now() - t0).count();
     }
+  } catch (const std::exception& e) {
+    error = "rank " + std::to_string(rank) + ": " + what + ": " + e.what();
   }
+  agree_or_throw(comm, error, what);
   mine.schema_version = kCheckpointSchemaVersion;
   const std::vector<std::string> records = all_gather_strings(comm, ckpt::to_json(mine));
 
-  if (rank == 0) {
+  if (rank == 0) try {
     Manifest m;
     m.schema_version = kCheckpointSchemaVersion;
     m.world_size = comm.world_size();
@@ -325,21 +357,23 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
     for (auto& e : fs::directory_iterator(root)) {
       const std::string n = e.path().filename().string();
       if (!e.is_directory() || n.rfind("step-", 0) != 0) continue;
-      if (is_step_dir(n)) {
+      if (committed_step(n) >= 0) {
         committed.push_back(n);
       } else {
         doomed.push_back(e.path());  // leftovers of interrupted saves (*.tmp, *.old, *.del)
       }
     }
-    std::sort(committed.begin(), committed.end());
+    std::sort(committed.begin(), committed.end(), by_step);
     for (size_t i = 0; i + std::max(keep_last, 1) < committed.size(); ++i) {
       const std::string from = root + "/" + committed[i], to = from + ".del";
       fs::rename(from, to);
       doomed.emplace_back(to);
     }
     delete_in_background(std::move(doomed));
+  } catch (const std::exception& e) {
+    error = "rank 0: " + what + " (commit): " + e.what();
   }
-  comm.barrier();
+  agree_or_throw(comm, error, what);
   if (stats) stats->total_s = std::chrono::duration<double>(clock::now() - t0).count();
   return final_dir;
 }
@@ -358,9 +392,9 @@ std::string resolve_checkpoint_dir(const std::string& path) {
       const std::string n = e.path().filename().string();
       if (!e.is_directory() || n.rfind("step-", 0) != 0) continue;
       any = true;
-      if (is_step_dir(n) && fs::exists(e.path() / ckpt::kIndexFile)) complete.push_back(n);
+      if (committed_step(n) >= 0 && fs::exists(e.path() / ckpt::kIndexFile)) complete.push_back(n);
     }
-    if (!complete.empty()) return folder + "/" + *std::max_element(complete.begin(), complete.end());
+    if (!complete.empty()) return folder + "/" + *std::max_element(complete.begin(), complete.end(), by_step);
     if (any) {
       throw CheckpointError("--resume '" + path + "': '" + folder +
                             "' holds no complete checkpoint (only interrupted saves); start afresh");

@@ -136,6 +136,25 @@ void reshard(const std::string& src, const std::string& dst, int world_size, int
   commit_dir(tmp, dst);
 }
 
+void compare_values(const std::vector<double>& a, const std::vector<double>& b, TensorDiff& d) {
+  double scale = 0;
+  bool nonfinite = false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = a[i], y = b[i];
+    double e;
+    if (std::isnan(x) || std::isnan(y)) {
+      e = std::isnan(x) && std::isnan(y) ? 0 : INFINITY;
+    } else {
+      e = x == y ? 0 : std::abs(x - y);  // equal infinities: 0; one infinite: inf
+    }
+    nonfinite = nonfinite || std::isinf(e);
+    d.max_abs = std::max(d.max_abs, e);
+    if (std::isfinite(y)) scale = std::max(scale, std::abs(y));
+  }
+  d.max_rel = d.max_abs == 0 ? 0 : d.max_abs / std::max(scale, 1e-300);
+  if (nonfinite) d.note += std::string(d.note.empty() ? "" : "; ") + "non-finite values differ";
+}
+
 std::vector<TensorDiff> diff(const std::string& a_dir, const std::string& b_dir) {
   CheckpointReader a(a_dir), b(b_dir);
   std::map<std::string, TensorRef> in_b;
@@ -153,13 +172,8 @@ std::vector<TensorDiff> diff(const std::string& a_dir, const std::string& b_dir)
     } else {
       const std::vector<double> x = as_double(read_raw(a, ta), ta.dtype, ta.numel());
       const std::vector<double> y = as_double(read_raw(b, it->second), it->second.dtype, ta.numel());
-      double scale = 0;
-      for (size_t i = 0; i < x.size(); ++i) {
-        d.max_abs = std::max(d.max_abs, std::abs(x[i] - y[i]));
-        scale = std::max(scale, std::abs(y[i]));
-      }
-      d.max_rel = d.max_abs == 0 ? 0 : d.max_abs / std::max(scale, 1e-300);
       if (ta.dtype != it->second.dtype) d.note = "dtype " + ta.dtype + " vs " + it->second.dtype;
+      compare_values(x, y, d);
     }
     if (it != in_b.end()) in_b.erase(it);
     out.push_back(std::move(d));

@@ -1,6 +1,8 @@
 #include "shardgan/comm/mpi_communicator.h"
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <functional>
 #include <sstream>
 #include <thread>
@@ -84,6 +86,11 @@ class MpiWork final : public Work {
   bool done_ = false;
 };
 
+class DoneWork final : public Work {  // a collective that already completed
+ public:
+  void wait() override {}
+};
+
 const char* to_string(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return "sum";
@@ -148,11 +155,35 @@ MPI_Request MpiCommunicator::start_all_gather(at::Tensor& full, const at::Tensor
 }
 
 void MpiCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
+  if (shard.numel() > max_count_) return all_gather_split(full, shard);
   MPI_Request req = start_all_gather(full, shard);
   wait(req, describe("all_gather", rank_, world_size_, full));
 }
 
+void MpiCommunicator::all_gather_split(at::Tensor& full, const at::Tensor& shard) {
+  check_cpu_contiguous(full, "all_gather", "full", rank_);
+  check_cpu_contiguous(shard, "all_gather", "shard", rank_);
+  check_block_sizes("all_gather", full, shard);
+  // Block r of `full` is rank r's shard; gather column range [a, a + len) of every block
+  // through a staging buffer of world_size * len elements, then scatter it into place.
+  // The staging copy of our own range is taken first, since `shard` may alias `full`.
+  const int64_t s = shard.numel();
+  at::Tensor rows = full.view({world_size_, s});
+  for (int64_t a = 0; a < s; a += max_count_) {
+    const int64_t len = std::min(max_count_, s - a);
+    at::Tensor part = shard.narrow(0, a, len).clone();
+    at::Tensor staged = at::empty({world_size_ * len}, full.options());
+    MPI_Request req = start_all_gather(staged, part);
+    wait(req, describe("all_gather (split)", rank_, world_size_, staged));
+    rows.narrow(1, a, len).copy_(staged.view({world_size_, len}));
+  }
+}
+
 std::unique_ptr<Work> MpiCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
+  if (shard.numel() > max_count_) {  // split calls run blocking; the handle is complete
+    all_gather_split(full, shard);
+    return std::make_unique<DoneWork>();
+  }
   MPI_Request req = start_all_gather(full, shard);
   return std::make_unique<MpiWork>(*this, req, describe("all_gather (prefetch)", rank_, world_size_, full));
 }
@@ -162,6 +193,20 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(at::Tensor& shard, c
   check_cpu_contiguous(full, "reduce_scatter", "full", rank_);
   check_cpu_contiguous(shard, "reduce_scatter", "shard", rank_);
   check_block_sizes("reduce_scatter", full, shard);
+  if (shard.numel() > max_count_) {
+    // Column range [a, a + len) of every rank's block, staged contiguously (world_size * len
+    // elements), reduce-scattered into shard[a, a + len). Split calls run blocking.
+    const int64_t s = shard.numel();
+    at::Tensor rows = full.view({world_size_, s});
+    for (int64_t a = 0; a < s; a += max_count_) {
+      const int64_t len = std::min(max_count_, s - a);
+      at::Tensor staged = rows.narrow(1, a, len).contiguous().view({-1});
+      at::Tensor part = at::empty({len}, shard.options());
+      reduce_scatter_async(part, staged, op)->wait();
+      shard.narrow(0, a, len).copy_(part);
+    }
+    return std::make_unique<DoneWork>();
+  }
   stats_.reduce_scatter_calls++;
   stats_.reduce_scatter_bytes += full.numel() * full.element_size();
   const bool up = is_16bit_float(full);
@@ -190,10 +235,13 @@ void MpiCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
   stats_.all_reduce_bytes += t.numel() * t.element_size();
   const bool up = is_16bit_float(t);
   at::Tensor buf = up ? t.to(at::kFloat) : t;
-  MPI_Request req;
-  MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), static_cast<int>(buf.numel()),
-                 mpi_type(buf.scalar_type()), mpi_op(op), comm_, &req);
-  wait(req, describe("all_reduce", rank_, world_size_, t));
+  for (int64_t a = 0; a < buf.numel(); a += max_count_) {  // one call unless above max_count_
+    at::Tensor part = buf.view({-1}).narrow(0, a, std::min(max_count_, buf.numel() - a));
+    MPI_Request req;
+    MPI_Iallreduce(MPI_IN_PLACE, part.data_ptr(), static_cast<int>(part.numel()),
+                   mpi_type(buf.scalar_type()), mpi_op(op), comm_, &req);
+    wait(req, describe("all_reduce", rank_, world_size_, t));
+  }
   if (op == ReduceOp::kAvg) buf.div_(world_size_);
   if (up) t.copy_(buf);
 }
@@ -206,10 +254,13 @@ void MpiCommunicator::broadcast(at::Tensor& t, int root) {
   }
   stats_.broadcast_calls++;
   stats_.broadcast_bytes += t.numel() * t.element_size();
-  MPI_Request req;
-  MPI_Ibcast(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t.scalar_type()), root, comm_,
-             &req);
-  wait(req, describe("broadcast", rank_, world_size_, t));
+  for (int64_t a = 0; a < t.numel(); a += max_count_) {  // one call unless above max_count_
+    at::Tensor part = t.view({-1}).narrow(0, a, std::min(max_count_, t.numel() - a));
+    MPI_Request req;
+    MPI_Ibcast(part.data_ptr(), static_cast<int>(part.numel()), mpi_type(t.scalar_type()), root,
+               comm_, &req);
+    wait(req, describe("broadcast", rank_, world_size_, t));
+  }
 }
 
 void MpiCommunicator::barrier() {

@@ -53,6 +53,14 @@ struct SyncBatchNormFn : torch::autograd::Function<SyncBatchNormFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // Grad mode is on inside a backward only when it builds a graph (create_graph=true):
+    // the all-reduce below is not differentiable, so the second-order terms from other
+    // ranks would be silently missing.
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "SyncBatchNorm has no double backward (create_graph=true, e.g. an R1 or "
+                "gradient penalty, train.r1_gamma): its cross-rank statistics are not "
+                "differentiated twice. Use a discriminator without BatchNorm (BigGAN's and "
+                "StyleGAN's have none: model.arch biggan), or turn the penalty off");
     auto saved = ctx->get_saved_variables();
     at::Tensor xhat = saved[0], invstd = saved[1], weight = saved[2];
     at::Tensor dy = grads[0].contiguous();

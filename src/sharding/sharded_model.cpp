@@ -91,7 +91,7 @@ ShardedUnit& ShardedModel::unit(const std::string& unit_name) {
 at::Tensor ShardedModel::forward(at::Tensor x) { return forward(TensorList{std::move(x)}).at(0); }
 
 TensorList ShardedModel::forward(const TensorList& inputs) {
-  recording_ = !recorded_;
+  recording_ = !recorded_ && !higher_order_;  // a plain pass records no execution order
   TensorList out;
   try {
     if (program_) {
@@ -157,6 +157,26 @@ void ShardedModel::after_optimizer_step() {
 
 void ShardedModel::train(bool on) {
   for (auto& u : units_) u->module().train(on);
+}
+
+void ShardedModel::begin_higher_order() {
+  higher_order_ = true;
+  for (auto& u : units_) {
+    u->gather();
+    u->set_plain(true);
+  }
+  on_unit_gathered();
+}
+
+void ShardedModel::end_higher_order() {
+  // Reverse unit order, as a backward reduces: the same on every rank.
+  for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
+    (*it)->set_plain(false);
+    (*it)->reduce_gradients();
+  }
+  finish_reduces();
+  for (auto& u : units_) u->free_full();
+  higher_order_ = false;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardedModel::gather_full_parameters() {

@@ -194,21 +194,28 @@ void ShardedUnit::free_full() {
 at::Tensor ShardedUnit::forward(const at::Tensor& x) { return forward(TensorList{x}).at(0); }
 
 TensorList ShardedUnit::forward(const TensorList& inputs) {
-  gather();
-  if (owner_) owner_->on_unit_forward(*this);  // records the order, or prefetches the next
+  if (plain_ && !gathered_) {
+    throw std::logic_error("unit '" + name_ + "': plain (higher-order) forward needs the unit gathered; "
+                           "call ShardedModel::begin_higher_order() first");
+  }
+  if (!plain_) {
+    gather();
+    if (owner_) owner_->on_unit_forward(*this);  // records the order, or prefetches the next
+  }
   TensorList in;
   in.reserve(inputs.size());
   for (const at::Tensor& x : inputs) {
     // Mixed precision: floating inputs are cast to the compute dtype at the unit boundary.
     at::Tensor t = x.defined() && x.is_floating_point() && x.scalar_type() != compute_dtype_
                        ? x.to(compute_dtype_) : x;
-    if (t.defined() && t.requires_grad() && at::GradMode::is_enabled()) {
+    if (!plain_ && t.defined() && t.requires_grad() && at::GradMode::is_enabled()) {
       t = InputGradReady::apply(t, reinterpret_cast<int64_t>(this));
       ++input_grads_expected_;
     }
     in.push_back(std::move(t));
   }
   TensorList out = forward_(in);
+  if (plain_) return out;
   bool any = false;
   for (at::Tensor& y : out) {
     if (!y.defined() || !y.requires_grad()) continue;

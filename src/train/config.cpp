@@ -14,14 +14,40 @@ namespace {
 
 using Flat = std::map<std::string, std::string>;
 
+// A config has about 80 nodes. Aliases can make a small file a huge tree ("billion laughs":
+// each level refers twice to the one before), which would take forever to walk.
+constexpr size_t kMaxNodes = 10000;
+
 void flatten(const YAML::Node& node, const std::string& prefix, Flat& out,
-             const std::string& source) {
+             const std::string& source, size_t& visited) {
+  if (++visited > kMaxNodes) {
+    throw ConfigError(source + ": more than " + std::to_string(kMaxNodes) + " keys and values (near key '" +
+                      prefix + "'); are aliases expanding it?");
+  }
+  if (node.IsMap() && node.size() == 0 && !prefix.empty()) {
+    // Kept, so that "key: {}" is a bad value of the key instead of silently meaning its
+    // default; an empty section ("ema: {}") is allowed (ConfigReader::check_all_known).
+    if (out.count(prefix)) throw ConfigError(source + ": key '" + prefix + "' is set twice; keep one");
+    out[prefix] = "{}";
+    return;
+  }
   if (node.IsMap()) {
+    std::set<std::string> keys;
     for (auto it = node.begin(); it != node.end(); ++it) {
       std::string key = it->first.as<std::string>();
-      flatten(it->second, prefix.empty() ? key : prefix + "." + key, out, source);
+      const std::string full = prefix.empty() ? key : prefix + "." + key;
+      // yaml-cpp keeps both entries of a duplicate key, and the later one would silently win.
+      if (!keys.insert(key).second) {
+        throw ConfigError(source + ": key '" + full + "' appears twice in the same map; keep one");
+      }
+      flatten(it->second, full, out, source, visited);
     }
-  } else if (node.IsScalar()) {
+    return;
+  }
+  if (out.count(prefix)) {  // e.g. "train.steps: 1" beside "train: {steps: 2}"
+    throw ConfigError(source + ": key '" + prefix + "' is set twice; keep one");
+  }
+  if (node.IsScalar()) {
     out[prefix] = node.Scalar();
   } else if (node.IsNull()) {
     out[prefix] = "";
@@ -81,9 +107,14 @@ OptimizerConfig read_optim(Reader& r, const std::string& who, int64_t steps) {
   c.weight_decay = r.get<double>(p + "weight_decay", c.weight_decay);
   require(c.weight_decay >= 0, r, p + "weight_decay", "must be >= 0");
   c.momentum = r.get<double>(p + "momentum", c.momentum);
+  require(c.momentum >= 0 && c.momentum < 1, r, p + "momentum", "must be in [0, 1)");
   c.dampening = r.get<double>(p + "dampening", c.dampening);
+  require(c.dampening >= 0 && c.dampening <= 1, r, p + "dampening", "must be in [0, 1]");
   c.nesterov = r.get<bool>(p + "nesterov", c.nesterov);
+  require(!c.nesterov || c.type != OptimizerType::kSgd || (c.momentum > 0 && c.dampening == 0), r,
+          p + "nesterov", "needs momentum > 0 and dampening 0");
   c.alpha = r.get<double>(p + "alpha", c.alpha);
+  require(c.alpha >= 0 && c.alpha < 1, r, p + "alpha", "must be in [0, 1)");
   c.centered = r.get<bool>(p + "centered", c.centered);
   const std::string sched = r.get<std::string>(p + "schedule", "constant");
   try {
@@ -92,11 +123,16 @@ OptimizerConfig read_optim(Reader& r, const std::string& who, int64_t steps) {
     throw ConfigError(r.source() + ": key '" + p + "schedule' " + e.what());
   }
   c.schedule.warmup_steps = r.get<int64_t>(p + "warmup_steps", 0);
+  require(c.schedule.warmup_steps >= 0, r, p + "warmup_steps", "must be >= 0");
   // Defaults to train.steps; pin it when a run is resumed with a different train.steps.
   c.schedule.total_steps = r.get<int64_t>(p + "total_steps", steps);
+  require(c.schedule.total_steps >= 0, r, p + "total_steps", "must be >= 0");
   c.schedule.min_lr = r.get<double>(p + "min_lr", 0.0);
+  require(c.schedule.min_lr >= 0, r, p + "min_lr", "must be >= 0");
   c.schedule.step_size = r.get<int64_t>(p + "step_size", 0);
+  require(c.schedule.step_size >= 0, r, p + "step_size", "must be >= 0");
   c.schedule.gamma = r.get<double>(p + "gamma", 0.1);
+  require(c.schedule.gamma > 0, r, p + "gamma", "must be > 0");
   try {
     LrSchedule check(c.lr, c.schedule);  // validates the schedule's fields
   } catch (const std::invalid_argument& e) {
@@ -111,10 +147,17 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
                          const std::vector<std::string>& overrides) {
   Flat flat;
   try {
-    YAML::Node root = YAML::Load(yaml_text);
+    // YAML::Load would read the first document and silently drop any after a "---".
+    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
+    if (docs.size() > 1) {
+      throw ConfigError(source + ": holds " + std::to_string(docs.size()) +
+                        " YAML documents (separated by ---); a config is one document");
+    }
+    const YAML::Node root = docs.empty() ? YAML::Node() : docs[0];
     if (!root.IsNull()) {
       if (!root.IsMap()) throw ConfigError(source + ": the top level must be a map of sections");
-      flatten(root, "", flat, source);
+      size_t visited = 0;
+      flatten(root, "", flat, source, visited);
     }
   } catch (const YAML::Exception& e) {
     throw ConfigError(source + ": YAML error: " + e.what());
@@ -153,7 +196,7 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   c.keep_checkpoints = r.get<int64_t>("train.keep_checkpoints", c.keep_checkpoints);
   require(c.keep_checkpoints >= 1, r, "train.keep_checkpoints", "must be >= 1");
   c.threads = r.get<int64_t>("train.threads", c.threads);
-  require(c.threads >= 0, r, "train.threads", "must be >= 0");
+  require(c.threads >= 0 && c.threads <= 1024, r, "train.threads", "must be 0 (cores / ranks) to 1024");
   std::string dtype = r.get<std::string>("model.dtype", "float32");
   require(dtype == "float32" || dtype == "float64", r, "model.dtype", "must be float32 or float64");
   c.model_dtype = dtype == "float64" ? at::kDouble : at::kFloat;
@@ -164,6 +207,15 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   require(c.loss == "nonsaturating" || c.loss == "hinge", r, "train.loss",
           "must be nonsaturating (DCGAN) or hinge (BigGAN)");
   c.skip_memory_check = r.get<bool>("train.skip_memory_check", c.skip_memory_check);
+  c.r1_gamma = r.get<double>("train.r1_gamma", c.r1_gamma);
+  require(c.r1_gamma >= 0, r, "train.r1_gamma", "must be >= 0 (0 = off)");
+  c.r1_every = r.get<int64_t>("train.r1_every", c.r1_every);
+  require(c.r1_every >= 1, r, "train.r1_every", "must be >= 1");
+  c.on_nonfinite = r.get<std::string>("train.on_nonfinite", c.on_nonfinite);
+  require(c.on_nonfinite == "skip" || c.on_nonfinite == "abort", r, "train.on_nonfinite",
+          "must be skip or abort");
+  c.max_nonfinite_steps = r.get<int64_t>("train.max_nonfinite_steps", c.max_nonfinite_steps);
+  require(c.max_nonfinite_steps >= 1, r, "train.max_nonfinite_steps", "must be >= 1");
   c.g_sharding = read_sharding(r, "generator");
   c.d_sharding = read_sharding(r, "discriminator");
   c.g_optim = read_optim(r, "generator", c.steps);
@@ -174,6 +226,7 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   c.ema.decay = r.get<double>("ema.decay", c.ema.decay);
   require(c.ema.decay >= 0 && c.ema.decay <= 1, r, "ema.decay", "must be in [0, 1]");
   c.ema.start_step = r.get<int64_t>("ema.start_step", c.ema.start_step);
+  require(c.ema.start_step >= 0, r, "ema.start_step", "must be >= 0");
   c.loss_scale.init_scale = r.get<double>("loss_scale.init_scale", c.loss_scale.init_scale);
   require(c.loss_scale.init_scale > 0, r, "loss_scale.init_scale", "must be > 0");
   c.loss_scale.growth_interval = r.get<int64_t>("loss_scale.growth_interval", c.loss_scale.growth_interval);
@@ -183,7 +236,8 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   c.backend = r.get<std::string>("dist.backend", c.backend);
   require(c.backend == "mpi" || c.backend == "nccl", r, "dist.backend", "must be mpi or nccl");
   c.timeout_s = r.get<double>("dist.timeout_s", c.timeout_s);
-  require(c.timeout_s > 0, r, "dist.timeout_s", "must be > 0 (seconds)");
+  // At most about 31 years: longer ones overflow the clock's deadline arithmetic.
+  require(c.timeout_s > 0 && c.timeout_s <= 1e9, r, "dist.timeout_s", "must be > 0 and at most 1e9 (seconds)");
   r.check_all_known();
   c.resolved_yaml = r.resolved();
   return c;

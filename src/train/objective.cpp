@@ -1,5 +1,6 @@
 #include "shardgan/train/objective.h"
 
+#include <cmath>
 #include <stdexcept>
 
 #include <spdlog/spdlog.h>
@@ -15,8 +16,10 @@ namespace shardgan {
 namespace F = torch::nn::functional;
 
 GanObjective::GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches,
-                           double grad_clip, Communicator& comm)
-    : loss_(std::move(loss)), d_steps_(d_steps), micro_(micro_batches), grad_clip_(grad_clip), comm_(comm) {
+                           double grad_clip, Communicator& comm, double r1_gamma, int64_t r1_every)
+    : loss_(std::move(loss)), d_steps_(d_steps), micro_(micro_batches), grad_clip_(grad_clip),
+      r1_gamma_(r1_gamma), r1_every_(r1_every), comm_(comm) {
+  if (!(r1_gamma_ >= 0) || r1_every_ < 1) throw std::invalid_argument("r1_gamma must be >= 0 and r1_every >= 1");
   if (loss_ != "nonsaturating" && loss_ != "hinge") {
     throw std::invalid_argument("GAN loss '" + loss_ + "' is unknown: use nonsaturating or hinge");
   }
@@ -43,6 +46,7 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
   // D steps: each loss is divided by k so that the accumulated gradient equals the one of
   // the whole global batch. G runs without autograd, so G gets no gradients.
   for (int64_t s = 0; s < d_steps_; ++s) {
+    bool loss_finite = true;
     TensorList fake_in = in.latents();
     for (int64_t j = 0; j < k; ++j) {
       TensorList real = in.real(j);
@@ -59,19 +63,23 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
       // it is done, at the cost of one more reduce-scatter of D per D step (stages 2-3).
       const at::ScalarType md = real.at(0).scalar_type();
       d.model->set_gradient_sync(false);
-      at::Tensor d_real = d.model->forward(TensorList{real.at(0), real.at(1)}).at(0).reshape({-1}).to(md);
+      auto [d_real, r1] = d_real_pass(d, real, md);
       at::Tensor loss_real = d_loss_real(d_real) / k;
-      d.scaler->scale_loss(loss_real).backward();
+      r.r1 += r1 / d_steps_;
       d.model->set_gradient_sync(j == k - 1);
       at::Tensor d_fake = d.model->forward(TensorList{fake, y_fake}).at(0).reshape({-1}).to(md);
       at::Tensor loss_fake = d_loss_fake(d_fake) / k;
       d.scaler->scale_loss(loss_fake).backward();
-      stats[0] += (loss_real.detach() + loss_fake.detach()).to(at::kDouble) / d_steps_;
+      const at::Tensor loss_d = (loss_real.detach() + loss_fake.detach()).to(at::kDouble);
+      loss_finite = loss_finite && std::isfinite(loss_d.item<double>());
+      stats[0] += loss_d / d_steps_;
       stats[2] += torch::sigmoid(d_real.detach()).mean().to(at::kDouble) / (k * d_steps_);
       stats[3] += torch::sigmoid(d_fake.detach()).mean().to(at::kDouble) / (k * d_steps_);
     }
     double norm = 0;
-    if (!finish_update(d, norm, s)) r.skipped_d = true;
+    bool nonfinite = false;
+    if (!finish_update(d, norm, s, loss_finite, nonfinite)) r.skipped_d = true;
+    r.nonfinite_d = r.nonfinite_d || nonfinite;
     r.grad_norm_d = norm;
   }
 
@@ -79,6 +87,7 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
   // gradients only (no D parameter gradients, no D reduce-scatter).
   d.model->set_requires_grad(false);
   TensorList gen_in = in.latents();
+  bool g_loss_finite = true;
   for (int64_t j = 0; j < k; ++j) {
     g.model->set_gradient_sync(j == k - 1);
     at::Tensor y = gen_in[1].defined() ? in.local(gen_in[1], j) : at::Tensor();
@@ -86,10 +95,12 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
     at::Tensor out = d.model->forward(TensorList{fake, y}).at(0).reshape({-1});
     at::Tensor loss = g_loss(out.to(gen_in[0].scalar_type())) / k;
     g.scaler->scale_loss(loss).backward();
-    stats[1] += loss.detach().to(at::kDouble);
+    const at::Tensor loss_g = loss.detach().to(at::kDouble);
+    g_loss_finite = g_loss_finite && std::isfinite(loss_g.item<double>());
+    stats[1] += loss_g;
   }
   d.model->set_requires_grad(true);
-  r.skipped_g = !finish_update(g, r.grad_norm_g, 0);
+  r.skipped_g = !finish_update(g, r.grad_norm_g, 0, g_loss_finite, r.nonfinite_g);
   r.loss_scale_d = d.scaler->scale();
   r.loss_scale_g = g.scaler->scale();
 
@@ -101,8 +112,57 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
   return r;
 }
 
-bool GanObjective::finish_update(TrainedModel m, double& norm, int64_t step_index) {
+namespace {
+
+// Whether every gradient shard of `m` is finite on this rank. One reduction per shard in
+// float64, which propagates any NaN or Inf, and no temporary of the shard's size (an
+// isfinite() mask would allocate a byte per element: 0.5 GB for a 5e8-element shard).
+bool grads_finite(ShardedModel& m) {
+  torch::NoGradGuard no_grad;
+  for (auto& u : m.units()) {
+    const at::Tensor& g = u->grad_shard();
+    if (g.defined() && g.numel() > 0 && !std::isfinite(g.sum(at::kDouble).item<double>())) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::pair<at::Tensor, double> GanObjective::d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md) {
+  const int64_t k = micro_;
+  const bool r1 = r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
+  if (!r1) {
+    at::Tensor logits = d.model->forward(TensorList{real.at(0), real.at(1)}).at(0).reshape({-1}).to(md);
+    d.scaler->scale_loss(d_loss_real(logits) / k).backward();
+    return {logits.detach(), 0.0};
+  }
+  // R1: the gradient of D's logits with respect to the real images, kept in the graph
+  // (create_graph), so that the penalty's backward differentiates it again with respect
+  // to D's parameters. D stays gathered from the first forward to the second backward.
+  d.model->begin_higher_order();
+  at::Tensor x = real.at(0).detach().requires_grad_(true);
+  at::Tensor logits = d.model->forward(TensorList{x, real.at(1)}).at(0).reshape({-1}).to(md);
+  at::Tensor gx = torch::autograd::grad({logits.sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+  // Per-sample squared norm, averaged over the batch; local means average over ranks.
+  at::Tensor penalty = gx.pow(2).flatten(1).sum(1).mean() * (0.5 * r1_gamma_);
+  d.scaler->scale_loss((d_loss_real(logits) + penalty * static_cast<double>(r1_every_)) / k).backward();
+  d.model->end_higher_order();
+  at::Tensor p = penalty.detach().to(at::kDouble).reshape({1});
+  comm_.all_reduce(p, ReduceOp::kAvg);
+  return {logits.detach(), p.item<double>() / k};
+}
+
+bool GanObjective::finish_update(TrainedModel m, double& norm, int64_t step_index, bool loss_finite,
+                                 bool& nonfinite) {
   bool ok = m.scaler->unscale_and_vote({m.model}, comm_);  // float16 only; else no collective
+  if (!m.scaler->enabled()) {
+    // Every rank's verdict, so that all of them skip (or abort) together. Gradient shards
+    // cover every element between them at stages 2 and 3, and are whole at 0 and 1.
+    at::Tensor vote = torch::full({1}, loss_finite && grads_finite(*m.model) ? 0.0 : 1.0, torch::kDouble);
+    comm_.all_reduce(vote, ReduceOp::kMax);
+    nonfinite = vote.item<double>() != 0;
+    ok = !nonfinite;
+  }
   if (ok && grad_clip_ > 0) {
     ClipResult c = clip_grad_norm({m.model}, grad_clip_, comm_);
     norm = c.total_norm;

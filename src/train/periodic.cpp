@@ -89,7 +89,9 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
                       {"images_per_s", sps},  {"world_size", comm_.world_size()},
                       {"g_model_state_bytes", g_state_bytes},
                       {"d_model_state_bytes", d_state_bytes},
-                      {"peak_rss_bytes_rank0", rss}};
+                      {"peak_rss_bytes_rank0", rss},
+                      {"nonfinite_steps", m.nonfinite_steps}};
+  if (cfg_.r1_gamma > 0) j["r1"] = m.r1;
   std::ofstream(cfg_.run_dir + "/metrics.jsonl", std::ios::app) << j.dump() << "\n";
 }
 

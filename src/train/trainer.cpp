@@ -1,6 +1,7 @@
 #include "shardgan/train/trainer.h"
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -9,6 +10,7 @@
 #include "shardgan/optim/factory.h"
 #include "shardgan/sharding/deferred.h"
 #include "shardgan/train/inference.h"
+#include "shardgan/train/preemption.h"
 
 namespace shardgan {
 namespace {
@@ -75,7 +77,8 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   scaler_g_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.g_sharding));
   scaler_d_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.d_sharding));
   if (cfg_.ema_enabled) ema_ = std::make_unique<ShardedEma>(*g_, cfg_.ema);
-  objective_ = std::make_unique<GanObjective>(cfg_.loss, cfg_.d_steps, cfg_.micro_batches, cfg_.grad_clip, comm_);
+  objective_ = std::make_unique<GanObjective>(cfg_.loss, cfg_.d_steps, cfg_.micro_batches, cfg_.grad_clip, comm_,
+                                              cfg_.r1_gamma, cfg_.r1_every);
   periodic_ = std::make_unique<PeriodicActions>(cfg_, comm_);
   noise_gen_ = at::detail::createCPUGenerator(cfg_.seed + 3);
   fixed_inputs_ = fixed_sample_inputs(cfg_, &sample_nrow_);
@@ -118,11 +121,37 @@ StepMetrics Trainer::train_step() {
   in.local = [this](const at::Tensor& t, int64_t micro) { return local_micro(t, micro); };
   StepMetrics r = objective_->step({g_.get(), opt_g_.get(), scaler_g_.get()},
                                    {d_.get(), opt_d_.get(), scaler_d_.get()}, in);
-  if (ema_) ema_->update(opt_g_->step_count());
+  if (ema_ && !r.skipped_g) ema_->update(opt_g_->step_count());
   ++counters_.step;
   r.step = counters_.step;
+  check_nonfinite(r);
   r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+void Trainer::check_nonfinite(StepMetrics& r) {
+  if (!r.nonfinite_d && !r.nonfinite_g) {
+    nonfinite_in_a_row_ = 0;
+    r.nonfinite_steps = nonfinite_steps_;
+    return;
+  }
+  r.nonfinite_steps = ++nonfinite_steps_;
+  ++nonfinite_in_a_row_;
+  const std::string which = r.nonfinite_d && r.nonfinite_g ? "discriminator and the generator"
+                            : r.nonfinite_d ? "discriminator" : "generator";
+  const std::string what = "step " + std::to_string(r.step) + ": a NaN or Inf in the " + which +
+                           "'s loss or gradients (all ranks agreed)";
+  const std::string hint = ". HINT: lower the learning rate, set train.grad_clip, or resume from an earlier checkpoint";
+  if (cfg_.on_nonfinite == "abort") throw NonFiniteError(what + "; train.on_nonfinite is abort" + hint);
+  if (nonfinite_in_a_row_ > cfg_.max_nonfinite_steps) {
+    throw NonFiniteError(what + "; that is " + std::to_string(nonfinite_in_a_row_) +
+                         " such steps in a row, more than train.max_nonfinite_steps = " +
+                         std::to_string(cfg_.max_nonfinite_steps) + hint);
+  }
+  if (comm_.rank() == 0) {
+    spdlog::warn("{}: skipped the update, parameters and optimizer state untouched ({} in a row, {} in this run)",
+                 what, nonfinite_in_a_row_, nonfinite_steps_);
+  }
 }
 
 MemoryStats Trainer::memory_stats(ShardedModel& m) const {
@@ -145,6 +174,8 @@ std::string Trainer::save() {
   counters_.noise_rng_state = noise_gen_.get_state();
   for (auto& [k, v] : scaler_g_->state()) counters_.scalars["g." + k] = v;
   for (auto& [k, v] : scaler_d_->state()) counters_.scalars["d." + k] = v;
+  counters_.scalars["nonfinite_steps"] = static_cast<double>(nonfinite_steps_);
+  counters_.scalars["nonfinite_in_a_row"] = static_cast<double>(nonfinite_in_a_row_);
   SaveStats st;
   std::string dir = save_checkpoint(cfg_.run_dir, counters_, checkpoint_models(),
                                     cfg_.resolved_yaml, comm_, static_cast<int>(cfg_.keep_checkpoints), &st);
@@ -166,7 +197,31 @@ void Trainer::resume(const std::string& path) {
     scaler->load_state(st);
   }
   noise_gen_.set_state(counters_.noise_rng_state);
+  auto scalar = [&](const char* k) {
+    auto it = counters_.scalars.find(k);
+    return it == counters_.scalars.end() ? int64_t{0} : static_cast<int64_t>(it->second);
+  };
+  nonfinite_steps_ = scalar("nonfinite_steps");
+  nonfinite_in_a_row_ = scalar("nonfinite_in_a_row");
   if (comm_.rank() == 0) spdlog::info("resumed from {} at step {}", dir, counters_.step);
+}
+
+bool Trainer::resume_auto() {
+  std::string dir;
+  try {
+    dir = resolve_checkpoint_dir(cfg_.run_dir);
+  } catch (const CheckpointError&) {  // nothing committed there: a first start
+    if (comm_.rank() == 0) spdlog::info("--resume auto: no committed checkpoint under {}; starting fresh", cfg_.run_dir);
+    return false;
+  }
+  resume(dir);
+  return true;
+}
+
+int Trainer::preemption_vote() {
+  at::Tensor sig = torch::full({1}, static_cast<double>(preemption_signal()), torch::kDouble);
+  comm_.all_reduce(sig, ReduceOp::kMax);
+  return static_cast<int>(sig.item<double>());
 }
 
 void Trainer::run(const nlohmann::json& preflight) {
@@ -186,9 +241,21 @@ void Trainer::run(const nlohmann::json& preflight) {
       periodic_->log_step(m, memory_stats(*g_).model_state_bytes(), memory_stats(*d_).model_state_bytes());
     }
     if (periodic_->sample_due(m.step)) last_samples = write_samples();
-    if (periodic_->checkpoint_due(m.step)) {
+    const bool saved = periodic_->checkpoint_due(m.step);
+    if (saved) {
       last_ckpt = save();
       if (comm_.rank() == 0) spdlog::info("checkpoint {}", last_ckpt);
+    }
+    // Preemption: any rank's signal stops every rank after the same step.
+    if (const int sig = preemption_vote()) {
+      if (!saved) last_ckpt = save();
+      if (comm_.rank() == 0) {
+        spdlog::warn("received {} (preemption): finished step {} on every rank and saved checkpoint {}; "
+                     "exiting 0. Continue with --resume auto (or --resume {})",
+                     sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "signal " + std::to_string(sig),
+                     counters_.step, last_ckpt, cfg_.run_dir);
+      }
+      return;
     }
   }
   last_ckpt = save();

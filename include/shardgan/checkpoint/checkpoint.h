@@ -59,11 +59,14 @@ struct SaveStats {
   double total_s = 0;        ///< the whole collective save, commit included
 };
 
-/// Collective (barriers and one all-gather on `comm`). Writes and commits checkpoint
-/// step-<step> under `run_dir`/checkpoints and returns its directory. Throws
-/// CheckpointError or h5::H5Error on an I/O failure; committed checkpoints are untouched
-/// then. Keeps the newest `keep_last` committed checkpoints (>= 1), deletes older ones and
-/// leftovers of interrupted saves.
+/// Collective (three all-reduces and one all-gather on `comm`). Writes and commits
+/// checkpoint step-<step> under `run_dir`/checkpoints and returns its directory; the name
+/// is zero-padded to 8 digits and grows past step 99,999,999 (directories are ordered by
+/// step, not by name). An I/O failure on any rank (a write error, a full disk) makes every
+/// rank throw CheckpointError at the next agreement point: the failing rank with its
+/// cause, the others naming the failed rank. Nobody waits for the collective timeout, and
+/// committed checkpoints are untouched. Keeps the newest `keep_last` committed checkpoints
+/// (>= 1), deletes older ones and leftovers of interrupted saves.
 std::string save_checkpoint(const std::string& run_dir, const TrainCounters& counters,
                             const std::vector<ModelAndOptimizer>& models,
                             const std::string& config_yaml, Communicator& comm,

@@ -2,6 +2,9 @@
 /// MPI backend of Communicator for CPU tensors (Open MPI, MPI-3 non-blocking collectives).
 #include <mpi.h>
 
+#include <climits>
+#include <cstdint>
+
 #include "shardgan/comm/communicator.h"
 
 namespace shardgan {
@@ -35,16 +38,27 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm() const { return comm_; }
 
+  /// Largest element count passed to one MPI call: INT_MAX by default, since MPI counts
+  /// are `int`. A collective above it is split into several calls of at most this many
+  /// elements per rank (all-gather and reduce-scatter stage each column range through a
+  /// buffer of world_size() * count elements), and an async one then completes before it
+  /// returns. Tests lower it to exercise the split with small tensors. `n` >= 1.
+  void set_max_count(int64_t n) { max_count_ = n; }
+  int64_t max_count() const { return max_count_; }
+
  private:
   /// Waits for `req`; throws CollectiveTimeout naming `what` after timeout_s().
   void wait(MPI_Request& req, const std::string& what);
   /// Checks arguments, counts traffic and starts the all-gather.
   MPI_Request start_all_gather(at::Tensor& full, const at::Tensor& shard);
+  /// all_gather in calls of at most max_count_ elements per rank (blocking).
+  void all_gather_split(at::Tensor& full, const at::Tensor& shard);
   friend class MpiWork;
 
   MPI_Comm comm_;
   int rank_ = 0;
   int world_size_ = 1;
+  int64_t max_count_ = INT_MAX;
 };
 
 }  // namespace shardgan

@@ -77,6 +77,22 @@ class ShardedModel {
   /// Local: train or eval mode on every unit's module.
   void train(bool on);
 
+  /// Collective at stage 3 (one all-gather per unit, in unit order). Double backward
+  /// through a sharded model, for gradient penalties (R1: Mescheder et al. 2018, Sec. 4;
+  /// StyleGAN2's lazy R1, Karras et al. 2020, Sec. 3.1; WGAN-GP). A second-order pass
+  /// (torch::autograd::grad(..., create_graph=true), then the backward of the penalty)
+  /// reaches every parameter again after the first-order pass is done, so per-unit release
+  /// cannot apply: from here to end_higher_order() every unit stays gathered and runs as a
+  /// plain module (no release hooks, no prefetch). Costs the whole model in the compute
+  /// dtype on every rank for that span (the price StyleGAN2's lazy regularization
+  /// amortizes). DeepSpeed and FSDP have no such mode (DeepSpeed #3539, pytorch #172543).
+  void begin_higher_order();
+  /// Collective (every unit: its gradient reduction as in backward, then, at stage 3, its
+  /// release). Ends begin_higher_order(): the parameters' .grad accumulated since then are
+  /// reduced into the gradient shards (averaged over ranks; stages 0 and 1 accumulate
+  /// locally unless gradient sync is on), exactly as a backward would.
+  void end_higher_order();
+
   /// Collective at stage 3: every parameter, full and unsharded, as (qualified name, tensor).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
   /// Local: the modules' buffers (e.g. BatchNorm running stats), replicated on all ranks.
@@ -124,6 +140,7 @@ class ShardedModel {
   std::vector<ptrdiff_t> order_pos_;     // unit index -> first position in order_, or -1
   bool recording_ = false, recorded_ = false, ownership_checked_ = false;
   bool callback_queued_ = false;
+  bool higher_order_ = false;  // between begin_higher_order() and end_higher_order()
   std::vector<ShardedUnit*> reducing_;  // units with a reduce-scatter in flight, oldest first
   size_t max_in_flight_ = 0;
   int64_t peak_full_bytes_ = 0;

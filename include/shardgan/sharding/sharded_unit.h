@@ -128,6 +128,11 @@ class ShardedUnit {
   /// Toggles requires_grad on every parameter (a frozen unit yields input gradients only).
   void set_requires_grad(bool on);
 
+  /// Local. Plain mode (for double backward; see ShardedModel::begin_higher_order): forward
+  /// only casts the inputs and runs the module, with no gather, no release and no
+  /// backward hooks, so the parameters must already be gathered and stay so.
+  void set_plain(bool on) { plain_ = on; }
+
   const std::string& name() const { return name_; }
   /// Position of this unit in its model's forward order.
   size_t index() const { return index_; }
@@ -198,6 +203,7 @@ class ShardedUnit {
   at::Tensor prefetch_src_;           // its send buffer (compute-dtype copy of shard_)
   int64_t peak_comm_bytes_ = 0;
   bool backward_armed_ = false;
+  bool plain_ = false;
   int pending_grads_ = 0;
   int input_grads_expected_ = 0;  // inputs that required grad in forwards since the last backward
 

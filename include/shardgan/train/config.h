@@ -40,6 +40,14 @@ struct TrainConfig {
   int64_t d_steps = 1;            ///< train.d_steps: D steps per G step (BigGAN uses 2)
   std::string loss = "nonsaturating";  ///< train.loss: nonsaturating | hinge
   bool skip_memory_check = false; ///< train.skip_memory_check: skip the memory pre-flight
+  /// train.on_nonfinite: skip | abort. What a NaN or Inf in a model's loss or gradients does
+  /// (all ranks vote): skip that model's update (parameters, optimizer state and EMA
+  /// untouched; counted in metrics.jsonl), or end the job naming the step and the model.
+  std::string on_nonfinite = "skip";
+  double r1_gamma = 0.0;           ///< train.r1_gamma: R1 penalty weight on real images (0 = off)
+  int64_t r1_every = 1;           ///< train.r1_every: lazy R1, every k-th D update (StyleGAN2: 16)
+  int64_t max_nonfinite_steps = 10; ///< train.max_nonfinite_steps: skipped steps in a row
+                                    ///<   before the job ends anyway (>= 1)
 
   at::ScalarType model_dtype = at::kFloat;  ///< model.dtype: float32 | float64 (masters)
   /// model.arch (dcgan | biggan) and that family's model.* keys.

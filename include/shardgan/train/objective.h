@@ -5,7 +5,9 @@
 /// 2014; DCGAN) or hinge (Lim & Ye 2017; Miyato et al. 2018; BigGAN).
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 
@@ -26,7 +28,19 @@ struct StepMetrics {
   double step_time_s = 0;         ///< wall time of the step on rank 0 (seconds)
   double grad_norm_d = 0, grad_norm_g = 0;  ///< global gradient norms (0 unless clipping)
   bool skipped_d = false, skipped_g = false;  ///< a step skipped (float16 overflow, inf norm)
+  /// A NaN or Inf in the model's loss or gradients on some rank (float32, float64 and
+  /// bfloat16 compute; float16 overflows are the loss scaler's): its update was skipped.
+  bool nonfinite_d = false, nonfinite_g = false;
+  int64_t nonfinite_steps = 0;  ///< steps of this run so far with such a skip (the trainer's count)
   double loss_scale_d = 1, loss_scale_g = 1;  ///< current loss scales (1 unless float16)
+  double r1 = 0;  ///< R1 penalty (gamma/2) E||grad_x D(x)||^2 of this step's D updates (0 if none ran)
+};
+
+/// Thrown on every rank when a NaN or Inf ends the job (train.on_nonfinite: abort, or more
+/// than train.max_nonfinite_steps skips in a row). The message names the step and model.
+class NonFiniteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 /// One model with what updates it.
@@ -54,8 +68,12 @@ class GanObjective {
   /// `loss`: "nonsaturating" or "hinge" (std::invalid_argument otherwise). `d_steps` >= 1.
   /// `micro_batches` >= 1: each update accumulates that many backward passes, each loss
   /// divided by it. `grad_clip` > 0 clips each model's global gradient norm.
+  /// `r1_gamma` > 0 adds the R1 penalty (gamma / 2) E[||grad_x D(x)||^2] on real images
+  /// (Mescheder et al. 2018, Eq. 9) to D's loss on every `r1_every`-th D update, scaled by
+  /// r1_every (StyleGAN2's lazy regularization, Karras et al. 2020, Sec. 3.1), through
+  /// ShardedModel::begin_higher_order (D is gathered whole for that real pass).
   GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches, double grad_clip,
-               Communicator& comm);
+               Communicator& comm, double r1_gamma = 0.0, int64_t r1_every = 1);
 
   /// D's loss on logits [B] of real images and of fake images, each a mean over the batch;
   /// the D loss is their sum. Local.
@@ -72,13 +90,21 @@ class GanObjective {
   StepMetrics step(TrainedModel g, TrainedModel d, const StepInputs& in);
 
  private:
-  /// Collective: unscale and vote (float16), clip, then step, post-step all-gather and zero
-  /// the gradients. Returns whether the optimizer stepped.
-  bool finish_update(TrainedModel m, double& norm, int64_t step_index);
+  /// Collective: unscale and vote (float16), or vote on finite loss and gradients (other
+  /// dtypes: one all-reduce of one element), clip, then step, post-step all-gather and zero
+  /// the gradients. Returns whether the optimizer stepped; sets `nonfinite` when the vote
+  /// found a NaN or Inf. `loss_finite`: this rank's losses of the update were finite.
+  bool finish_update(TrainedModel m, double& norm, int64_t step_index, bool loss_finite, bool& nonfinite);
+
+  /// D's real-image loss of one micro-batch (divided by k), with the R1 penalty when due;
+  /// runs the backward. Returns {D's logits [B] (detached), the penalty (0 if not due)}.
+  std::pair<at::Tensor, double> d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md);
 
   std::string loss_;
   int64_t d_steps_, micro_;
   double grad_clip_;
+  double r1_gamma_;
+  int64_t r1_every_;
   Communicator& comm_;
 };
 

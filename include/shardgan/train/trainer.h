@@ -37,13 +37,19 @@ class Trainer {
   /// Collective. Trains until step() == cfg.steps, logging, sampling and checkpointing
   /// as configured, and always saving a final checkpoint and sample grid. Ends with
   /// report_memory (periodic.h), which stores `preflight` (may be null) beside the
-  /// measured peak RSS of every rank.
+  /// measured peak RSS of every rank. After every step the ranks vote (one all-reduce) on
+  /// a preemption signal (preemption.h): if any rank got one, every rank saves a
+  /// checkpoint and returns early. Throws NonFiniteError (objective.h) on every rank when a
+  /// NaN or Inf ends the job (train.on_nonfinite, train.max_nonfinite_steps).
   void run(const nlohmann::json& preflight = nullptr);
 
   /// Collective. Saves a checkpoint of the current state; returns its directory.
   std::string save();
   /// Collective. Restores from what `--resume` names (see resolve_checkpoint_dir).
   void resume(const std::string& path);
+  /// Collective. `--resume auto`: resumes from the newest committed checkpoint under
+  /// cfg.run_dir and returns true, or returns false (a fresh start) when there is none.
+  bool resume_auto();
   /// Collective (G forward). Writes PNG grids from the fixed sample batch (rank 0 writes):
   /// 8x8 for an unconditional family, one class per row for a conditional one, and the
   /// same from G's EMA when ema.enabled. Returns the first grid's path.
@@ -60,6 +66,11 @@ class Trainer {
 
  private:
   std::vector<ModelAndOptimizer> checkpoint_models();
+  /// Counts a step whose update was skipped for a NaN or Inf, and throws NonFiniteError
+  /// when the policy says so (identically on every rank: the flags were voted).
+  void check_nonfinite(StepMetrics& r);
+  /// Collective (one all-reduce): the largest preemption signal any rank received, or 0.
+  int preemption_vote();
   TensorList draw_latents();  // a whole global batch {z, y} (same on every rank)
   at::Tensor local_micro(const at::Tensor& global, int64_t micro) const;  // this rank's part
   TensorList real_micro(int64_t micro);
@@ -80,6 +91,7 @@ class Trainer {
   int sample_nrow_ = 8;
   int64_t batch_epoch_ = 0, batch_index_ = 0;  // the real batch the current D step reads
   TrainCounters counters_;
+  int64_t nonfinite_steps_ = 0, nonfinite_in_a_row_ = 0;  // saved in checkpoints
 };
 
 }  // namespace shardgan
