@@ -96,6 +96,10 @@ TEST(SpectralNorm, OneStepRelationAndUpdateOnlyInTraining) {
     at::Tensor u = lin->u.clone();
     auto [w_bar, sigma] = spectral_normalize(lin->weight, u, true);
     // W_bar * sigma == W, sigma > 0, u updated to normalize(v W^T), a unit vector.
+    // Tolerance (rtol = atol): W / sigma and the product each round once, so the error is
+    // at most 2 ulp: 2^-8 |W| in bfloat16 (4e-3: we allow 1e-2), 2^-23 |W| in float32
+    // (1e-6), 2^-52 |W| in float64 (1e-14). A W_bar not divided by sigma misses by
+    // |W| (sigma - 1) / sigma, over 50% here (the weight was scaled by 2.5).
     const double tol = dt == at::kBFloat16 ? 1e-2 : dt == at::kFloat ? 1e-6 : 1e-14;
     EXPECT_TRUE(torch::allclose((w_bar * sigma).to(at::kDouble), lin->weight.to(at::kDouble), tol, tol))
         << dt;
