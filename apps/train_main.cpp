@@ -1,9 +1,11 @@
 // shardgan-train: mpirun -np N shardgan-train config.yaml [--set key=value ...] [--resume DIR]
+#include <malloc.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -18,6 +20,13 @@
 #include "shardgan/util/log.h"
 
 int main(int argc, char** argv) {
+  // Stage 3 allocates and frees large tensors every step (gathered units, flat gradients,
+  // the MPI backend's float32 copies). glibc raises its mmap threshold to the size of the
+  // first such buffer freed (up to 32 MiB), so later buffers below that come from the heap,
+  // which fragments and does not shrink: peak RSS grew by 0.2-0.3 GiB per rank on a
+  // 6.7e7-parameter BigGAN at N = 4 (docs/benchmarks.md). A fixed 1 MiB threshold maps
+  // every large buffer and gives it back on free. MALLOC_MMAP_THRESHOLD_ overrides it.
+  if (!std::getenv("MALLOC_MMAP_THRESHOLD_")) mallopt(M_MMAP_THRESHOLD, 1 << 20);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0;

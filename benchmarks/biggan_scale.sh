@@ -9,7 +9,8 @@
 # bytes per parameter at stages 0-3). Prints one JSON object per cell, then the largest model that trained at
 # each stage per world size. Not a timed test: step times share the machine's 2 cores.
 #   benchmarks/biggan_scale.sh [build dir] [out dir] ["ch list"] ["N list"] ["stage list"]
-# SWEEP_APPEND=1 appends to an existing biggan_scale.jsonl (a long sweep run in parts).
+# SWEEP_APPEND=1 appends to an existing biggan_scale.jsonl (a long sweep run in parts);
+# SWEEP_NOTE is stored in each row (e.g. which build ran it).
 set -uo pipefail
 BUILD=${1:-build}; OUT=${2:-benchmarks/results/biggan}
 CHS=${3:-"16 32 45 64"}; NS=${4:-"1 2 4"}; STAGES=${5:-"0 1 2 3"}
@@ -33,11 +34,11 @@ for ch in $CHS; do
       rc=$?
       wall=$(echo "$(date +%s.%N) - $start" | bc)
       /usr/bin/python3 - "$RUN" "$ch" "$np" "$stage" "$rc" "$wall" <<'PY' | tee -a "$J"
-import json, re, sys
+import json, os, re, sys
 run, ch, np_, stage, rc, wall = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
 dry = json.load(open(run + ".dry.json"))
 params = dry["generator_params"] + dry["discriminator_params"]
-cell = {"ch": ch, "params": params, "world_size": np_, "stage": stage,
+cell = {"ch": ch, "params": params, "world_size": np_, "stage": stage, "note": os.environ.get("SWEEP_NOTE", ""),
         # ZeRO paper, Sec. 5, mixed-precision Adam (K = 12): 16P, 4P + 12P/N, 2P + 14P/N, 16P/N.
         "zero_formula_bytes_per_rank": {0: 16 * params, 1: 4 * params + 12 * params // np_,
                                         2: 2 * params + 14 * params // np_, 3: 16 * params // np_}[stage],
