@@ -26,8 +26,8 @@ def main():
         cells[(r["params"], r["world_size"], r["stage"])] = r
     rows = [cells[k] for k in sorted(cells)]
     print("| params | N | stage | result | VmHWM per rank (GiB) | summed | accounting/rank | "
-          "pre-flight/rank | ZeRO formula/rank | step s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "pre-flight/rank | ZeRO formula/rank | step s | allocator |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         rss = r.get("peak_rss_bytes_per_rank") or []
         acc = r.get("accounting_model_state_bytes_rank0")
@@ -36,7 +36,8 @@ def main():
                 ", ".join(f"{b / GIB:.2f}" for b in rss), f"{sum(rss) / GIB:.2f}" if rss else "",
                 f"{acc / GIB:.2f}" if acc is not None else "",
                 f"{r['preflight_peak_bytes_per_rank'] / GIB:.2f}", f"{r['zero_formula_bytes_per_rank'] / GIB:.2f}",
-                f"{step:.1f}" if step is not None else ""]
+                f"{step:.1f}" if step is not None else "",
+                "fixed mmap threshold" if r.get("note") else "glibc default"]
         print("| " + " | ".join(cols) + " |")
     print()
     print("| N | stage | largest model trained | largest refused by the pre-flight |")

@@ -12,7 +12,7 @@ PKGS=(
   libstb-dev libxxhash-dev zlib1g-dev
   googletest libgtest-dev libbenchmark-dev
   dataset-fashion-mnist
-  python3-h5py python3-numpy python3-torch gnuplot-nox
+  python3-h5py python3-numpy python3-torch python3-yaml gnuplot-nox
 )
 missing=()
 for p in "${PKGS[@]}"; do

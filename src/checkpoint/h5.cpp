@@ -8,6 +8,8 @@
 
 #include <hdf5.h>
 
+#include "h5_inspect.h"
+
 namespace shardgan::h5 {
 namespace {
 
@@ -393,6 +395,88 @@ std::string File::attr_string(const std::string& obj, const std::string& name) c
   check_status(H5Aread(a.id, t.id, s.data()), path_ + ":" + obj + "@" + name);
   s.resize(strnlen(s.data(), n));
   return s;
+}
+
+VirtualLayouts::VirtualLayouts(const std::string& path) : path_(path) {
+  id_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (id_ < 0) fail("cannot open HDF5 file '" + path + "' (missing, truncated or not HDF5)");
+}
+
+VirtualLayouts::~VirtualLayouts() {
+  if (id_ >= 0) H5Fclose(id_);
+}
+
+namespace {
+
+// The one box a selection covers: its bounds, checked to hold exactly as many elements as
+// the selection (a scattered or multi-block selection is no box).
+void selection_box(hid_t space, const std::string& where, std::vector<int64_t>& start,
+                   std::vector<int64_t>& count) {
+  const int nd = H5Sget_simple_extent_ndims(space);
+  if (nd < 1 || nd > 32) throw H5Error(where + ": a mapping's dataspace has rank " + std::to_string(nd));
+  std::vector<hsize_t> dims(static_cast<size_t>(nd)), lo(dims.size()), hi(dims.size());
+  if (H5Sget_simple_extent_dims(space, dims.data(), nullptr) < 0) fail(where + ": unreadable mapping dataspace");
+  const hssize_t npoints = H5Sget_select_npoints(space);
+  if (npoints <= 0) throw H5Error(where + ": a mapping selects no elements");
+  check_status(H5Sget_select_bounds(space, lo.data(), hi.data()), where + ": bad mapping selection");
+  start.assign(dims.size(), 0);
+  count.assign(dims.size(), 0);
+  hsize_t boxed = 1;
+  for (size_t d = 0; d < dims.size(); ++d) {
+    if (hi[d] < lo[d] || hi[d] >= dims[d]) throw H5Error(where + ": a mapping's selection is out of bounds");
+    start[d] = static_cast<int64_t>(lo[d]);
+    count[d] = static_cast<int64_t>(hi[d] - lo[d] + 1);
+    boxed *= hi[d] - lo[d] + 1;
+  }
+  if (boxed != static_cast<hsize_t>(npoints)) throw H5Error(where + ": a mapping's selection is not one box");
+}
+
+std::string mapping_name(hid_t dcpl, size_t i, bool file, const std::string& where) {
+  auto get = [&](char* buf, size_t n) {
+    return file ? H5Pget_virtual_filename(dcpl, i, buf, n) : H5Pget_virtual_dsetname(dcpl, i, buf, n);
+  };
+  const ssize_t len = get(nullptr, 0);
+  if (len < 0 || len > (1 << 20)) fail(where + ": unreadable mapping source name");
+  std::string s(static_cast<size_t>(len) + 1, '\0');
+  if (get(s.data(), s.size()) < 0) fail(where + ": unreadable mapping source name");
+  s.resize(static_cast<size_t>(len));
+  return s;
+}
+
+}  // namespace
+
+std::vector<File::VirtualPiece> VirtualLayouts::pieces(const std::string& dataset) const {
+  const std::string where = path_ + ":/" + dataset;
+  Handle ds{check(H5Dopen2(id_, dataset.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
+  Handle dcpl{check(H5Dget_create_plist(ds.id), where), H5Pclose};
+  if (H5Pget_layout(dcpl.id) != H5D_VIRTUAL) fail(where + ": not a virtual dataset");
+  size_t n = 0;
+  check_status(H5Pget_virtual_count(dcpl.id, &n), where + ": unreadable mappings");
+  std::vector<File::VirtualPiece> out;
+  for (size_t i = 0; i < n; ++i) {
+    File::VirtualPiece p;
+    p.src_file = mapping_name(dcpl.id, i, true, where);
+    p.src_dataset = mapping_name(dcpl.id, i, false, where);
+    Handle vs{check(H5Pget_virtual_vspace(dcpl.id, i), where + ": unreadable mapping"), H5Sclose};
+    Handle ss{check(H5Pget_virtual_srcspace(dcpl.id, i), where + ": unreadable mapping"), H5Sclose};
+    selection_box(vs.id, where, p.start, p.count);
+    std::vector<int64_t> s0, c0;
+    selection_box(ss.id, where, s0, c0);
+    if (s0.size() != 1) throw H5Error(where + ": a mapping's source is not 1-D");
+    p.src_start = s0[0];
+    p.src_numel = -1;  // HDF5 keeps the source's selection, not its extent
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+void check_object_headers(const std::string& path) {
+  Handle f{check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT),
+                 "cannot open HDF5 file '" + path + "' (missing, truncated or not HDF5)"),
+           H5Fclose};
+  auto visit = [](hid_t, const char*, const H5O_info_t*, void*) -> herr_t { return 0; };
+  check_status(H5Ovisit2(f.id, H5_INDEX_NAME, H5_ITER_NATIVE, visit, nullptr, H5O_INFO_ALL),
+               path + ": an object header cannot be decoded");
 }
 
 void fsync_path(const std::string& path) {

@@ -1,5 +1,6 @@
 #include "shardgan/util/config_reader.h"
 
+#include <cmath>
 #include <iomanip>
 #include <limits>
 #include <type_traits>
@@ -50,6 +51,11 @@ T ConfigReader::get(const std::string& key, T fallback) {
       throw ConfigError(source_ + ": key '" + key + "' has value '" + it->second +
                         "', which is not a valid " + type_name<T>());
     }
+    if constexpr (std::is_floating_point_v<T>) {  // yaml-cpp reads .inf and .nan
+      if (!std::isfinite(v)) {
+        throw ConfigError(source_ + ": key '" + key + "' has value '" + it->second + "', which is not a finite number");
+      }
+    }
   }
   resolved_ << key << ": " << to_text(v) << "\n";
   return v;
@@ -70,6 +76,19 @@ void ConfigReader::require(bool ok, const std::string& key, const std::string& w
 void ConfigReader::check_all_known() const {
   for (auto& kv : values_) {
     if (known_.count(kv.first)) continue;
+    if (kv.second == "{}") {  // an empty section ("ema: {}"): fine if keys under it exist
+      auto it = known_.lower_bound(kv.first + ".");
+      if (it != known_.end() && it->rfind(kv.first + ".", 0) == 0) continue;
+    }
+    // "train.steps.a" from "train: {steps: {a: 1}}": a map where one value belongs.
+    for (size_t dot = kv.first.rfind('.'); dot != std::string::npos && dot > 0;
+         dot = kv.first.rfind('.', dot - 1)) {
+      const std::string parent = kv.first.substr(0, dot);
+      if (known_.count(parent)) {
+        throw ConfigError(source_ + ": key '" + parent + "' takes one value, not a map (it has key '" +
+                          kv.first + "' under it)");
+      }
+    }
     std::string list;
     for (auto& k : known_) list += "\n  " + k;
     throw ConfigError(source_ + ": unknown config key '" + kv.first +

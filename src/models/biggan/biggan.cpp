@@ -23,17 +23,20 @@ bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
 // Checks every field; `require(ok, key, what)` reports the first bad one.
 void validate(const BigGanConfig& c, const Require& require) {
-  require(c.ch > 0, "model.ch", "must be > 0");
-  require(c.d_ch > 0, "model.d_ch", "must be > 0");
+  // Upper bounds keep every element count inside int64 (a width of 2^40 would overflow the
+  // pre-flight's arithmetic); they are far past what any machine trains.
+  constexpr int64_t kMaxDim = 1 << 16, kMaxMult = 1 << 10;
+  require(c.ch > 0 && c.ch <= kMaxDim, "model.ch", "must be 1 to 65536");
+  require(c.d_ch > 0 && c.d_ch <= kMaxDim, "model.d_ch", "must be 1 to 65536");
   const auto L = static_cast<int64_t>(c.g_ch_mult.size());
   require(L >= 2 && L <= 9, "model.g_ch_mult",
           "must list 2 to 9 multipliers (L entries give 4 * 2^(L-1) pixel images)");
-  for (int64_t m : c.g_ch_mult) require(m > 0, "model.g_ch_mult", "entries must be > 0");
+  for (int64_t m : c.g_ch_mult) require(m > 0 && m <= kMaxMult, "model.g_ch_mult", "entries must be 1 to 1024");
   require(static_cast<int64_t>(c.d_ch_mult.size()) == L, "model.d_ch_mult",
           "must have as many entries as model.g_ch_mult (" + std::to_string(L) + ")");
-  for (int64_t m : c.d_ch_mult) require(m > 0, "model.d_ch_mult", "entries must be > 0");
-  require(c.g_blocks_per_res >= 0, "model.g_blocks_per_res", "must be >= 0");
-  require(c.d_blocks_per_res >= 0, "model.d_blocks_per_res", "must be >= 0");
+  for (int64_t m : c.d_ch_mult) require(m > 0 && m <= kMaxMult, "model.d_ch_mult", "entries must be 1 to 1024");
+  require(c.g_blocks_per_res >= 0 && c.g_blocks_per_res <= 1024, "model.g_blocks_per_res", "must be 0 to 1024");
+  require(c.d_blocks_per_res >= 0 && c.d_blocks_per_res <= 1024, "model.d_blocks_per_res", "must be 0 to 1024");
   const int64_t res = int64_t{4} << (L - 1);
   const bool g_attn_ok = c.g_attn == 0 || (is_pow2(c.g_attn) && c.g_attn >= 8 && c.g_attn <= res);
   require(g_attn_ok, "model.g_attn",
@@ -54,12 +57,12 @@ void validate(const BigGanConfig& c, const Require& require) {
     require(c.d_ch * c.d_ch_mult[k] >= 8, "model.d_attn",
             "needs at least 8 D channels at its resolution (model.d_ch * model.d_ch_mult)");
   }
-  require(c.z_dim > 0, "model.z_dim", "must be > 0");
+  require(c.z_dim > 0 && c.z_dim <= kMaxDim, "model.z_dim", "must be 1 to 65536");
   require(c.z_dim % L == 0, "model.z_dim",
           "must be divisible by the number of latent chunks, " + std::to_string(L) +
               " (one for the first linear layer plus one per up-block, from model.g_ch_mult)");
-  require(c.shared_dim > 0, "model.shared_dim", "must be > 0");
-  require(c.n_classes > 0, "model.n_classes", "must be > 0");
+  require(c.shared_dim > 0 && c.shared_dim <= kMaxDim, "model.shared_dim", "must be 1 to 65536");
+  require(c.n_classes > 0 && c.n_classes <= (1 << 20), "model.n_classes", "must be 1 to 1048576");
   require(c.channels == 1 || c.channels == 3, "model.channels", "must be 1 or 3");
   require(c.init == "ortho" || c.init == "N02" || c.init == "xavier",
           "model.init", "must be ortho, N02 or xavier");

@@ -92,11 +92,11 @@ std::unique_ptr<ModelFamily> make_dcgan_family(const DcganConfig& cfg) {
 std::unique_ptr<ModelFamily> make_dcgan_family(ConfigReader& r) {
   DcganConfig c;
   c.z_dim = r.get<int64_t>("model.z_dim", c.z_dim);
-  r.require(c.z_dim > 0, "model.z_dim", "must be > 0");
+  r.require(c.z_dim > 0 && c.z_dim <= 65536, "model.z_dim", "must be 1 to 65536 (keeps element counts in int64)");
   c.g_width = r.get<int64_t>("model.g_width", c.g_width);
-  r.require(c.g_width > 0, "model.g_width", "must be > 0");
+  r.require(c.g_width > 0 && c.g_width <= 65536, "model.g_width", "must be 1 to 65536 (keeps element counts in int64)");
   c.d_width = r.get<int64_t>("model.d_width", c.d_width);
-  r.require(c.d_width > 0, "model.d_width", "must be > 0");
+  r.require(c.d_width > 0 && c.d_width <= 65536, "model.d_width", "must be 1 to 65536 (keeps element counts in int64)");
   c.channels = r.get<int64_t>("model.channels", c.channels);
   r.require(c.channels == 1 || c.channels == 3, "model.channels", "must be 1 or 3");
   return make_dcgan_family(c);
