@@ -20,13 +20,6 @@
 #include "shardgan/util/log.h"
 
 int main(int argc, char** argv) {
-  // Stage 3 allocates and frees large tensors every step (gathered units, flat gradients,
-  // the MPI backend's float32 copies). glibc raises its mmap threshold to the size of the
-  // first such buffer freed (up to 32 MiB), so later buffers below that come from the heap,
-  // which fragments and does not shrink: peak RSS grew by 0.2-0.3 GiB per rank on a
-  // 6.7e7-parameter BigGAN at N = 4 (docs/benchmarks.md). A fixed 1 MiB threshold maps
-  // every large buffer and gives it back on free. MALLOC_MMAP_THRESHOLD_ overrides it.
-  if (!std::getenv("MALLOC_MMAP_THRESHOLD_")) mallopt(M_MMAP_THRESHOLD, 1 << 20);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0;
@@ -78,6 +71,18 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) spdlog::info("config {} ({} threads per rank, local rank {} of {})", config_path, threads, local_rank, local_size);
     shardgan::Trainer trainer(cfg, *comm);
+    // Stage 3 allocates and frees large tensors every step (gathered units, flat gradients,
+    // the MPI backend's float32 copies). glibc raises its mmap threshold to the size of the
+    // first such buffer freed (up to 32 MiB), so later buffers below that come from the
+    // heap, which fragments and does not shrink: peak RSS grew by 0.2-0.3 GiB per rank on a
+    // 6.7e7-parameter BigGAN at N = 4 (docs/benchmarks.md). A fixed 1 MiB threshold maps
+    // every large buffer and gives it back on free, but each map costs page faults: on the
+    // 0.46M-parameter demo DCGAN it made a step 0.80 s instead of 0.59 s. So it applies to
+    // models of 5e7 parameters or more. MALLOC_MMAP_THRESHOLD_ overrides it either way.
+    if (!std::getenv("MALLOC_MMAP_THRESHOLD_") &&
+        trainer.generator().numel() + trainer.discriminator().numel() >= 50'000'000) {
+      mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    }
     if (resume == "auto") {
       trainer.resume_auto();
     } else if (!resume.empty()) {

@@ -5,3 +5,13 @@ target_compile_definitions(test_data_grid PRIVATE SHARDGAN_SOURCE_DIR="${PROJECT
 # for the library), so the test defines no STB_*_IMPLEMENTATION.
 target_link_libraries(test_data_grid PRIVATE stb ZLIB::ZLIB)
 shardgan_mpi_test(test_data_grid 120 1)
+
+# data.source hdf5: reader, converters, validation errors, prefetcher, loader schedule.
+shardgan_test(test_hdf5_data)
+target_link_libraries(test_hdf5_data PRIVATE stb)  # stbi_write_png for the test's PNGs
+shardgan_mpi_test(test_hdf5_data 300 1 2 3)
+# Training from a converted HDF5 file == from the idx files; resume; errors on every rank.
+add_test(NAME hdf5_train_test
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/hdf5_train_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE_DIR:shardgan-train> ${PROJECT_SOURCE_DIR})
+set_tests_properties(hdf5_train_test PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)

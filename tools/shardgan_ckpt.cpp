@@ -3,13 +3,16 @@
 //   shardgan-ckpt ls DIR | info DIR | verify DIR | diff A B [--rtol X]
 //   shardgan-ckpt consolidate DIR -o FULL.h5 | reshard DIR -o NEW --world-size M [--stage S]
 //   shardgan-ckpt sample DIR -o grid.png [--ema] [-n 64] | export DIR -o g.pt [--ema]
+//   shardgan-ckpt fid DIR [--ema] [-n 10000] [--classifier runs/fmnist-classifier.h5]
 // DIR is a checkpoint directory, a checkpoints folder or a run directory (the newest
 // committed checkpoint there). Exit status: 0 fine, 1 a bad checkpoint or a failed check,
 // 2 bad usage.
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "shardgan/checkpoint/checkpoint.h"
@@ -17,6 +20,7 @@
 #include "shardgan/checkpoint/shard_io.h"
 #include "shardgan/comm/local_communicator.h"
 #include "shardgan/models/family.h"
+#include "shardgan/train/evaluation.h"
 #include "shardgan/train/image_grid.h"
 #include "shardgan/train/inference.h"
 
@@ -135,6 +139,29 @@ int cmd_export(ckpt::CheckpointReader& rd, const std::string& out, bool ema) {
   return 0;
 }
 
+// FID (and class accuracy) of the checkpoint's G or EMA, as the trainer's evaluation
+// computes it (evaluation.h) on one process; prints one JSON object.
+int cmd_fid(ckpt::CheckpointReader& rd, bool ema, int64_t n, const std::string& classifier,
+            const std::string& reference) {
+  torch::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  LocalCommunicator comm;
+  TrainConfig cfg;
+  auto g = load_generator(rd, comm, ema, &cfg);
+  cfg.eval_samples = n;
+  if (!classifier.empty()) cfg.eval_classifier = classifier;
+  if (!reference.empty()) cfg.eval_reference = reference;
+  g->train(true);  // as the trainer samples and evaluates: batch statistics
+  Evaluator evaluator(cfg, comm, *cfg.family);
+  const EvalResult r = evaluator.evaluate(*g);
+  nlohmann::json j = {{"checkpoint", rd.dir()}, {"step", rd.manifest().step}, {"ema", ema},
+                      {"fid", r.fid}, {"samples", r.samples}, {"classifier", cfg.eval_classifier},
+                      {"time_s", r.time_s}};
+  if (r.class_acc >= 0) j["class_acc"] = r.class_acc;
+  j["class_fractions"] = r.class_fractions;
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -143,7 +170,8 @@ int main(int argc, char** argv) {
   std::string dir, dir_b, out;
   double rtol = -1;
   int world = 0, stage = -1;
-  int64_t n = 64;
+  int64_t n = 64, fid_n = 10000;
+  std::string classifier, reference;
   bool ema = false, eval = false;
   auto* ls = app.add_subcommand("ls", "tensors: shapes, dtypes, bytes, which ranks hold them");
   auto* info = app.add_subcommand("info", "step, world size, stages, config");
@@ -153,7 +181,8 @@ int main(int argc, char** argv) {
   auto* resh = app.add_subcommand("reshard", "a copy laid out for another world size (offline)");
   auto* sample = app.add_subcommand("sample", "PNG grid from G (or its EMA), built from the stored config");
   auto* exp = app.add_subcommand("export", "G (or its EMA) as a file torch::load reads");
-  for (auto* sc : {ls, info, verify, diff, cons, resh, sample, exp}) {
+  auto* fid = app.add_subcommand("fid", "FID (and class accuracy) of G or its EMA, as one JSON line");
+  for (auto* sc : {ls, info, verify, diff, cons, resh, sample, exp, fid}) {
     sc->add_option("checkpoint", dir, "checkpoint directory, checkpoints folder or run directory")->required();
   }
   diff->add_option("other", dir_b, "second checkpoint")->required();
@@ -161,7 +190,10 @@ int main(int argc, char** argv) {
   for (auto* sc : {cons, resh, sample, exp}) sc->add_option("-o,--output", out, "output path")->required();
   resh->add_option("--world-size", world, "new number of ranks")->required()->check(CLI::PositiveNumber);
   resh->add_option("--stage", stage, "new ZeRO stage for every model (default: keep)")->check(CLI::Range(0, 3));
-  for (auto* sc : {sample, exp}) sc->add_flag("--ema", ema, "use the generator's EMA weights");
+  for (auto* sc : {sample, exp, fid}) sc->add_flag("--ema", ema, "use the generator's EMA weights");
+  fid->add_option("-n,--count", fid_n, "generated images (default 10000)")->check(CLI::Range(int64_t{2}, int64_t{10000000}));
+  fid->add_option("--classifier", classifier, "classifier file (default: the stored config's eval.classifier)");
+  fid->add_option("--reference", reference, "Fashion-MNIST folder whose t10k split is the reference");
   sample->add_option("-n,--count", n, "number of samples (64 = the trainer's fixed grid)")->check(CLI::PositiveNumber);
   sample->add_flag("--eval", eval, "BatchNorm running statistics instead of batch statistics");
   try {
@@ -191,6 +223,7 @@ int main(int argc, char** argv) {
     }
     if (*sample) return cmd_sample(rd, out, ema, n, eval);
     if (*exp) return cmd_export(rd, out, ema);
+    if (*fid) return cmd_fid(rd, ema, fid_n, classifier, reference);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shardgan-ckpt: error: %s\n", e.what());
     return 1;

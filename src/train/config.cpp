@@ -175,11 +175,13 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   c.run_dir = r.get<std::string>("run.dir", c.run_dir);
   c.seed = r.get<uint64_t>("run.seed", c.seed);
   c.data_source = r.get<std::string>("data.source", c.data_source);
-  require(c.data_source == "fashion-mnist" || c.data_source == "synthetic", r, "data.source",
-          "must be 'fashion-mnist' or 'synthetic'");
+  require(c.data_source == "fashion-mnist" || c.data_source == "synthetic" || c.data_source == "hdf5", r,
+          "data.source", "must be 'fashion-mnist', 'synthetic' or 'hdf5'");
   c.data_path = r.get<std::string>("data.path", c.data_path);
   c.synthetic_size = r.get<int64_t>("data.synthetic_size", c.synthetic_size);
   require(c.synthetic_size > 0, r, "data.synthetic_size", "must be > 0");
+  c.prefetch_batches = r.get<int64_t>("data.prefetch_batches", c.prefetch_batches);
+  require(c.prefetch_batches >= 1 && c.prefetch_batches <= 1024, r, "data.prefetch_batches", "must be 1 to 1024");
   c.steps = r.get<int64_t>("train.steps", c.steps);
   require(c.steps >= 0, r, "train.steps", "must be >= 0");
   c.global_batch = r.get<int64_t>("train.global_batch", c.global_batch);
@@ -216,6 +218,14 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
           "must be skip or abort");
   c.max_nonfinite_steps = r.get<int64_t>("train.max_nonfinite_steps", c.max_nonfinite_steps);
   require(c.max_nonfinite_steps >= 1, r, "train.max_nonfinite_steps", "must be >= 1");
+  c.eval_enabled = r.get<bool>("eval.enabled", c.eval_enabled);
+  c.eval_every = r.get<int64_t>("train.eval_every", c.eval_every);
+  require(c.eval_every >= 0, r, "train.eval_every", "must be >= 0 (0 = only at the end)");
+  c.eval_samples = r.get<int64_t>("train.eval_samples", c.eval_samples);
+  require(c.eval_samples >= 2 && c.eval_samples <= 10000000, r, "train.eval_samples", "must be 2 to 1e7");
+  c.eval_classifier = r.get<std::string>("eval.classifier", c.eval_classifier);
+  c.eval_reference = r.get<std::string>("eval.reference", c.eval_reference);
+  c.plots = r.get<bool>("train.plots", c.plots);
   c.g_sharding = read_sharding(r, "generator");
   c.d_sharding = read_sharding(r, "discriminator");
   c.g_optim = read_optim(r, "generator", c.steps);

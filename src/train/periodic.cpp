@@ -36,13 +36,12 @@ nlohmann::json stats_json(const MemoryStats& m) {
 
 }  // namespace
 
-void report_memory(const TrainConfig& cfg, Communicator& comm, const MemoryStats& g,
-                   const MemoryStats& d, const nlohmann::json& preflight) {
+std::vector<int64_t> report_memory(const TrainConfig& cfg, Communicator& comm, const MemoryStats& g,
+                                   const MemoryStats& d, const nlohmann::json& preflight) {
   const int n = comm.world_size();
   at::Tensor mine = torch::full({1}, static_cast<double>(peak_rss_bytes()), torch::kDouble);
   at::Tensor all = torch::empty({n}, torch::kDouble);
   comm.all_gather(all, mine);
-  if (comm.rank() != 0) return;
   std::vector<int64_t> per_rank;
   int64_t sum = 0;
   std::string text;
@@ -51,6 +50,7 @@ void report_memory(const TrainConfig& cfg, Communicator& comm, const MemoryStats
     sum += per_rank.back();
     text += fmt::format("{}{:.2f}", r ? ", " : "", per_rank.back() / 1073741824.0);
   }
+  if (comm.rank() != 0) return per_rank;
   spdlog::info("peak RSS (VmHWM) per rank: [{}] GiB, summed {:.2f} GiB", text, sum / 1073741824.0);
   nlohmann::json j = {{"world_size", n},
                       {"peak_rss_bytes_per_rank", per_rank},
@@ -60,6 +60,7 @@ void report_memory(const TrainConfig& cfg, Communicator& comm, const MemoryStats
                       {"preflight", preflight}};
   std::filesystem::create_directories(cfg.run_dir);
   std::ofstream(cfg.run_dir + "/memory.json") << j.dump(2) << "\n";
+  return per_rank;
 }
 
 PeriodicActions::PeriodicActions(const TrainConfig& cfg, Communicator& comm) : cfg_(cfg), comm_(comm) {}
@@ -93,6 +94,29 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
                       {"nonfinite_steps", m.nonfinite_steps}};
   if (cfg_.r1_gamma > 0) j["r1"] = m.r1;
   std::ofstream(cfg_.run_dir + "/metrics.jsonl", std::ios::app) << j.dump() << "\n";
+}
+
+void PeriodicActions::log_eval(const nlohmann::json& record) const {
+  if (comm_.rank() != 0) return;
+  std::string text = fmt::format("eval step {}: FID {:.2f}", record.value("step", int64_t{0}),
+                                 record.value("fid", 0.0));
+  if (record.contains("class_acc")) text += fmt::format(", class accuracy {:.3f}", record["class_acc"].get<double>());
+  if (record.contains("fid_ema")) text += fmt::format("; EMA: FID {:.2f}", record["fid_ema"].get<double>());
+  if (record.contains("class_acc_ema")) {
+    text += fmt::format(", class accuracy {:.3f}", record["class_acc_ema"].get<double>());
+  }
+  auto covered = [&](const char* key) {  // classes given at least 2% of the images (10% each in the data)
+    int n = 0;
+    for (const auto& f : record.value(key, nlohmann::json::array())) n += f.get<double>() >= 0.02;
+    return n;
+  };
+  if (record.contains("class_fractions")) {
+    text += fmt::format("; classes covered (>= 2% of samples): {}", covered("class_fractions"));
+    if (record.contains("class_fractions_ema")) text += fmt::format(", EMA {}", covered("class_fractions_ema"));
+  }
+  spdlog::info("{} ({} samples, {:.1f} s)", text, record.value("eval_samples", int64_t{0}),
+               record.value("eval_time_s", 0.0));
+  std::ofstream(cfg_.run_dir + "/metrics.jsonl", std::ios::app) << record.dump() << "\n";
 }
 
 std::string PeriodicActions::write_samples(ShardedModel& g, ShardedEma* ema, const TensorList& inputs,

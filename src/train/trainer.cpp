@@ -7,10 +7,15 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "shardgan/data/hdf5_dataset.h"
+#include "shardgan/data/hdf5_loader.h"
 #include "shardgan/optim/factory.h"
 #include "shardgan/sharding/deferred.h"
 #include "shardgan/train/inference.h"
+#include "shardgan/train/plots.h"
 #include "shardgan/train/preemption.h"
+#include "shardgan/train/run_summary.h"
+#include "shardgan/util/progress.h"
 
 namespace shardgan {
 namespace {
@@ -32,6 +37,20 @@ at::Tensor synthetic_images(const TrainConfig& cfg, const ImageShape& shape) {
   return shape.channels == 1 ? x : x.repeat({1, shape.channels, 1, 1}).contiguous();
 }
 
+// data.source hdf5: opens data.path and checks that its images and labels fit the model.
+std::unique_ptr<data::Hdf5Dataset> open_hdf5(const TrainConfig& cfg, const ImageShape& shape, int64_t classes) {
+  auto ds = std::make_unique<data::Hdf5Dataset>(cfg.data_path);
+  if (ds->channels() != shape.channels || ds->height() != shape.height || ds->width() != shape.width) {
+    throw ConfigError(cfg.source + ": data.path " + cfg.data_path + " holds " + std::to_string(ds->channels()) + "x" +
+                      std::to_string(ds->height()) + "x" + std::to_string(ds->width()) +
+                      " images but model.channels and the model's resolution give " + std::to_string(shape.channels) +
+                      "x" + std::to_string(shape.height) + "x" + std::to_string(shape.width) +
+                      "; convert the images to that size (shardgan-data convert --size --channels)");
+  }
+  if (classes > 0) ds->check_labels(classes);
+  return ds;
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Tensor labels)
@@ -46,6 +65,35 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   }
   const ImageShape shape = family_.image_shape();
   const int64_t classes = family_.num_classes();
+  if (!images_.defined() && cfg_.data_source == "hdf5") {
+    dataset_ = open_hdf5(cfg_, shape, classes);
+    sampler_ = std::make_unique<DistributedSampler>(dataset_->size(), cfg_.global_batch, comm_.rank(),
+                                                    comm_.world_size(), cfg_.seed, cfg_.micro_batches);
+    loader_ = std::make_unique<data::Hdf5Loader>(*dataset_, *sampler_, cfg_.micro_batches, cfg_.model_dtype,
+                                                 cfg_.prefetch_batches, classes > 0);
+  } else {
+    load_images(shape, classes);
+  }
+  // Deferred sharded initialization: each unit is built, initialized and sharded in turn.
+  g_ = build_sharded_model(family_.generator(comm_), comm_, cfg_.g_sharding, cfg_.seed + 1, cfg_.model_dtype);
+  d_ = build_sharded_model(family_.discriminator(comm_), comm_, cfg_.d_sharding, cfg_.seed + 2, cfg_.model_dtype);
+  opt_g_ = make_optimizer(*g_, cfg_.g_optim);
+  opt_d_ = make_optimizer(*d_, cfg_.d_optim);
+  auto compute = [&](const ShardingConfig& s) { return s.compute_dtype.value_or(cfg_.model_dtype); };
+  scaler_g_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.g_sharding));
+  scaler_d_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.d_sharding));
+  if (cfg_.ema_enabled) ema_ = std::make_unique<ShardedEma>(*g_, cfg_.ema);
+  objective_ = std::make_unique<GanObjective>(cfg_.loss, cfg_.d_steps, cfg_.micro_batches, cfg_.grad_clip, comm_,
+                                              cfg_.r1_gamma, cfg_.r1_every);
+  periodic_ = std::make_unique<PeriodicActions>(cfg_, comm_);
+  if (cfg_.eval_enabled) evaluator_ = std::make_unique<Evaluator>(cfg_, comm_, family_);
+  noise_gen_ = at::detail::createCPUGenerator(cfg_.seed + 3);
+  fixed_inputs_ = fixed_sample_inputs(cfg_, &sample_nrow_);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::load_images(const ImageShape& shape, int64_t classes) {
   if (!images_.defined()) {
     if (cfg_.data_source == "synthetic") {
       images_ = synthetic_images(cfg_, shape);
@@ -68,23 +116,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   sampler_ = std::make_unique<DistributedSampler>(images_.size(0), cfg_.global_batch,
                                                   comm_.rank(), comm_.world_size(), cfg_.seed,
                                                   cfg_.micro_batches);
-  // Deferred sharded initialization: each unit is built, initialized and sharded in turn.
-  g_ = build_sharded_model(family_.generator(comm_), comm_, cfg_.g_sharding, cfg_.seed + 1, cfg_.model_dtype);
-  d_ = build_sharded_model(family_.discriminator(comm_), comm_, cfg_.d_sharding, cfg_.seed + 2, cfg_.model_dtype);
-  opt_g_ = make_optimizer(*g_, cfg_.g_optim);
-  opt_d_ = make_optimizer(*d_, cfg_.d_optim);
-  auto compute = [&](const ShardingConfig& s) { return s.compute_dtype.value_or(cfg_.model_dtype); };
-  scaler_g_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.g_sharding));
-  scaler_d_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.d_sharding));
-  if (cfg_.ema_enabled) ema_ = std::make_unique<ShardedEma>(*g_, cfg_.ema);
-  objective_ = std::make_unique<GanObjective>(cfg_.loss, cfg_.d_steps, cfg_.micro_batches, cfg_.grad_clip, comm_,
-                                              cfg_.r1_gamma, cfg_.r1_every);
-  periodic_ = std::make_unique<PeriodicActions>(cfg_, comm_);
-  noise_gen_ = at::detail::createCPUGenerator(cfg_.seed + 3);
-  fixed_inputs_ = fixed_sample_inputs(cfg_, &sample_nrow_);
 }
-
-Trainer::~Trainer() = default;
 
 TensorList Trainer::draw_latents() {
   // Every rank draws the whole global batch and keeps its slices, so the latents do not
@@ -109,6 +141,7 @@ TensorList Trainer::real_micro(int64_t micro) {
       ++counters_.epoch;
     }
   }
+  if (loader_) return loader_->get(batch_epoch_, batch_index_, micro);
   at::Tensor idx = sampler_->indices(batch_epoch_, batch_index_, micro);
   return {images_.index_select(0, idx), labels_.defined() ? labels_.index_select(0, idx) : at::Tensor()};
 }
@@ -203,6 +236,7 @@ void Trainer::resume(const std::string& path) {
   };
   nonfinite_steps_ = scalar("nonfinite_steps");
   nonfinite_in_a_row_ = scalar("nonfinite_in_a_row");
+  if (loader_) loader_->restart(counters_.epoch, counters_.batch_in_epoch);
   if (comm_.rank() == 0) spdlog::info("resumed from {} at step {}", dir, counters_.step);
 }
 
@@ -224,7 +258,29 @@ int Trainer::preemption_vote() {
   return static_cast<int>(sig.item<double>());
 }
 
+nlohmann::json Trainer::evaluate() {
+  if (!evaluator_) throw ConfigError(cfg_.source + ": evaluate() needs eval.enabled: true");
+  const EvalResult r = evaluator_->evaluate(*g_);
+  nlohmann::json j = {{"step", counters_.step}, {"fid", r.fid}, {"eval_samples", r.samples}};
+  if (r.class_acc >= 0) j["class_acc"] = r.class_acc;
+  j["class_fractions"] = r.class_fractions;
+  double time_s = r.time_s;
+  if (ema_) {
+    EmaSwap swap(*ema_);
+    const EvalResult e = evaluator_->evaluate(*g_);
+    j["fid_ema"] = e.fid;
+    if (e.class_acc >= 0) j["class_acc_ema"] = e.class_acc;
+    j["class_fractions_ema"] = e.class_fractions;
+    time_s += e.time_s;
+  }
+  j["eval_time_s"] = time_s;
+  periodic_->log_eval(j);
+  return j;
+}
+
 void Trainer::run(const nlohmann::json& preflight) {
+  const auto t_start = std::chrono::steady_clock::now();
+  const int64_t first_step = counters_.step;
   std::filesystem::create_directories(cfg_.run_dir);
   if (comm_.rank() == 0) {
     auto mg = memory_stats(*g_), md = memory_stats(*d_);
@@ -234,13 +290,24 @@ void Trainer::run(const nlohmann::json& preflight) {
                  mg.param_shard_bytes, cfg_.d_sharding.stage, md.param_shard_bytes);
     spdlog::info("model-state bytes per rank: G {}  D {}", mg.model_state_bytes(), md.model_state_bytes());
   }
+  ProgressLine::enable(comm_.rank() == 0 && stdout_is_terminal());
+  RunSummary summary;
   std::string last_ckpt, last_samples;
+  double avg_step_s = 0;
   while (counters_.step < cfg_.steps) {
     StepMetrics m = train_step();
+    avg_step_s = avg_step_s == 0 ? m.step_time_s : 0.9 * avg_step_s + 0.1 * m.step_time_s;
+    ProgressLine::show(progress_text(m, cfg_.steps, cfg_.global_batch, avg_step_s, summary));
     if (periodic_->log_due(m.step)) {
       periodic_->log_step(m, memory_stats(*g_).model_state_bytes(), memory_stats(*d_).model_state_bytes());
     }
-    if (periodic_->sample_due(m.step)) last_samples = write_samples();
+    if (evaluator_ && cfg_.eval_every > 0 && m.step % cfg_.eval_every == 0 && m.step != cfg_.steps) {
+      summary.add_eval(evaluate());
+    }
+    if (periodic_->sample_due(m.step)) {
+      last_samples = write_samples();
+      if (comm_.rank() == 0 && cfg_.plots) write_plots(cfg_.run_dir);
+    }
     const bool saved = periodic_->checkpoint_due(m.step);
     if (saved) {
       last_ckpt = save();
@@ -249,6 +316,7 @@ void Trainer::run(const nlohmann::json& preflight) {
     // Preemption: any rank's signal stops every rank after the same step.
     if (const int sig = preemption_vote()) {
       if (!saved) last_ckpt = save();
+      ProgressLine::finish();
       if (comm_.rank() == 0) {
         spdlog::warn("received {} (preemption): finished step {} on every rank and saved checkpoint {}; "
                      "exiting 0. Continue with --resume auto (or --resume {})",
@@ -258,14 +326,16 @@ void Trainer::run(const nlohmann::json& preflight) {
       return;
     }
   }
+  if (evaluator_) summary.add_eval(evaluate());
   last_ckpt = save();
   last_samples = write_samples();
-  report_memory(cfg_, comm_, memory_stats(*g_), memory_stats(*d_), preflight);
+  ProgressLine::finish();
+  const std::vector<int64_t> rss = report_memory(cfg_, comm_, memory_stats(*g_), memory_stats(*d_), preflight);
   if (comm_.rank() == 0) {
-    spdlog::info("done: {} steps, peak RSS of rank 0 {:.2f} GiB", counters_.step, peak_rss_bytes() / 1073741824.0);
-    spdlog::info("samples:     {}", last_samples);
-    spdlog::info("metrics:     {}/metrics.jsonl", cfg_.run_dir);
-    spdlog::info("checkpoints: {} (latest: {})", cfg_.run_dir + "/checkpoints", last_ckpt);
+    const bool plotted = cfg_.plots && write_plots(cfg_.run_dir);
+    summary.steps_run = counters_.step - first_step;
+    summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    summary.log(cfg_, counters_.step, rss, last_samples, plotted, last_ckpt);
   }
 }
 

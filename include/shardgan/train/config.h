@@ -24,9 +24,13 @@ struct TrainConfig {
   std::string run_dir = "runs/fmnist-dcgan";  ///< run.dir: samples, metrics, checkpoints
   uint64_t seed = 1234;                       ///< run.seed
 
-  std::string data_source = "fashion-mnist";  ///< data.source: fashion-mnist | synthetic
-  std::string data_path = "/usr/share/datasets/fashion-mnist";  ///< data.path
+  /// data.source: fashion-mnist (the idx files, all in RAM) | synthetic | hdf5 (BigGAN-PyTorch's
+  /// layout: `imgs` uint8 [N, C, H, W] and `labels` int64 [N], read per rank in chunks)
+  std::string data_source = "fashion-mnist";
+  /// data.path: the Fashion-MNIST folder, or the .h5 file for data.source hdf5
+  std::string data_path = "/usr/share/datasets/fashion-mnist";
   int64_t synthetic_size = 240;               ///< data.synthetic_size (images)
+  int64_t prefetch_batches = 4;               ///< data.prefetch_batches: hdf5 read-ahead queue (micro-batches)
 
   int64_t steps = 600;            ///< train.steps: total optimizer steps (each D then G)
   int64_t global_batch = 64;      ///< train.global_batch, split evenly over ranks
@@ -46,6 +50,13 @@ struct TrainConfig {
   std::string on_nonfinite = "skip";
   double r1_gamma = 0.0;           ///< train.r1_gamma: R1 penalty weight on real images (0 = off)
   int64_t r1_every = 1;           ///< train.r1_every: lazy R1, every k-th D update (StyleGAN2: 16)
+  int64_t eval_every = 0;         ///< train.eval_every: FID / class accuracy every k steps (0 = only at the end if on)
+  int64_t eval_samples = 2000;    ///< train.eval_samples: generated images per evaluation (split over ranks)
+  bool eval_enabled = false;      ///< eval.enabled: compute FID (needs eval.classifier)
+  std::string eval_classifier = "runs/fmnist-classifier.h5";  ///< eval.classifier: `shardgan-fid train-classifier` output
+  /// eval.reference: Fashion-MNIST folder whose t10k split gives the real feature statistics
+  std::string eval_reference = "/usr/share/datasets/fashion-mnist";
+  bool plots = true;              ///< train.plots: write plots/*.png with gnuplot (warns once if missing)
   int64_t max_nonfinite_steps = 10; ///< train.max_nonfinite_steps: skipped steps in a row
                                     ///<   before the job ends anyway (>= 1)
 

@@ -3,6 +3,7 @@
 /// checkpoints (the trainer's loop calls these; the GAN step itself is in objective.h).
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,11 @@ class PeriodicActions {
   /// and this process's peak RSS (VmHWM, bytes).
   void log_step(const StepMetrics& m, int64_t g_state_bytes, int64_t d_state_bytes) const;
 
+  /// Local (rank 0 writes). Logs an evaluation record (Trainer::evaluate: step, fid,
+  /// class_acc, fid_ema, class_acc_ema, eval_samples, eval_time_s) and appends it to
+  /// <run>/metrics.jsonl as its own line.
+  void log_eval(const nlohmann::json& record) const;
+
   /// Collective (G forward on every rank). Writes <run>/samples/samples-step-XXXXXXXX.png
   /// from G on `inputs` ({z, y} of the fixed sample batch), and samples-ema-step-*.png from
   /// G's EMA when `ema` is given; rank 0 writes the files. Sampling runs in train mode (as
@@ -49,8 +55,9 @@ class PeriodicActions {
 /// logs it per rank and summed, and writes <run>/memory.json: world size, the measured
 /// peak RSS per rank and summed (bytes), G's and D's model-state accounting on rank 0
 /// (MemoryStats, bytes) and `preflight` (the estimate, may be null). The OS measurement
-/// is the evidence; the accounting and the estimate are printed next to it.
-void report_memory(const TrainConfig& cfg, Communicator& comm, const MemoryStats& g,
+/// is the evidence; the accounting and the estimate are printed next to it. Returns the
+/// peak RSS of every rank (bytes, index = rank), on every rank.
+std::vector<int64_t> report_memory(const TrainConfig& cfg, Communicator& comm, const MemoryStats& g,
                    const MemoryStats& d, const nlohmann::json& preflight);
 
 /// This process's peak resident set size (VmHWM from /proc/self/status), bytes; 0 if

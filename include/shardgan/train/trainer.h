@@ -16,18 +16,28 @@
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/config.h"
 #include "shardgan/train/data.h"
+#include "shardgan/train/evaluation.h"
 #include "shardgan/train/objective.h"
 #include "shardgan/train/periodic.h"
 
 namespace shardgan {
+
+namespace data {
+class Hdf5Dataset;
+class Hdf5Loader;
+}  // namespace data
 
 class Trainer {
  public:
   /// Builds G, D, their optimizers and the sampler. `images` ([N, C, H, W] of the family's
   /// image shape, the model dtype) may be undefined: then the dataset named in the config
   /// is loaded (DataError if it is missing). `labels` (int64 [N]) go with `images`; when
-  /// undefined and the family is conditional, synthetic labels are drawn. Local (no
-  /// collectives), but every rank must construct it.
+  /// undefined and the family is conditional, synthetic labels are drawn. With
+  /// data.source hdf5 (and no `images`), nothing is loaded: each rank opens data.path,
+  /// validates it (DataError naming the file and dataset; ConfigError when its image shape
+  /// or labels do not fit the model) and a background thread reads this rank's micro-batches
+  /// ahead into a queue of data.prefetch_batches. Local (no collectives), but every rank
+  /// must construct it.
   Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images = {}, at::Tensor labels = {});
   ~Trainer();
 
@@ -45,7 +55,8 @@ class Trainer {
 
   /// Collective. Saves a checkpoint of the current state; returns its directory.
   std::string save();
-  /// Collective. Restores from what `--resume` names (see resolve_checkpoint_dir).
+  /// Collective. Restores from what `--resume` names (see resolve_checkpoint_dir); with
+  /// data.source hdf5 the read-ahead restarts at the restored epoch and batch.
   void resume(const std::string& path);
   /// Collective. `--resume auto`: resumes from the newest committed checkpoint under
   /// cfg.run_dir and returns true, or returns false (a fresh start) when there is none.
@@ -54,6 +65,10 @@ class Trainer {
   /// 8x8 for an unconditional family, one class per row for a conditional one, and the
   /// same from G's EMA when ema.enabled. Returns the first grid's path.
   std::string write_samples();
+  /// Collective (G forwards, one all-reduce). FID and class accuracy of G and, with EMA,
+  /// of its EMA (evaluation.h); rank 0 appends them to metrics.jsonl. Throws ConfigError
+  /// unless eval.enabled.
+  nlohmann::json evaluate();
 
   int64_t step() const { return counters_.step; }
   /// The generator's EMA, or nullptr when ema.enabled is false.
@@ -74,18 +89,23 @@ class Trainer {
   TensorList draw_latents();  // a whole global batch {z, y} (same on every rank)
   at::Tensor local_micro(const at::Tensor& global, int64_t micro) const;  // this rank's part
   TensorList real_micro(int64_t micro);
+  /// The in-RAM sources (fashion-mnist, synthetic): images_, labels_ and the sampler.
+  void load_images(const ImageShape& shape, int64_t classes);
 
   TrainConfig cfg_;
   Communicator& comm_;
   const ModelFamily& family_;
   at::Tensor images_, labels_;
   std::unique_ptr<DistributedSampler> sampler_;
+  std::unique_ptr<data::Hdf5Dataset> dataset_;  // data.source hdf5: the open file
+  std::unique_ptr<data::Hdf5Loader> loader_;    // its read-ahead thread (destroyed first)
   std::unique_ptr<ShardedModel> g_, d_;
   std::unique_ptr<ShardedOptimizer> opt_g_, opt_d_;
   std::unique_ptr<DynamicLossScaler> scaler_g_, scaler_d_;
   std::unique_ptr<ShardedEma> ema_;
   std::unique_ptr<GanObjective> objective_;
   std::unique_ptr<PeriodicActions> periodic_;
+  std::unique_ptr<Evaluator> evaluator_;  // when eval.enabled
   at::Generator noise_gen_;
   TensorList fixed_inputs_;  // the sample grid's {z, y}
   int sample_nrow_ = 8;

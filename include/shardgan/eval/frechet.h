@@ -1,0 +1,67 @@
+#pragma once
+/// The Frechet distance between Gaussians fitted to two sets of feature vectors: the FID of
+/// Heusel et al. 2017 ("GANs Trained by a Two Time-Scale Update Rule Converge to a Local Nash
+/// Equilibrium", NeurIPS 2017, arXiv:1706.08500), computed here on the features of a small
+/// Fashion-MNIST classifier (classifier.h) instead of Inception-v3's pool3 features, as is
+/// common for MNIST-like data, where an ImageNet network is a poor feature extractor. Values
+/// are therefore comparable only between runs that use the same classifier file, never with
+/// published Inception FIDs. All computation is float64 on the CPU and local (no
+/// collectives); see docs/fid.md.
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+namespace shardgan::eval {
+
+/// Mean and covariance of N feature vectors of width F.
+struct FeatureStats {
+  at::Tensor mean;  ///< float64 CPU [F]
+  at::Tensor cov;   ///< float64 CPU [F, F], unbiased (divided by N - 1), symmetric
+  int64_t n = 0;    ///< number of feature vectors N (>= 2)
+};
+
+/// Mean and unbiased covariance of `features` [N, F] (any float dtype and device; computed
+/// in float64 on the CPU, two-pass: the mean first, then the centred cross products).
+/// Throws std::invalid_argument naming the shape if `features` is not 2-D, N < 2, F < 1,
+/// or it is not a float dtype.
+FeatureStats feature_stats(const at::Tensor& features);
+
+/// Running sums of feature vectors, for statistics over data that arrives in batches or is
+/// spread over ranks: `n`, `sum` and `sum_outer` of several accumulators add up to those of
+/// the union of their data, so ranks may all-reduce (sum) the three fields (n as a tensor
+/// or an integer) and call stats() on the result. The accumulator itself is local.
+/// One-pass formula: cov = (sum_outer - n mean mean^T) / (n - 1), which loses about
+/// log10(max_i mean_i^2 / var_i) of float64's 16 significant digits to cancellation (for
+/// the classifier's ReLU features, whose means are of the order of their standard
+/// deviations, about one digit).
+struct FeatureMoments {
+  int64_t n = 0;         ///< feature vectors added so far
+  at::Tensor sum;        ///< float64 CPU [F]: sum of the vectors (undefined until the first add)
+  at::Tensor sum_outer;  ///< float64 CPU [F, F]: sum of x x^T (undefined until the first add)
+
+  /// Adds `features` [N, F] (any float dtype and device; N may be 0). Throws
+  /// std::invalid_argument naming the shape if it is not 2-D or F differs from earlier adds.
+  void add(const at::Tensor& features);
+  /// Mean and unbiased covariance of everything added (cov symmetrized exactly). Throws
+  /// std::invalid_argument if n < 2.
+  FeatureStats stats() const;
+};
+
+/// Frechet distance between N(a.mean, a.cov) and N(b.mean, b.cov):
+///   FD = |mu_a - mu_b|^2 + tr(S_a) + tr(S_b) - 2 tr((S_a^{1/2} S_b S_a^{1/2})^{1/2}),
+/// the symmetric form of Heusel et al.'s tr((S_a S_b)^{1/2}) (the two matrices are similar,
+/// so their square roots have the same trace). Both square roots come from symmetric
+/// eigendecompositions (torch::linalg::eigh) with eigenvalues below zero (rounding of a
+/// positive semi-definite matrix) clamped to 0, so singular covariances (F > N, dead
+/// features) are fine. Float64 throughout; the result is >= 0 up to rounding: near-zero
+/// eigenvalues contribute errors of order sqrt(F eps) |S|_2 each (eps = 2.2e-16), so for
+/// identical inputs |FD| <= 2 F sqrt(F eps) |S|_2. Units: squared feature units.
+/// Symmetric in a and b up to the same rounding. Throws std::invalid_argument if the
+/// widths differ or a tensor has the wrong shape.
+double frechet_distance(const FeatureStats& a, const FeatureStats& b);
+
+/// Fraction of `predicted` equal to `labels` (both integer [N], N >= 1), in [0, 1]. Throws
+/// std::invalid_argument naming the shapes if they differ or N = 0.
+double class_accuracy(const at::Tensor& predicted, const at::Tensor& labels);
+
+}  // namespace shardgan::eval

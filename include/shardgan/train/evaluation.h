@@ -1,0 +1,57 @@
+#pragma once
+/// Sample quality during training and on checkpoints: the Frechet distance between
+/// generated and real images in the feature space of a Fashion-MNIST classifier
+/// (src/eval/, `shardgan-fid train-classifier`), and, for conditional models, the
+/// classifier's accuracy on generated images against the labels they were generated for.
+/// See docs/fid.md.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Generator.h>
+
+namespace shardgan {
+
+class Communicator;
+class ModelFamily;
+class ShardedModel;
+struct TrainConfig;
+
+/// One evaluation of a generator.
+struct EvalResult {
+  double fid = 0;            ///< Frechet distance to the reference set's features
+  double class_acc = -1;     ///< classifier accuracy on the generated images; -1 if unconditional
+  int64_t samples = 0;       ///< generated images (all ranks together)
+  /// Fraction of the generated images the classifier assigns to each of its 10 classes
+  /// (sums to 1): mode coverage, for unconditional models too (Fashion-MNIST's are 0.1 each).
+  std::vector<double> class_fractions;
+  double time_s = 0;         ///< wall time of the evaluation on this rank (seconds)
+};
+
+class Evaluator {
+ public:
+  /// Collective (one all-reduce of the reference moments). Every rank loads the classifier
+  /// from cfg.eval_classifier (an error naming the file and `shardgan-fid train-classifier`
+  /// if missing) and featurizes its share of the reference images: the t10k split (10,000
+  /// images) of the Fashion-MNIST folder cfg.eval_reference. Throws ConfigError if the
+  /// family's images are not 1x32x32 (the classifier's input). `comm` and `family` must
+  /// outlive this object.
+  Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFamily& family);
+  ~Evaluator();
+
+  /// Collective: every rank runs the same number of G forwards (ZeRO-3 gathers). Draws
+  /// cfg.eval_samples latents (and labels k mod num_classes for a conditional family) from
+  /// a generator seeded with cfg.seed + 5, the same every time, so that evaluations at
+  /// different steps and world sizes see the same inputs; each rank generates its
+  /// contiguous share in chunks of at most 64, in train mode as the sampler does, restoring
+  /// every buffer afterwards (training is unchanged). Features are summed over ranks (one
+  /// all-reduce of float64 moments). The result is the same on every rank.
+  EvalResult evaluate(ShardedModel& g);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace shardgan

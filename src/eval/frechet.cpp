@@ -1,0 +1,125 @@
+// Feature statistics and the Frechet distance between two Gaussians (float64).
+#include "shardgan/eval/frechet.h"
+
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include <torch/torch.h>
+
+namespace shardgan::eval {
+
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// `features` checked to be a float [N, F] with F >= 1, as float64 CPU.
+at::Tensor checked_features(const at::Tensor& features, const char* what) {
+  if (!features.defined() || features.dim() != 2 || features.size(1) < 1 ||
+      !at::isFloatingType(features.scalar_type())) {
+    throw std::invalid_argument(std::string(what) + ": features must be a float [N, F] tensor with F >= 1, got " +
+                                (features.defined() ? std::string(c10::toString(features.scalar_type())) + " " +
+                                                          shape_str(features.sizes())
+                                                    : std::string("undefined")));
+  }
+  return features.to(torch::kCPU, torch::kDouble).contiguous();
+}
+
+void check_stats(const FeatureStats& s, const char* name) {
+  if (!s.mean.defined() || !s.cov.defined() || s.mean.dim() != 1 || s.cov.dim() != 2 ||
+      s.cov.size(0) != s.mean.size(0) || s.cov.size(1) != s.mean.size(0)) {
+    throw std::invalid_argument(std::string("frechet_distance: ") + name +
+                                " must have mean [F] and cov [F, F], got " +
+                                (s.mean.defined() ? shape_str(s.mean.sizes()) : std::string("undefined")) + " and " +
+                                (s.cov.defined() ? shape_str(s.cov.sizes()) : std::string("undefined")));
+  }
+}
+
+// Eigenvalues (clamped to >= 0) and eigenvectors of the symmetric part of `m` (float64).
+std::tuple<at::Tensor, at::Tensor> psd_eigh(const at::Tensor& m) {
+  auto [vals, vecs] = torch::linalg::eigh(0.5 * (m + m.t()), "L");
+  return {vals.clamp_min(0.0), vecs};
+}
+
+}  // namespace
+
+FeatureStats feature_stats(const at::Tensor& features) {
+  const at::Tensor x = checked_features(features, "feature_stats");
+  const int64_t n = x.size(0);
+  if (n < 2) {
+    throw std::invalid_argument("feature_stats: need at least 2 feature vectors for a covariance, got " +
+                                shape_str(features.sizes()));
+  }
+  FeatureStats s;
+  s.n = n;
+  s.mean = x.mean(0);
+  const at::Tensor c = x - s.mean;
+  s.cov = c.t().mm(c) / static_cast<double>(n - 1);
+  s.cov = 0.5 * (s.cov + s.cov.t());
+  return s;
+}
+
+void FeatureMoments::add(const at::Tensor& features) {
+  const at::Tensor x = checked_features(features, "FeatureMoments::add");
+  if (!sum.defined()) {
+    sum = torch::zeros({x.size(1)}, torch::kDouble);
+    sum_outer = torch::zeros({x.size(1), x.size(1)}, torch::kDouble);
+  } else if (x.size(1) != sum.size(0)) {
+    throw std::invalid_argument("FeatureMoments::add: features " + shape_str(x.sizes()) + " after ones of width " +
+                                std::to_string(sum.size(0)));
+  }
+  n += x.size(0);
+  sum += x.sum(0);
+  sum_outer += x.t().mm(x);
+}
+
+FeatureStats FeatureMoments::stats() const {
+  if (n < 2 || !sum.defined()) {
+    throw std::invalid_argument("FeatureMoments::stats: need at least 2 feature vectors, got " + std::to_string(n));
+  }
+  FeatureStats s;
+  s.n = n;
+  const at::Tensor sum64 = sum.to(torch::kCPU, torch::kDouble);
+  const at::Tensor outer64 = sum_outer.to(torch::kCPU, torch::kDouble);
+  s.mean = sum64 / static_cast<double>(n);
+  at::Tensor cov = (outer64 - static_cast<double>(n) * torch::outer(s.mean, s.mean)) / static_cast<double>(n - 1);
+  s.cov = 0.5 * (cov + cov.t());
+  return s;
+}
+
+double frechet_distance(const FeatureStats& a, const FeatureStats& b) {
+  check_stats(a, "a");
+  check_stats(b, "b");
+  if (a.mean.size(0) != b.mean.size(0)) {
+    throw std::invalid_argument("frechet_distance: feature widths differ: " + std::to_string(a.mean.size(0)) +
+                                " vs " + std::to_string(b.mean.size(0)));
+  }
+  const auto f64 = [](const at::Tensor& t) { return t.to(torch::kCPU, torch::kDouble); };
+  const at::Tensor mu_a = f64(a.mean), mu_b = f64(b.mean), sa = f64(a.cov), sb = f64(b.cov);
+  // S_a^{1/2} = Q diag(sqrt(l)) Q^T.
+  const auto [la, qa] = psd_eigh(sa);
+  const at::Tensor sqrt_a = (qa * la.sqrt().unsqueeze(0)).mm(qa.t());
+  // tr((S_a^{1/2} S_b S_a^{1/2})^{1/2}) = sum of the square roots of its eigenvalues.
+  const auto [lm, qm] = psd_eigh(sqrt_a.mm(sb).mm(sqrt_a));
+  (void)qm;
+  const double tr_sqrt = lm.sqrt().sum().item<double>();
+  const double dmu2 = (mu_a - mu_b).pow(2).sum().item<double>();
+  return dmu2 + sa.trace().item<double>() + sb.trace().item<double>() - 2.0 * tr_sqrt;
+}
+
+double class_accuracy(const at::Tensor& predicted, const at::Tensor& labels) {
+  if (!predicted.defined() || !labels.defined() || predicted.dim() != 1 || labels.dim() != 1 ||
+      predicted.size(0) != labels.size(0) || predicted.size(0) == 0) {
+    throw std::invalid_argument("class_accuracy: predicted and labels must both be [N] with N >= 1, got " +
+                                (predicted.defined() ? shape_str(predicted.sizes()) : std::string("undefined")) +
+                                " and " + (labels.defined() ? shape_str(labels.sizes()) : std::string("undefined")));
+  }
+  return predicted.to(torch::kCPU, torch::kLong).eq(labels.to(torch::kCPU, torch::kLong))
+      .to(torch::kDouble).mean().item<double>();
+}
+
+}  // namespace shardgan::eval

@@ -1,0 +1,121 @@
+#include "shardgan/train/evaluation.h"
+
+#include <chrono>
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "shardgan/comm/communicator.h"
+#include "shardgan/eval/classifier.h"
+#include "shardgan/eval/frechet.h"
+#include "shardgan/models/family.h"
+#include "shardgan/sharding/sharded_model.h"
+#include "shardgan/train/config.h"
+#include "shardgan/train/data.h"
+
+namespace shardgan {
+namespace {
+
+constexpr int64_t kChunk = 64;  // generated images per rank per G forward
+
+// Sums n, sum, sum_outer and `extra` (float64, any length) over ranks: one all-reduce of a
+// packed float64 buffer.
+eval::FeatureMoments all_reduce_moments(eval::FeatureMoments m, at::Tensor& extra, Communicator& comm) {
+  const int64_t F = eval::kClassifierFeatureDim;
+  if (!m.sum.defined()) {
+    m.sum = torch::zeros({F}, torch::kDouble);
+    m.sum_outer = torch::zeros({F, F}, torch::kDouble);
+  }
+  const int64_t E = extra.numel();
+  at::Tensor packed = torch::cat({torch::tensor({static_cast<double>(m.n)}, torch::kDouble), extra, m.sum,
+                                  m.sum_outer.reshape({-1})});
+  comm.all_reduce(packed, ReduceOp::kSum);
+  m.n = static_cast<int64_t>(packed[0].item<double>());
+  extra = packed.narrow(0, 1, E).clone();
+  m.sum = packed.narrow(0, 1 + E, F).clone();
+  m.sum_outer = packed.narrow(0, 1 + E + F, F * F).reshape({F, F}).clone();
+  return m;
+}
+
+}  // namespace
+
+struct Evaluator::State {
+  const TrainConfig& cfg;
+  Communicator& comm;
+  const ModelFamily& family;
+  eval::Classifier classifier{nullptr};
+  eval::FeatureStats reference;
+  bool class_accuracy = false;  // conditional with the classifier's 10 classes
+};
+
+Evaluator::Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFamily& family)
+    : s_(new State{cfg, comm, family}) {
+  const ImageShape shape = family.image_shape();
+  if (shape.channels != 1 || shape.height != 32 || shape.width != 32) {
+    throw ConfigError(cfg.source + ": eval.enabled needs 1x32x32 images (the Fashion-MNIST classifier's input), "
+                      "but the model makes " + std::to_string(shape.channels) + "x" + std::to_string(shape.height) +
+                      "x" + std::to_string(shape.width) + "; set eval.enabled: false");
+  }
+  try {
+    s_->classifier = eval::load_classifier(cfg.eval_classifier);
+  } catch (const eval::ClassifierFileError& e) {
+    throw ConfigError(cfg.source + ": eval.classifier: " + e.what());
+  }
+  s_->class_accuracy = family.num_classes() == eval::kClassifierClasses;
+  if (family.num_classes() > 0 && !s_->class_accuracy && comm.rank() == 0) {
+    spdlog::warn("class accuracy needs model.n_classes = {} (the classifier's); FID only", eval::kClassifierClasses);
+  }
+  // The real statistics: each rank featurizes its contiguous share of the t10k split.
+  const at::Tensor real = load_fashion_mnist(cfg.eval_reference, at::kFloat, "t10k");
+  const int64_t n = real.size(0), W = comm.world_size(), r = comm.rank();
+  eval::FeatureMoments m;
+  const int64_t begin = n * r / W, end = n * (r + 1) / W;
+  if (end > begin) m.add(eval::extract_features(s_->classifier, real.narrow(0, begin, end - begin)));
+  at::Tensor none = torch::zeros({0}, torch::kDouble);
+  s_->reference = all_reduce_moments(m, none, comm).stats();
+}
+
+Evaluator::~Evaluator() = default;
+
+EvalResult Evaluator::evaluate(ShardedModel& g) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const TrainConfig& cfg = s_->cfg;
+  const int64_t W = s_->comm.world_size(), r = s_->comm.rank();
+  // Equal shares, so that every rank runs the same number of G forwards of the same size.
+  const int64_t per_rank = (cfg.eval_samples + W - 1) / W, total = per_rank * W;
+  at::Generator gen = at::detail::createCPUGenerator(cfg.seed + 5);
+  const at::Tensor z = s_->family.sample_latents(total, gen, cfg.model_dtype);
+  const int64_t classes = s_->family.num_classes();
+  const at::Tensor y = classes > 0 ? torch::arange(total, torch::kLong).remainder(classes) : at::Tensor();
+
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> saved;  // buffers (BatchNorm statistics, spectral-norm u) restored after
+  for (auto& kv : g.named_buffers()) saved.push_back(kv.second.clone());
+  eval::FeatureMoments m;
+  // [0]: correct labels (conditional), [1 + k]: images classified as class k.
+  at::Tensor counts = torch::zeros({1 + eval::kClassifierClasses}, torch::kDouble);
+  for (int64_t off = 0; off < per_rank; off += kChunk) {
+    const int64_t b = std::min(kChunk, per_rank - off), at = r * per_rank + off;
+    const at::Tensor yb = y.defined() ? y.narrow(0, at, b) : at::Tensor();
+    const at::Tensor imgs = g.forward({z.narrow(0, at, b).contiguous(), yb}).at(0).to(at::kFloat);
+    m.add(eval::extract_features(s_->classifier, imgs));
+    const at::Tensor predicted = eval::classify(s_->classifier, imgs);
+    if (s_->class_accuracy) counts[0] += predicted.eq(yb).sum().to(torch::kDouble);
+    counts.narrow(0, 1, eval::kClassifierClasses)
+        .add_(torch::bincount(predicted, {}, eval::kClassifierClasses).to(torch::kDouble));
+  }
+  size_t i = 0;
+  for (auto& kv : g.named_buffers()) kv.second.copy_(saved[i++]);
+  m = all_reduce_moments(m, counts, s_->comm);
+  EvalResult res;
+  res.fid = eval::frechet_distance(m.stats(), s_->reference);
+  res.class_acc = s_->class_accuracy ? counts[0].item<double>() / static_cast<double>(m.n) : -1;
+  for (int64_t k = 0; k < eval::kClassifierClasses; ++k) {
+    res.class_fractions.push_back(counts[1 + k].item<double>() / static_cast<double>(m.n));
+  }
+  res.samples = m.n;
+  res.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace shardgan

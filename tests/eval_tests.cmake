@@ -1,0 +1,15 @@
+# The quality metric (FID on a Fashion-MNIST classifier's features; docs/fid.md).
+# The fixture trains the classifier once (~1.5 min on 2 cores); test_fid (~10 s) reads it.
+# OMP_WAIT_POLICY=passive: spinning OpenMP threads slowed training ~2.5x on a loaded machine.
+set(SHARDGAN_FID_CLASSIFIER_FILE ${CMAKE_BINARY_DIR}/fid/fmnist-classifier.h5)
+add_test(NAME fid_classifier
+         COMMAND $<TARGET_FILE:shardgan-fid> train-classifier -o ${SHARDGAN_FID_CLASSIFIER_FILE}
+                 --epochs 3 --seed 1 --threads 2)
+set_tests_properties(fid_classifier PROPERTIES TIMEOUT 600 FIXTURES_SETUP fid_classifier PROCESSORS 2
+                     ENVIRONMENT "OMP_WAIT_POLICY=passive")
+
+shardgan_test(test_fid)
+target_compile_definitions(test_fid PRIVATE SHARDGAN_FID_CLASSIFIER_PATH="${SHARDGAN_FID_CLASSIFIER_FILE}")
+shardgan_mpi_test(test_fid 600 1)
+set_tests_properties(test_fid_np1 PROPERTIES FIXTURES_REQUIRED fid_classifier
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")

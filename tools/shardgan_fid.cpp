@@ -1,0 +1,137 @@
+// shardgan-fid: the Fashion-MNIST feature classifier of shardgan's FID, and sanity numbers.
+// Needs no MPI runtime (no mpirun, no MPI_Init).
+//   shardgan-fid train-classifier [--data DIR] [-o runs/fmnist-classifier.h5] [--epochs 3] [--seed 1]
+//   shardgan-fid compare --classifier PATH [--data DIR] [-n 10000]
+// DIR holds Fashion-MNIST's idx .gz files (default $SHARDGAN_FMNIST_DIR, else
+// /usr/share/datasets/fashion-mnist). Exit status: 0 fine, 1 an error or a classifier below
+// --min-accuracy, 2 bad usage. See docs/fid.md.
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "shardgan/eval/classifier.h"
+#include "shardgan/eval/frechet.h"
+#include "shardgan/train/data.h"
+
+using namespace shardgan;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int cmd_train(const std::string& data, const std::string& out, const eval::ClassifierTrainOptions& opt,
+              double min_accuracy, int64_t limit) {
+  at::Tensor xs = load_fashion_mnist(data, at::kFloat, "train");
+  at::Tensor ys = load_fashion_mnist_labels(data, "train");
+  if (limit > 0 && limit < xs.size(0)) {
+    xs = xs.narrow(0, 0, limit);
+    ys = ys.narrow(0, 0, limit);
+  }
+  const at::Tensor xt = load_fashion_mnist(data, at::kFloat, "t10k");
+  const at::Tensor yt = load_fashion_mnist_labels(data, "t10k");
+  eval::Classifier model;
+  const eval::ClassifierTrainResult r = eval::train_classifier(model, xs, ys, xt, yt, opt);
+  std::printf("test accuracy %.4f on %lld t10k images after %lld epochs, %.1f s of training (%d threads)\n",
+              r.test_accuracy, (long long)xt.size(0), (long long)r.epochs, r.train_time_s,
+              torch::get_num_threads());
+  if (r.test_accuracy < min_accuracy) {
+    std::fprintf(stderr,
+                 "shardgan-fid: error: test accuracy %.4f is below --min-accuracy %.4f; not writing %s "
+                 "(train longer with --epochs or try another --seed)\n",
+                 r.test_accuracy, min_accuracy, out.c_str());
+    return 1;
+  }
+  eval::save_classifier(model, out, {r.test_accuracy, r.epochs, static_cast<int64_t>(opt.seed), r.train_time_s});
+  std::printf("wrote %s\n", out.c_str());
+  return 0;
+}
+
+int cmd_compare(const std::string& data, const std::string& path, int64_t n, uint64_t seed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  eval::ClassifierInfo info;
+  eval::Classifier model = eval::load_classifier(path, &info);
+  const at::Tensor xt = load_fashion_mnist(data, at::kFloat, "t10k");
+  const at::Tensor yt = load_fashion_mnist_labels(data, "t10k");
+  const at::Tensor xs = load_fashion_mnist(data, at::kFloat, "train");
+  const int64_t n_train = std::min<int64_t>(n, xs.size(0));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const at::Tensor noise = torch::rand({n, 1, 32, 32}, gen, torch::kFloat) * 2 - 1;
+
+  const eval::FeatureStats test = eval::feature_stats(eval::extract_features(model, xt));
+  const eval::FeatureStats train = eval::feature_stats(eval::extract_features(model, xs.narrow(0, 0, n_train)));
+  const eval::FeatureStats rnd = eval::feature_stats(eval::extract_features(model, noise));
+  nlohmann::ordered_json j;
+  j["classifier"] = path;
+  j["feature_dim"] = eval::kClassifierFeatureDim;
+  j["test_accuracy_stored"] = info.test_accuracy;
+  j["test_accuracy"] = eval::class_accuracy(eval::classify(model, xt), yt);
+  j["n_test"] = xt.size(0);
+  j["n_train"] = n_train;
+  j["n_noise"] = n;
+  j["fid_test_vs_train"] = eval::frechet_distance(test, train);
+  j["fid_test_vs_noise"] = eval::frechet_distance(test, rnd);
+  j["fid_train_vs_noise"] = eval::frechet_distance(train, rnd);
+  j["time_s"] = seconds_since(t0);
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"shardgan-fid: the Fashion-MNIST classifier behind shardgan's FID, and sanity numbers"};
+  app.require_subcommand(1);
+  std::string data = "/usr/share/datasets/fashion-mnist", out = "runs/fmnist-classifier.h5", classifier;
+  eval::ClassifierTrainOptions opt;
+  double min_accuracy = 0.90;
+  int64_t n = 10000;
+  uint64_t noise_seed = 1;
+  int threads = 2;
+  int64_t limit = 0;
+  auto* train = app.add_subcommand("train-classifier", "train the feature classifier and save it (HDF5)");
+  auto* compare = app.add_subcommand("compare", "JSON: FD(test, train), FD(test, noise), test accuracy");
+  for (auto* sc : {train, compare}) {
+    sc->add_option("--data", data, "folder of Fashion-MNIST's idx .gz files")
+        ->envname("SHARDGAN_FMNIST_DIR")
+        ->capture_default_str();
+    sc->add_option("--threads", threads, "torch CPU threads")->check(CLI::PositiveNumber)->capture_default_str();
+  }
+  train->add_option("-o,--output", out, "classifier file to write")->capture_default_str();
+  train->add_option("--epochs", opt.epochs, "passes over the 60000 training images")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--seed", opt.seed, "initialization and shuffling seed")->capture_default_str();
+  train->add_option("--batch", opt.batch, "images per Adam step")->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--lr", opt.lr, "Adam learning rate of the first epoch")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--lr-decay", opt.lr_decay, "learning rate factor after each epoch")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  train->add_option("--limit", limit, "train on the first N training images only (quick experiments; 0: all)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_option("--min-accuracy", min_accuracy, "exit 1 without writing below this t10k accuracy")
+      ->capture_default_str();
+  compare->add_option("--classifier", classifier, "classifier file (from train-classifier)")->required();
+  compare->add_option("-n,--count", n, "training images (the first N) and noise images to compare with")
+      ->check(CLI::Range(int64_t{2}, int64_t{60000}))->capture_default_str();
+  compare->add_option("--seed", noise_seed, "seed of the uniform noise images")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    torch::set_num_threads(threads);
+    if (*train) return cmd_train(data, out, opt, min_accuracy, limit);
+    if (*compare) return cmd_compare(data, classifier, n, noise_seed);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardgan-fid: error: %s\n", e.what());
+    return 1;
+  }
+  return 2;
+}
