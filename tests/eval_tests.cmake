@@ -13,3 +13,10 @@ target_compile_definitions(test_fid PRIVATE SHARDGAN_FID_CLASSIFIER_PATH="${SHAR
 shardgan_mpi_test(test_fid 600 1)
 set_tests_properties(test_fid_np1 PROPERTIES FIXTURES_REQUIRED fid_classifier
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
+
+# FID during training (1 and 2 ranks) and `shardgan-ckpt fid` against the trainer's own.
+add_test(NAME eval_train_test
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/eval_train_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR} ${SHARDGAN_FID_CLASSIFIER_FILE})
+set_tests_properties(eval_train_test PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED fid_classifier PROCESSORS 2
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")

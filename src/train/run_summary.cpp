@@ -25,8 +25,9 @@ void RunSummary::add_eval(const nlohmann::json& eval) {
 void RunSummary::log(const TrainConfig& cfg, int64_t final_step, const std::vector<int64_t>& peak_rss_bytes,
                      const std::string& samples, bool plots, const std::string& checkpoint) const {
   constexpr double kGiB = 1073741824.0;
-  spdlog::info("done: {} steps in {} ({} this run, {:.2f} s per step), at step {}", steps_run,
-               format_duration(wall_s), steps_run, steps_run > 0 ? wall_s / steps_run : 0.0, final_step);
+  spdlog::info("done: step {}; this run trained {} steps in {} of wall time ({:.2f} s per step, evaluations, "
+               "samples and checkpoints included)", final_step, steps_run, format_duration(wall_s),
+               steps_run > 0 ? wall_s / steps_run : 0.0);
   if (best_fid_step >= 0) {
     std::string ema;
     if (best_fid_ema_step >= 0) ema = fmt::format("; EMA {:.2f} at step {}", best_fid_ema, best_fid_ema_step);
