@@ -22,5 +22,22 @@ PYEOF
 [ -f "$T/run/checkpoints/step-00000010/rank-00001.h5" ] && ok "rank files present" || bad "rank files missing"
 h5dump -a /step "$T/run/checkpoints/step-00000010/rank-00000.h5" | grep -q "(0): 10" && ok "h5dump reads the step" || bad "h5dump cannot read step"
 tail -3 "$T/log" | grep -q "checkpoints:" && ok "last lines say where outputs are" || bad "no closing summary"
+# The end-of-run summary (issue 11): steps and wall time, plots, and peak RSS of each rank.
+grep -q "done: step 10; this run trained 10 steps in" "$T/log" && ok "summary: steps and wall time" || bad "summary: no steps line"
+grep -Eq "peak RSS: +\[[0-9.]+, [0-9.]+\] GiB per rank" "$T/log" && ok "summary: peak RSS of both ranks" \
+  || bad "summary: no per-rank peak RSS"
+for p in losses d_outputs step_time; do
+  [ -s "$T/run/plots/$p.png" ] && ok "plots/$p.png written" || bad "no plots/$p.png: $(cat "$T/run/plots/gnuplot.log" 2>/dev/null)"
+done
+# Into a file there is no progress line (mpirun gives every rank a pseudo-terminal, so this
+# checks that shardgan asks about mpirun's stdout); on a terminal (script's pty) there is.
+# Shown to fail: SHARDGAN_PROGRESS=1 (always draw) fails the first check, SHARDGAN_PROGRESS=0
+# (never draw) the second.
+! grep -q "ETA" "$T/log" && ok "no progress line when mpirun writes to a file" || bad "progress line in a file"
+if command -v script > /dev/null; then
+  script -qec "${MPIRUN[*]} -np 2 $TRAIN $SRC/configs/fmnist-dcgan.yaml --set train.steps=3 --set run.dir=$T/tty \
+    --set data.source=synthetic --set train.plots=false" "$T/tty.txt" > /dev/null 2>&1
+  grep -q "step 3/3 (100%) | loss_D" "$T/tty.txt" && ok "progress line on a terminal" || bad "no progress line on a pty: $(tail -3 "$T/tty.txt")"
+fi
 rm -rf "$T"
 finish
