@@ -31,7 +31,7 @@
 #include "shardgan/data/convert.h"
 #include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/data/hdf5_loader.h"
-#include "shardgan/train/data.h"
+#include "shardgan/data/images.h"
 
 using namespace shardgan;
 namespace fs = std::filesystem;

@@ -15,7 +15,7 @@
 #include <stb/stb_image.h>
 #include <torch/torch.h>
 
-#include "shardgan/train/data.h"
+#include "shardgan/data/images.h"
 #include "shardgan/train/image_grid.h"
 
 namespace fs = std::filesystem;

@@ -27,7 +27,7 @@
 #include "shardgan/checkpoint/h5.h"
 #include "shardgan/eval/classifier.h"
 #include "shardgan/eval/frechet.h"
-#include "shardgan/train/data.h"
+#include "shardgan/data/images.h"
 
 namespace fs = std::filesystem;
 using namespace shardgan;

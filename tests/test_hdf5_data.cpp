@@ -30,7 +30,7 @@
 #include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/data/hdf5_loader.h"
 #include "shardgan/data/prefetcher.h"
-#include "shardgan/train/data.h"
+#include "shardgan/data/images.h"
 
 namespace fs = std::filesystem;
 using namespace shardgan;

@@ -15,7 +15,7 @@
 
 #include "shardgan/eval/classifier.h"
 #include "shardgan/eval/frechet.h"
-#include "shardgan/train/data.h"
+#include "shardgan/data/images.h"
 
 using namespace shardgan;
 

@@ -17,7 +17,7 @@
 
 #include "h5c.h"
 #include "shardgan/data/hdf5_dataset.h"
-#include "shardgan/train/data.h"
+#include "shardgan/data/images.h"
 
 namespace fs = std::filesystem;
 

@@ -7,7 +7,7 @@
 
 #include <hdf5.h>
 
-#include "shardgan/train/data.h"
+#include "shardgan/data/images.h"
 
 namespace shardgan::data::h5c {
 

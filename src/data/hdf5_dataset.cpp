@@ -9,7 +9,7 @@
 #include <torch/torch.h>
 
 #include "h5c.h"
-#include "shardgan/train/data.h"
+#include "shardgan/data/images.h"
 
 namespace shardgan::data {
 namespace {
@@ -101,7 +101,7 @@ int64_t read_sorted_rows(hid_t ds, hid_t mem_type, const std::vector<hsize_t>& d
 }  // namespace
 
 at::Tensor scale_pixels(const at::Tensor& raw, at::ScalarType dtype) {
-  // The same three operations as load_fashion_mnist (src/train/data.cpp), element by
+  // The same three operations as load_fashion_mnist (src/data/images.cpp), element by
   // element, so that both give bit-identical values.
   return raw.to(dtype).div_(127.5).sub_(1.0);
 }

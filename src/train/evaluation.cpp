@@ -11,7 +11,7 @@
 #include "shardgan/models/family.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/config.h"
-#include "shardgan/train/data.h"
+#include "shardgan/data/images.h"
 
 namespace shardgan {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/data/prefetcher.h"
-#include "shardgan/train/data.h"
+#include "shardgan/data/images.h"
 
 namespace shardgan::data {
 

@@ -25,7 +25,7 @@ inline constexpr int64_t kClassifierClasses = 10;
 inline constexpr const char* kClassifierFormat = "shardgan-fid-classifier";
 inline constexpr int64_t kClassifierVersion = 1;
 
-/// The CNN, for images [B, 1, 32, 32] in [-1, 1] (train/data.h's load_fashion_mnist):
+/// The CNN, for images [B, 1, 32, 32] in [-1, 1] (data/images.h's load_fashion_mnist):
 ///   conv1 4x4 stride 2 pad 1, 1->32 + bn1 + ReLU       -> [B, 32, 16, 16]
 ///   conv2 3x3 stride 2 pad 1, 32->64 + bn2 + ReLU      -> [B, 64, 8, 8]
 ///   fc1: 8x8 conv 64->128 (a fully connected layer over the 64x8x8 map) + ReLU

@@ -15,7 +15,7 @@
 #include "shardgan/optim/sharded_ema.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/config.h"
-#include "shardgan/train/data.h"
+#include "shardgan/data/images.h"
 #include "shardgan/train/evaluation.h"
 #include "shardgan/train/objective.h"
 #include "shardgan/train/periodic.h"

@@ -1,6 +1,7 @@
 #pragma once
 /// Training images, class labels and the distributed sampler.
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -61,6 +62,8 @@ class DistributedSampler {
 
   /// Indices (int64, [global_batch / micro_batches / world_size]) of this rank's part of
   /// micro-batch `micro` of batch `batch` in epoch `epoch`. Local and deterministic.
+  /// Thread-safe (the HDF5 loader's thread and the trainer both call it); the epoch's
+  /// permutation is kept, so a call costs a copy of the slice, not a new randperm.
   at::Tensor indices(int64_t epoch, int64_t batch, int64_t micro = 0) const;
 
   int64_t batches_per_epoch() const { return dataset_size_ / global_batch_; }
@@ -71,6 +74,9 @@ class DistributedSampler {
   int64_t dataset_size_, global_batch_, micro_batches_;
   int rank_, world_size_;
   uint64_t seed_;
+  mutable std::mutex mutex_;           // guards the cached permutation
+  mutable int64_t cached_epoch_ = -1;  // the epoch of cached_perm_
+  mutable at::Tensor cached_perm_;     // int64 [dataset_size]
 };
 
 }  // namespace shardgan

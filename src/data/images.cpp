@@ -1,4 +1,4 @@
-#include "shardgan/train/data.h"
+#include "shardgan/data/images.h"
 
 #include <zlib.h>
 
@@ -171,11 +171,15 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t global_batc
 }
 
 at::Tensor DistributedSampler::indices(int64_t epoch, int64_t batch, int64_t micro) const {
-  auto gen = at::detail::createCPUGenerator(seed_ + 1000003ULL * static_cast<uint64_t>(epoch));
-  at::Tensor perm = at::randperm(dataset_size_, gen, torch::TensorOptions().dtype(at::kLong));
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (epoch != cached_epoch_) {
+    auto gen = at::detail::createCPUGenerator(seed_ + 1000003ULL * static_cast<uint64_t>(epoch));
+    cached_perm_ = at::randperm(dataset_size_, gen, torch::TensorOptions().dtype(at::kLong));
+    cached_epoch_ = epoch;
+  }
   const int64_t local = local_batch();
   const int64_t start = batch * global_batch_ + micro * (global_batch_ / micro_batches_) + rank_ * local;
-  return perm.narrow(0, start, local).clone();
+  return cached_perm_.narrow(0, start, local).clone();
 }
 
 }  // namespace shardgan
