@@ -10,6 +10,7 @@ PKGS=(
   libspdlog-dev libfmt-dev
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libstb-dev libxxhash-dev zlib1g-dev
+  liburing-dev
   googletest libgtest-dev libbenchmark-dev
   dataset-fashion-mnist
   python3-h5py python3-numpy python3-torch python3-yaml gnuplot-nox

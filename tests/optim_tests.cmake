@@ -7,3 +7,11 @@ shardgan_mpi_test(test_optim_parity 120 1 2 3)
 
 shardgan_test(test_optim_collectives)
 shardgan_mpi_test(test_optim_collectives 120 1 2 3 4)
+
+# Offload tiers (issue 9): the store, OffloadedAdam's parity, RAM bound and errors.
+shardgan_test(test_offload)
+shardgan_mpi_test(test_offload 300 1)
+add_test(NAME offload_train_test
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/offload_train_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(offload_train_test PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)

@@ -150,13 +150,14 @@ void load_local(const std::string& dir, TrainCounters& counters, const std::vect
       const int64_t lo = u.shard_offset();
       read_owned(rd, *me, ue, "param_shard", lo, u.shard());
       if (mo.optim) {
-        for (auto& [sname, st] : mo.optim->unit_state(i)) {
+        // Offloaded state is filled in a transient tensor and streamed to its tier.
+        mo.optim->write_unit_state(i, [&](const std::string& sname, at::Tensor& st) {
           if (std::find(me->optim_states.begin(), me->optim_states.end(), sname) == me->optim_states.end()) {
             throw CheckpointError("checkpoint '" + dir + "' has no optimizer state '" + sname + "' for " +
                                   model.name() + " (saved with another optimizer?)");
           }
           read_owned(rd, *me, ue, "optim/" + sname, lo, st);
-        }
+        });
       }
       for (auto& [ename, fn] : mo.extra) {
         if (std::find(me->extras.begin(), me->extras.end(), ename) == me->extras.end()) {
@@ -261,7 +262,8 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
           const std::string g = m.name() + "/units/" + u.name();
           put(w, g + "/param_shard", u.shard());
           if (mo.optim) {
-            for (auto& [sname, st] : mo.optim->unit_state(i)) put(w, g + "/optim/" + sname, st);
+            mo.optim->read_unit_state(
+                i, [&](const std::string& sname, at::Tensor& st) { put(w, g + "/optim/" + sname, st); });
           }
           for (auto& [ename, fn] : mo.extra) put(w, g + "/" + ename, fn(i));
           f.set_attr(g, "numel", u.numel());
@@ -312,7 +314,7 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
       if (!model.units().empty()) {
         me.dtype = h5::dtype_name(h5_type(model.units()[0]->shard()));
         if (mo.optim) {
-          for (auto& kv : mo.optim->unit_state(0)) me.optim_states.push_back(kv.first);
+          me.optim_states = mo.optim->state_names();
         }
       }
       for (auto& kv : mo.extra) me.extras.push_back(kv.first);

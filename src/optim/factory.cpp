@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "shardgan/optim/offloaded_adam.h"
 #include "shardgan/optim/sharded_adam.h"
 #include "shardgan/optim/sharded_rmsprop.h"
 #include "shardgan/optim/sharded_sgd.h"
@@ -48,6 +49,10 @@ std::unique_ptr<ShardedOptimizer> make_optimizer(ShardedModel& model, const Opti
     throw std::invalid_argument(std::string("param_copy is only supported by adam and adamw, not ") +
                                 to_string(cfg.type));
   }
+  if (cfg.offload.optimizer != OffloadDevice::kNone && cfg.type != OptimizerType::kAdam &&
+      cfg.type != OptimizerType::kAdamW) {
+    throw std::invalid_argument(std::string("optimizer offload supports adam and adamw, not ") + to_string(cfg.type));
+  }
   switch (cfg.type) {
     case OptimizerType::kAdam:
     case OptimizerType::kAdamW: {
@@ -59,7 +64,8 @@ std::unique_ptr<ShardedOptimizer> make_optimizer(ShardedModel& model, const Opti
       a.weight_decay = cfg.weight_decay;
       a.decoupled_weight_decay = cfg.type == OptimizerType::kAdamW;
       a.param_copy = cfg.param_copy;
-      opt = std::make_unique<ShardedAdam>(model, a);
+      if (cfg.offload.optimizer != OffloadDevice::kNone) opt = std::make_unique<OffloadedAdam>(model, a, cfg.offload);
+      else opt = std::make_unique<ShardedAdam>(model, a);
       break;
     }
     case OptimizerType::kSgd:

@@ -18,4 +18,20 @@ int64_t ShardedOptimizer::state_bytes() {
   return b;
 }
 
+std::vector<std::string> ShardedOptimizer::state_names() {
+  std::vector<std::string> names;
+  if (!model_.units().empty()) {
+    for (auto& kv : unit_state(0)) names.push_back(kv.first);
+  }
+  return names;
+}
+
+void ShardedOptimizer::read_unit_state(size_t unit, const StateVisitor& fn) {
+  for (auto& kv : unit_state(unit)) fn(kv.first, kv.second);
+}
+
+void ShardedOptimizer::write_unit_state(size_t unit, const StateVisitor& fn) {
+  for (auto& kv : unit_state(unit)) fn(kv.first, kv.second);
+}
+
 }  // namespace shardgan

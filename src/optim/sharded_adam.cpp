@@ -20,8 +20,7 @@ at::ScalarType copy_dtype(ParamCopy c) { return c == ParamCopy::kBFloat16 ? at::
 
 }  // namespace
 
-ShardedAdam::ShardedAdam(ShardedModel& model, AdamConfig cfg)
-    : ShardedOptimizer(model, cfg.lr), cfg_(cfg) {
+void validate_adam_config(const AdamConfig& cfg) {
   if (!(cfg.lr >= 0)) throw std::invalid_argument("Invalid learning rate: " + std::to_string(cfg.lr));
   if (!(cfg.beta1 >= 0 && cfg.beta1 < 1) || !(cfg.beta2 >= 0 && cfg.beta2 < 1)) {
     throw std::invalid_argument("Invalid Adam betas: (" + std::to_string(cfg.beta1) + ", " +
@@ -31,6 +30,11 @@ ShardedAdam::ShardedAdam(ShardedModel& model, AdamConfig cfg)
   if (!(cfg.weight_decay >= 0)) {
     throw std::invalid_argument("Invalid weight_decay value: " + std::to_string(cfg.weight_decay));
   }
+}
+
+ShardedAdam::ShardedAdam(ShardedModel& model, AdamConfig cfg)
+    : ShardedOptimizer(model, cfg.lr), cfg_(cfg) {
+  validate_adam_config(cfg);
   for (auto& u : model_.units()) {
     exp_avg_.push_back(torch::zeros_like(u->shard()));
     exp_avg_sq_.push_back(torch::zeros_like(u->shard()));

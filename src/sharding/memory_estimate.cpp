@@ -107,7 +107,7 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
     e.shard_numel += s;
     e.param_bytes += (spec.stage <= 2 ? p * cb : 0) + (shard_is_view ? 0 : s * mb);
     e.grad_bytes += (spec.stage <= 1 ? p * rb : 0) + (grad_shard_is_view ? 0 : s * mb);
-    e.optimizer_state_bytes += spec.optimizer_states * s * mb;
+    if (!spec.offload_to_disk) e.optimizer_state_bytes += spec.optimizer_states * s * mb;
     e.ema_bytes += spec.ema ? s * mb : 0;
     if (spec.stage == 3) gathered.push_back(p * cb);
     max_t = std::max(max_t, t);
@@ -116,6 +116,7 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
     max_ps = std::max(max_ps, p + s);
   }
   e.padding_elements = e.padded_numel - e.numel;
+  if (spec.offload_ring_bytes > 0) e.optimizer_state_bytes += spec.offload_ring_bytes;
 
   if (spec.stage == 3 && !gathered.empty()) {
     std::sort(gathered.begin(), gathered.end(), std::greater<int64_t>());

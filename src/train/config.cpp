@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include <yaml-cpp/yaml.h>
 
@@ -141,6 +142,42 @@ OptimizerConfig read_optim(Reader& r, const std::string& who, int64_t steps) {
   return c;
 }
 
+// offload.path and the ring settings are shared; offload.<model>.{optimizer,param} are not.
+void read_offload(Reader& r, TrainConfig& c) {
+  OffloadConfig shared;
+  shared.path = r.get<std::string>("offload.path", "");
+  shared.buffer_bytes = r.get<int64_t>("offload.buffer_bytes", shared.buffer_bytes);
+  require(shared.buffer_bytes >= (int64_t{1} << 20) && shared.buffer_bytes <= (int64_t{1} << 34) &&
+              shared.buffer_bytes % 4096 == 0,
+          r, "offload.buffer_bytes", "must be a multiple of 4096 from 1048576 (1 MiB) to 17179869184 (16 GiB)");
+  shared.buffer_count = r.get<int64_t>("offload.buffer_count", shared.buffer_count);
+  require(shared.buffer_count >= 2 && shared.buffer_count <= 64, r, "offload.buffer_count", "must be 2 to 64");
+  shared.queue_depth = r.get<int64_t>("offload.queue_depth", shared.queue_depth);
+  require(shared.queue_depth >= 1 && shared.queue_depth <= 4096, r, "offload.queue_depth", "must be 1 to 4096");
+  for (auto [who, oc, sc] : {std::tuple{"generator", &c.g_optim, &c.g_sharding},
+                             std::tuple{"discriminator", &c.d_optim, &c.d_sharding}}) {
+    OffloadConfig o = shared;
+    const std::string w = who;
+    for (auto [what, dst] : {std::pair{"optimizer", &o.optimizer}, std::pair{"param", &o.param}}) {
+      const std::string key = "offload." + w + "." + what;
+      try {
+        *dst = parse_offload_device(r.get<std::string>(key, "none"));
+      } catch (const std::invalid_argument& e) {
+        throw ConfigError(r.source() + ": key '" + key + "' " + e.what());
+      }
+    }
+    require(o.optimizer == OffloadDevice::kNone || oc->type == OptimizerType::kAdam || oc->type == OptimizerType::kAdamW,
+            r, "offload." + w + ".optimizer",
+            "needs optim." + w + ".type adam or adamw (the offloaded step is the fused CPU Adam), not " +
+                to_string(oc->type));
+    require(o.param == OffloadDevice::kNone || sc->stage == 3, r, "offload." + w + ".param",
+            "needs sharding." + w + ".stage 3: parameter offload moves parameter shards, which only stage 3 keeps");
+    require(o.param == OffloadDevice::kNone, r, "offload." + w + ".param",
+            "parameter offload is not implemented yet; use none (offload." + w + ".optimizer is implemented)");
+    oc->offload = o;
+  }
+}
+
 }  // namespace
 
 TrainConfig parse_config(const std::string& yaml_text, const std::string& source,
@@ -230,6 +267,7 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   c.d_sharding = read_sharding(r, "discriminator");
   c.g_optim = read_optim(r, "generator", c.steps);
   c.d_optim = read_optim(r, "discriminator", c.steps);
+  read_offload(r, c);
   c.grad_clip = r.get<double>("train.grad_clip", c.grad_clip);
   require(c.grad_clip >= 0, r, "train.grad_clip", "must be >= 0 (0 = off)");
   c.ema_enabled = r.get<bool>("ema.enabled", c.ema_enabled);

@@ -29,6 +29,7 @@ nlohmann::json stats_json(const MemoryStats& m) {
   return {{"param_shard_bytes", m.param_shard_bytes},
           {"grad_shard_bytes", m.grad_shard_bytes},
           {"optimizer_state_bytes", m.optimizer_state_bytes},
+          {"offloaded_bytes", m.offloaded_bytes},
           {"model_state_bytes", m.model_state_bytes()},
           {"peak_full_param_bytes", m.peak_full_param_bytes},
           {"comm_buffer_bytes", m.comm_buffer_bytes}};

@@ -24,6 +24,10 @@ ModelMemorySpec spec_for(const TrainConfig& cfg, const ModelSpec& model, const S
   s.reduce_bytes = dtype_bytes(sc.reduce_dtype.value_or(cfg.model_dtype));
   s.optimizer_states = optimizer_states(to_string(oc.type), oc.momentum, oc.centered);
   s.ema = ema;
+  if (oc.offload.optimizer != OffloadDevice::kNone) {
+    s.offload_ring_bytes = oc.offload.buffer_count * oc.offload.buffer_bytes;
+    s.offload_to_disk = oc.offload.optimizer == OffloadDevice::kDisk;
+  }
   s.reshard_after_forward = sc.reshard_after_forward;
   // A frozen D is released unit by unit in the G step's backward (input gradients), so it
   // is gathered like a trained model.

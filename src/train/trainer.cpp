@@ -77,6 +77,11 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   // Deferred sharded initialization: each unit is built, initialized and sharded in turn.
   g_ = build_sharded_model(family_.generator(comm_), comm_, cfg_.g_sharding, cfg_.seed + 1, cfg_.model_dtype);
   d_ = build_sharded_model(family_.discriminator(comm_), comm_, cfg_.d_sharding, cfg_.seed + 2, cfg_.model_dtype);
+  for (OptimizerConfig* oc : {&cfg_.g_optim, &cfg_.d_optim}) {
+    if (oc->offload.optimizer != OffloadDevice::kDisk || !oc->offload.path.empty()) continue;
+    oc->offload.path = cfg_.run_dir + "/offload";  // the default; an explicit path must exist
+    std::filesystem::create_directories(oc->offload.path);
+  }
   opt_g_ = make_optimizer(*g_, cfg_.g_optim);
   opt_d_ = make_optimizer(*d_, cfg_.d_optim);
   auto compute = [&](const ShardingConfig& s) { return s.compute_dtype.value_or(cfg_.model_dtype); };
@@ -189,7 +194,9 @@ void Trainer::check_nonfinite(StepMetrics& r) {
 
 MemoryStats Trainer::memory_stats(ShardedModel& m) const {
   MemoryStats s = m.memory_stats();
-  s.optimizer_state_bytes = (&m == g_.get() ? opt_g_ : opt_d_)->state_bytes();
+  ShardedOptimizer& o = *(&m == g_.get() ? opt_g_ : opt_d_);
+  s.optimizer_state_bytes = o.state_bytes();
+  s.offloaded_bytes = o.offloaded_bytes();
   return s;
 }
 

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "shardgan/offload/offload_config.h"
 #include "shardgan/optim/fused_adam.h"
 #include "shardgan/optim/lr_schedule.h"
 #include "shardgan/optim/optimizer.h"
@@ -36,6 +37,8 @@ struct OptimizerConfig {
   LrScheduleConfig schedule;   ///< all
   /// adam, adamw on float32 CPU shards: bfloat16/float16 copy written by the fused kernel.
   ParamCopy param_copy = ParamCopy::kNone;
+  /// offload.<model>.* and the shared offload.* keys: adam and adamw only (offloaded_adam.h).
+  OffloadConfig offload;
 
   /// DCGAN (Radford et al. 2016, Sec. 4): Adam, lr 2e-4, betas (0.5, 0.999).
   static OptimizerConfig dcgan();
@@ -45,8 +48,9 @@ struct OptimizerConfig {
   static OptimizerConfig biggan_discriminator();
 };
 
-/// Builds the optimizer for `model` (which must outlive it), with the schedule set.
-/// Throws std::invalid_argument naming the bad field and value.
+/// Builds the optimizer for `model` (which must outlive it), with the schedule set: an
+/// OffloadedAdam when offload.optimizer is cpu or disk. Throws std::invalid_argument naming
+/// the bad field and value, OffloadError (naming the path) when the disk tier cannot be set up.
 std::unique_ptr<ShardedOptimizer> make_optimizer(ShardedModel& model, const OptimizerConfig& cfg);
 
 }  // namespace shardgan

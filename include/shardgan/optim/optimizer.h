@@ -6,6 +6,7 @@
 /// elements. Gradient clipping and loss scaling, which need a collective, come before it
 /// (clip_grad.h, loss_scaler.h).
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -41,6 +42,20 @@ class ShardedOptimizer {
   /// them restores state.
   virtual std::vector<std::pair<std::string, at::Tensor>> unit_state(size_t unit) = 0;
 
+  /// Called with a state's name and a 1-D tensor of shard_numel() elements.
+  using StateVisitor = std::function<void(const std::string& name, at::Tensor& state)>;
+  /// The names unit_state() uses, in its order (the same for every unit).
+  virtual std::vector<std::string> state_names();
+  /// Local. Calls fn once per state of unit `unit`, in state_names() order, with its
+  /// values: the live tensor when the state is resident, a transient copy read from the
+  /// offload tier otherwise (one unit at a time, never a whole model's state). Checkpoint
+  /// saves go through here.
+  virtual void read_unit_state(size_t unit, const StateVisitor& fn);
+  /// Local. Calls fn once per state of unit `unit` with a tensor that fn fills (the live
+  /// tensor, or a transient one that is then written to the offload tier). Checkpoint
+  /// loads go through here.
+  virtual void write_unit_state(size_t unit, const StateVisitor& fn);
+
   /// "adam", "adamw", "sgd" or "rmsprop".
   virtual const char* type_name() const = 0;
 
@@ -57,8 +72,11 @@ class ShardedOptimizer {
   /// Sets the learning-rate schedule applied by step() (relative to base_lr()).
   void set_schedule(const LrSchedule& s) { schedule_ = s; }
   const std::optional<LrSchedule>& schedule() const { return schedule_; }
-  /// Bytes of optimizer state this rank holds (sum over unit_state).
-  int64_t state_bytes();
+  /// Bytes of optimizer state this rank holds in memory (sum over unit_state; for an
+  /// offloaded optimizer, the host memory its tier uses).
+  virtual int64_t state_bytes();
+  /// Bytes of optimizer state this rank keeps on disk (0 unless offloaded to disk).
+  virtual int64_t offloaded_bytes() { return 0; }
   ShardedModel& model() { return model_; }
 
  protected:

@@ -26,6 +26,10 @@ struct AdamConfig {
   ParamCopy param_copy = ParamCopy::kNone;
 };
 
+/// Throws std::invalid_argument, naming the field and value, for a learning rate, beta,
+/// epsilon or weight decay out of torch::optim::Adam's accepted range.
+void validate_adam_config(const AdamConfig& cfg);
+
 /// The update is torch::optim::Adam's / AdamW's (LibTorch 1.13, no amsgrad), applied
 /// element-wise to each unit's shard() with its grad_shard():
 ///   g' = g + wd*p (Adam) | p' = p*(1 - lr*wd) (AdamW)

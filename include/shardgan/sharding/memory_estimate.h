@@ -39,6 +39,12 @@ struct ModelMemorySpec {
   /// Optimizer state tensors per element, each in the master dtype: Adam/AdamW 2; SGD 0,
   /// or 1 with momentum; RMSprop 1, +1 with momentum, +1 centered. See optimizer_states().
   int optimizer_states = 2;
+  /// Optimizer state offloaded to disk (offload.<model>.optimizer: disk): it costs RAM only
+  /// for the streaming ring, these bytes (offload.buffer_count * offload.buffer_bytes), and
+  /// optimizer_states * S * master bytes go to disk instead. Negative: not offloaded (cpu
+  /// offload keeps the state in host memory, which is RAM here, plus the ring).
+  int64_t offload_ring_bytes = -1;
+  bool offload_to_disk = false;
   /// An EMA of the weights (the generator's): one more master-dtype shard.
   bool ema = false;
   /// ShardingConfig::reshard_after_forward. False keeps every unit gathered from forward

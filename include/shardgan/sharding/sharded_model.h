@@ -18,7 +18,9 @@ struct MemoryStats {
   int64_t grad_shard_bytes = 0;       ///< gradients kept between steps: the accumulated
                                       ///< flat gradient at stages 0-1, shards at 2-3
   int64_t comm_buffer_bytes = 0;      ///< largest transient flat communication buffer seen
-  int64_t optimizer_state_bytes = 0;  ///< filled in by the optimizer (ShardedAdam)
+  int64_t optimizer_state_bytes = 0;  ///< filled in by the optimizer (ShardedAdam); with
+                                      ///< offload, the host memory of its tier
+  int64_t offloaded_bytes = 0;        ///< filled in by the optimizer: its state on disk
   int64_t full_param_bytes_alive = 0; ///< gathered full parameters right now
   int64_t peak_full_param_bytes = 0;  ///< most gathered bytes alive at once so far
   int64_t padding_elements = 0;       ///< zero padding of the flat parameters, P - T summed

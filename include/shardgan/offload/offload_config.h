@@ -1,0 +1,44 @@
+#pragma once
+/// Offload options, with DeepSpeed's names (`offload_optimizer` / `offload_param`, device
+/// `cpu` or `nvme`): ZeRO-Offload (Ren et al. 2021, Sec. 4) keeps the optimizer state and
+/// runs the optimizer step on the CPU; ZeRO-Infinity (Rajbhandari et al. 2021, Sec. 5)
+/// moves it to NVMe, streamed through bounded, overlapped buffers. No torch here.
+#include <cstdint>
+#include <string>
+
+namespace shardgan {
+
+/// Where a kind of training state lives between steps.
+enum class OffloadDevice {
+  kNone,  ///< with the model (device memory; RAM on this CPU-only build)
+  kCpu,   ///< host memory (pinned where CUDA is present), stepped there by the fused CPU Adam
+  kDisk,  ///< per-rank files under OffloadConfig::path, O_DIRECT reads and writes via io_uring
+};
+/// "none", "cpu", "disk".
+const char* to_string(OffloadDevice d);
+/// Inverse of to_string; throws std::invalid_argument naming the accepted values.
+OffloadDevice parse_offload_device(const std::string& s);
+
+/// Per-model offload settings (YAML: offload.generator.*, offload.discriminator.*; the
+/// path and buffer keys are shared by both models).
+struct OffloadConfig {
+  /// offload.<model>.optimizer: Adam's exp_avg and exp_avg_sq (adam and adamw only).
+  OffloadDevice optimizer = OffloadDevice::kNone;
+  /// offload.<model>.param: parameter shards (ZeRO stage 3 only). Not implemented yet:
+  /// the config refuses anything but none.
+  OffloadDevice param = OffloadDevice::kNone;
+  /// offload.path: an existing folder for the disk tier's files (one per rank and model).
+  /// Empty in the config: the trainer uses (and creates) `<run.dir>/offload`.
+  std::string path;
+  /// offload.buffer_bytes: bytes of one streaming buffer (a multiple of 4096, >= 1 MiB).
+  int64_t buffer_bytes = int64_t{64} << 20;
+  /// offload.buffer_count: buffers in the ring (>= 2). The disk tier's RAM is at most
+  /// buffer_count * buffer_bytes, whatever the model size.
+  int64_t buffer_count = 4;
+  /// offload.queue_depth: io_uring submission queue entries (1 to 4096).
+  int64_t queue_depth = 32;
+
+  bool any() const { return optimizer != OffloadDevice::kNone || param != OffloadDevice::kNone; }
+};
+
+}  // namespace shardgan

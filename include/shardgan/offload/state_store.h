@@ -1,0 +1,95 @@
+#pragma once
+/// Per-rank training state kept off the model (ZeRO-Offload's host memory, ZeRO-Infinity's
+/// NVMe), streamed chunk by chunk through a bounded ring of buffers. Local: no
+/// communication. No torch: elements are raw bytes of `elem_bytes` each.
+///
+/// A store holds `arrays` arrays per unit (e.g. Adam's exp_avg and exp_avg_sq), unit u's
+/// arrays having unit_numel[u] elements each. All start at zero.
+///   - cpu:  one aligned host allocation per array (pinned with CUDA, see host_memory.h).
+///   - disk: one file, `<offload.path>/<stem>.offload`, holding every array of every unit,
+///     each region aligned to 4096 bytes; read and written with O_DIRECT (direct_file.h).
+/// stream() hands the caller every chunk of the units asked for, in order. On disk, the
+/// read of chunk k+1 (and k+2 ...) and the write-back of chunk k-1 run while the caller
+/// works on chunk k (ZeRO-Infinity, Rajbhandari et al. 2021, Sec. 6.2: overlap-centric
+/// design), in buffer_count buffers of buffer_bytes each, whatever the model size.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardgan/offload/offload_config.h"
+
+namespace shardgan {
+
+class DirectFile;
+
+class OffloadStore {
+ public:
+  /// What stream() does with each chunk.
+  enum class Mode {
+    kRead,    ///< read it for the callback, do not write it back (checkpoint save)
+    kUpdate,  ///< read it, let the callback change it, write it back (optimizer step)
+    kWrite,   ///< do not read it; the callback fills it and it is written (checkpoint load)
+  };
+
+  /// One chunk: elements [offset, offset + numel) of unit `unit`. data[a] points at array
+  /// a's elements (a ring buffer on disk; the host arrays themselves for cpu). scratch[s]
+  /// points at `scratch_arrays` staging areas of numel elements each (the caller's copies
+  /// of the parameter and gradient chunk, for instance), always in the ring.
+  struct Chunk {
+    size_t unit = 0;
+    int64_t offset = 0;
+    int64_t numel = 0;
+    std::vector<void*> data;
+    std::vector<void*> scratch;
+  };
+
+  /// Builds the store and its ring (cfg.buffer_count buffers of cfg.buffer_bytes, each split
+  /// into chunks of `arrays + scratch_arrays` slices). Disk: creates and reserves the file
+  /// in the folder cfg.path, which must exist. Throws std::invalid_argument for a device of
+  /// kNone or a buffer too small for one aligned element per array, OffloadError (naming
+  /// the path) when the file cannot be created or reserved.
+  OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const std::string& stem,
+               std::vector<int64_t> unit_numel, int arrays, int scratch_arrays, int64_t elem_bytes);
+  ~OffloadStore();
+  OffloadStore(const OffloadStore&) = delete;
+  OffloadStore& operator=(const OffloadStore&) = delete;
+
+  /// Calls fn on every chunk of `units` (in the order given, each unit front to back).
+  /// fn must not keep the pointers. Throws OffloadError from the disk (after waiting for
+  /// whatever is still in flight) and rethrows fn's exceptions the same way.
+  void stream(const std::vector<size_t>& units, Mode mode, const std::function<void(const Chunk&)>& fn);
+
+  OffloadDevice device() const { return device_; }
+  /// Elements of one array in a full chunk (a multiple of 4096 / elem_bytes).
+  int64_t chunk_numel() const { return chunk_numel_; }
+  /// Host memory this store holds: the ring, plus the arrays for cpu (bytes).
+  int64_t ram_bytes() const;
+  /// Bytes of the disk file (0 for cpu).
+  int64_t disk_bytes() const;
+  /// Bytes of state (every array of every unit, unpadded).
+  int64_t state_bytes() const;
+  /// Disk: whether the file is opened with O_DIRECT (false after the buffered fallback).
+  bool direct() const;
+  /// Disk: the file's path ("" for cpu).
+  std::string path() const;
+  /// Disk: bytes read and written so far.
+  int64_t bytes_read() const;
+  int64_t bytes_written() const;
+
+ private:
+  struct HostArray;
+  OffloadDevice device_;
+  std::vector<int64_t> numel_;
+  int arrays_, scratch_;
+  int64_t elem_;
+  int64_t buffer_bytes_, buffer_count_;
+  int64_t chunk_numel_ = 0;
+  std::vector<int64_t> region_;          // disk: byte offset of (unit, array) = region_[u*arrays+a]
+  std::vector<std::unique_ptr<HostArray>> host_;  // cpu: one per (unit, array); ring buffers
+  std::unique_ptr<DirectFile> file_;
+  std::unique_ptr<HostArray> ring_;
+};
+
+}  // namespace shardgan

@@ -1,0 +1,71 @@
+#pragma once
+/// Adam / AdamW with its state (exp_avg, exp_avg_sq) offloaded to host memory or disk:
+/// ZeRO-Offload's CPU optimizer (Ren et al. 2021, Sec. 4.1: state and step on the CPU) and
+/// ZeRO-Infinity's NVMe tier (Rajbhandari et al. 2021, Sec. 5.1), for the shards this rank
+/// owns (ZeRO paper, Sec. 5.1).
+///
+/// The step streams each unit's state through the store's ring (state_store.h), chunk by
+/// chunk. Per chunk: the gradient and parameter slices are copied into staging buffers
+/// (host-to-host here; device-to-host in a CUDA build, the same torch copy), the fused
+/// kernel updates them with the chunk's moments, and the parameters are copied back into
+/// the unit's shard. On disk, chunk k+1 is read and chunk k-1 written while chunk k is
+/// updated. Every element sees the operations ShardedAdam applies, so a run with offload is
+/// bit-identical to one without (tests/test_offload.cpp).
+///
+/// The master parameters stay in the unit's shard (gradients too): only the optimizer
+/// state leaves. Parameter offload (`offload.<model>.param`) is not implemented.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "shardgan/offload/offload_config.h"
+#include "shardgan/optim/optimizer.h"
+#include "shardgan/optim/sharded_adam.h"
+
+namespace shardgan {
+
+class OffloadStore;
+
+class OffloadedAdam final : public ShardedOptimizer {
+ public:
+  /// Builds the store for `model`'s units on offload.optimizer's device (cpu or disk; the
+  /// disk file is `<offload.path>/<model>.rank<R>.offload`, reserved here). Moments start
+  /// at zero. Throws std::invalid_argument for a bad hyperparameter (as ShardedAdam), for
+  /// offload.optimizer none, for param_copy, or for shards that are not float32 or float64
+  /// on the CPU; OffloadError naming the path when the disk tier cannot be set up.
+  OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadConfig& offload);
+  ~OffloadedAdam() override;
+
+  /// Throws std::logic_error: the state is not resident. Use read_unit_state and
+  /// write_unit_state.
+  std::vector<std::pair<std::string, at::Tensor>> unit_state(size_t unit) override;
+  std::vector<std::string> state_names() override { return {"exp_avg", "exp_avg_sq"}; }
+  /// Streams unit `unit`'s moments out of the tier into two transient tensors ([S], the
+  /// shard's dtype, CPU) and passes them to fn. Local; reads from disk.
+  void read_unit_state(size_t unit, const StateVisitor& fn) override;
+  /// Passes fn two transient tensors to fill, then streams them into the tier. Local.
+  void write_unit_state(size_t unit, const StateVisitor& fn) override;
+  /// Host bytes the tier holds (the ring; plus the moments for cpu).
+  int64_t state_bytes() override;
+  /// Bytes of the disk file (0 for cpu).
+  int64_t offloaded_bytes() override;
+  const char* type_name() const override { return cfg_.decoupled_weight_decay ? "adamw" : "adam"; }
+  OffloadStore& store() { return *store_; }
+  /// Seconds the last step spent waiting for the disk or copying, and in the kernel.
+  double last_step_io_s() const { return io_s_; }
+  double last_step_compute_s() const { return compute_s_; }
+
+ protected:
+  void update() override;
+
+ private:
+  AdamConfig cfg_;
+  std::unique_ptr<OffloadStore> store_;
+  at::ScalarType dtype_;
+  double io_s_ = 0, compute_s_ = 0;
+};
+
+}  // namespace shardgan

@@ -1,0 +1,171 @@
+#include "shardgan/offload/state_store.h"
+
+#include <algorithm>
+#include <exception>
+#include <filesystem>
+#include <stdexcept>
+#include <system_error>
+
+#include "shardgan/offload/direct_file.h"
+#include "shardgan/offload/host_memory.h"
+
+namespace shardgan {
+
+namespace fs = std::filesystem;
+
+namespace {
+constexpr int64_t kAlign = DirectFile::kAlign;
+int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+struct OffloadStore::HostArray {
+  explicit HostArray(int64_t bytes) : p(static_cast<char*>(host_alloc(bytes))), bytes(bytes) {}
+  ~HostArray() { host_free(p); }
+  char* p;
+  int64_t bytes;
+};
+
+OffloadStore::OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const std::string& stem,
+                           std::vector<int64_t> unit_numel, int arrays, int scratch_arrays, int64_t elem_bytes)
+    : device_(device), numel_(std::move(unit_numel)), arrays_(arrays), scratch_(scratch_arrays),
+      elem_(elem_bytes), buffer_bytes_(cfg.buffer_bytes), buffer_count_(cfg.buffer_count) {
+  if (device_ == OffloadDevice::kNone) throw std::invalid_argument("OffloadStore: device none has no store");
+  if (arrays_ < 1 || scratch_ < 0 || elem_ < 1 || kAlign % elem_ != 0) {
+    throw std::invalid_argument("OffloadStore: bad layout (arrays " + std::to_string(arrays_) + ", element " +
+                                std::to_string(elem_) + " bytes)");
+  }
+  if (buffer_count_ < 2) throw std::invalid_argument("offload.buffer_count must be >= 2");
+  const int64_t slices = arrays_ + scratch_;
+  // Each slice of a buffer holds a whole number of 4096-byte blocks.
+  chunk_numel_ = (buffer_bytes_ / slices) / kAlign * kAlign / elem_;
+  if (chunk_numel_ < 1) {
+    throw std::invalid_argument("offload.buffer_bytes " + std::to_string(buffer_bytes_) + " is too small: it needs " +
+                                std::to_string(slices * kAlign) + " bytes or more");
+  }
+  ring_ = std::make_unique<HostArray>(buffer_count_ * slices * chunk_numel_ * elem_);
+  if (device_ == OffloadDevice::kCpu) {
+    for (int64_t n : numel_) {
+      for (int a = 0; a < arrays_; ++a) host_.push_back(std::make_unique<HostArray>(n * elem_));
+    }
+    return;
+  }
+  int64_t off = 0;
+  for (int64_t n : numel_) {
+    for (int a = 0; a < arrays_; ++a) {
+      region_.push_back(off);
+      off += align_up(n * elem_);
+    }
+  }
+  const fs::path dir(cfg.path);
+  std::error_code ec;
+  if (cfg.path.empty() || !fs::is_directory(dir, ec)) {
+    throw OffloadError("offload.path '" + cfg.path + "' does not exist or is not a folder: create it, or point "
+                       "offload.path at a folder on a local disk");
+  }
+  file_ = std::make_unique<DirectFile>((dir / (stem + ".offload")).string(), off,
+                                       static_cast<int>(cfg.queue_depth));
+}
+
+OffloadStore::~OffloadStore() = default;
+
+void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
+                          const std::function<void(const Chunk&)>& fn) {
+  struct Piece {
+    size_t unit;
+    int64_t offset, numel;
+  };
+  std::vector<Piece> pieces;
+  for (size_t u : units) {
+    for (int64_t o = 0; o < numel_.at(u); o += chunk_numel_) pieces.push_back({u, o, std::min(chunk_numel_, numel_[u] - o)});
+  }
+  const int64_t slice_bytes = chunk_numel_ * elem_;
+  const int64_t slices = arrays_ + scratch_;
+  auto slot_ptr = [&](size_t piece, int s) {
+    return ring_->p + (static_cast<int64_t>(piece % buffer_count_) * slices + s) * slice_bytes;
+  };
+  Chunk c;
+  c.data.resize(arrays_);
+  c.scratch.resize(scratch_);
+  if (device_ == OffloadDevice::kCpu) {
+    for (size_t j = 0; j < pieces.size(); ++j) {
+      const Piece& p = pieces[j];
+      c.unit = p.unit;
+      c.offset = p.offset;
+      c.numel = p.numel;
+      for (int a = 0; a < arrays_; ++a) c.data[a] = host_[p.unit * arrays_ + a]->p + p.offset * elem_;
+      for (int s = 0; s < scratch_; ++s) c.scratch[s] = slot_ptr(j, arrays_ + s);
+      fn(c);
+    }
+    return;
+  }
+  const size_t n = pieces.size();
+  const size_t count = static_cast<size_t>(buffer_count_);
+  std::vector<std::vector<uint64_t>> reads(count), writes(count);  // tickets per slot
+  auto file_off = [&](const Piece& p, int a) { return region_[p.unit * arrays_ + a] + p.offset * elem_; };
+  auto wait_tickets = [&](std::vector<uint64_t>& t) {
+    for (uint64_t x : t) file_->wait(x);
+    t.clear();
+  };
+  size_t next_read = 0;
+  // With write-back, the slot of piece j + count - 1 is still being written (piece j - 1),
+  // so reads run up to count - 2 pieces ahead; without it, count - 1.
+  const size_t ahead = mode == Mode::kRead ? count - 1 : count - 2;
+  try {
+    for (size_t j = 0; j < n; ++j) {
+      if (mode != Mode::kWrite) {
+        for (; next_read < n && next_read <= j + ahead; ++next_read) {
+          const size_t slot = next_read % count;
+          wait_tickets(writes[slot]);
+          const Piece& p = pieces[next_read];
+          for (int a = 0; a < arrays_; ++a) {
+            reads[slot].push_back(file_->submit_read(file_off(p, a), slot_ptr(next_read, a), align_up(p.numel * elem_)));
+          }
+        }
+        wait_tickets(reads[j % count]);
+      } else {
+        wait_tickets(writes[j % count]);
+      }
+      const Piece& p = pieces[j];
+      c.unit = p.unit;
+      c.offset = p.offset;
+      c.numel = p.numel;
+      for (int a = 0; a < arrays_; ++a) c.data[a] = slot_ptr(j, a);
+      for (int s = 0; s < scratch_; ++s) c.scratch[s] = slot_ptr(j, arrays_ + s);
+      fn(c);
+      if (mode != Mode::kRead) {
+        for (int a = 0; a < arrays_; ++a) {
+          writes[j % count].push_back(file_->submit_write(file_off(p, a), slot_ptr(j, a), align_up(p.numel * elem_)));
+        }
+      }
+    }
+    file_->wait_all();
+  } catch (...) {
+    // Never leave a request writing into (or reading from) the ring after we return.
+    try {
+      file_->wait_all();
+    } catch (...) {
+    }
+    throw;
+  }
+}
+
+int64_t OffloadStore::ram_bytes() const {
+  int64_t b = ring_ ? ring_->bytes : 0;
+  for (const auto& h : host_) b += h->bytes;
+  return b;
+}
+
+int64_t OffloadStore::disk_bytes() const { return file_ ? file_->size_bytes() : 0; }
+
+int64_t OffloadStore::state_bytes() const {
+  int64_t b = 0;
+  for (int64_t n : numel_) b += n * arrays_ * elem_;
+  return b;
+}
+
+bool OffloadStore::direct() const { return file_ ? file_->direct() : false; }
+std::string OffloadStore::path() const { return file_ ? file_->path() : std::string(); }
+int64_t OffloadStore::bytes_read() const { return file_ ? file_->bytes_read() : 0; }
+int64_t OffloadStore::bytes_written() const { return file_ ? file_->bytes_written() : 0; }
+
+}  // namespace shardgan

@@ -1,0 +1,135 @@
+#include "shardgan/optim/offloaded_adam.h"
+
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "shardgan/offload/state_store.h"
+#include "shardgan/sharding/sharded_model.h"
+
+namespace shardgan {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+at::Tensor view(void* p, int64_t n, at::ScalarType dt) {
+  return torch::from_blob(p, {n}, torch::TensorOptions().dtype(dt));
+}
+
+}  // namespace
+
+OffloadedAdam::OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadConfig& offload)
+    : ShardedOptimizer(model, cfg.lr), cfg_(cfg) {
+  validate_adam_config(cfg);
+  if (offload.optimizer == OffloadDevice::kNone) throw std::invalid_argument("OffloadedAdam: offload.optimizer is none");
+  if (cfg.param_copy != ParamCopy::kNone) throw std::invalid_argument("OffloadedAdam: param_copy is not supported");
+  std::vector<int64_t> numel;
+  dtype_ = model.units().empty() ? at::kFloat : model.units()[0]->shard().scalar_type();
+  for (auto& u : model.units()) {
+    const at::Tensor& s = u->shard();
+    if (!s.device().is_cpu() || (s.scalar_type() != at::kFloat && s.scalar_type() != at::kDouble) ||
+        s.scalar_type() != dtype_) {
+      throw std::invalid_argument("optimizer offload needs float32 or float64 CPU shards of one dtype; unit '" +
+                                  u->name() + "' has " + std::string(c10::toString(s.scalar_type())) + " on " +
+                                  s.device().str());
+    }
+    numel.push_back(u->shard_numel());
+  }
+  const std::string stem = model.name() + ".rank" + std::to_string(model.comm().rank());
+  // Two arrays (exp_avg, exp_avg_sq); two staging slices (parameter, gradient).
+  store_ = std::make_unique<OffloadStore>(offload.optimizer, offload, stem, std::move(numel), 2, 2,
+                                          static_cast<int64_t>(c10::elementSize(dtype_)));
+  if (offload.optimizer == OffloadDevice::kDisk) {
+    if (!store_->direct()) {
+      spdlog::warn("offload: '{}' refuses O_DIRECT; {} optimizer state uses buffered I/O (page cache) instead, "
+                   "so its RAM is not bounded by offload.buffer_bytes. Use a local disk (ext4, xfs) for offload.path",
+                   store_->path(), model.name());
+    }
+    spdlog::info("offload: {} optimizer state on disk, {} ({:.3f} GiB, O_DIRECT {}), ring {} x {} bytes",
+                 model.name(), store_->path(), store_->disk_bytes() / 1073741824.0, store_->direct() ? "on" : "off",
+                 offload.buffer_count, offload.buffer_bytes);
+  }
+}
+
+OffloadedAdam::~OffloadedAdam() = default;
+
+std::vector<std::pair<std::string, at::Tensor>> OffloadedAdam::unit_state(size_t) {
+  throw std::logic_error("the optimizer state of " + model_.name() +
+                         " is offloaded; read it with read_unit_state / write_unit_state");
+}
+
+void OffloadedAdam::read_unit_state(size_t unit, const StateVisitor& fn) {
+  const int64_t n = model_.units().at(unit)->shard_numel();
+  at::Tensor m = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
+  at::Tensor v = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
+  store_->stream({unit}, OffloadStore::Mode::kRead, [&](const OffloadStore::Chunk& c) {
+    m.narrow(0, c.offset, c.numel).copy_(view(c.data[0], c.numel, dtype_));
+    v.narrow(0, c.offset, c.numel).copy_(view(c.data[1], c.numel, dtype_));
+  });
+  fn("exp_avg", m);
+  fn("exp_avg_sq", v);
+}
+
+void OffloadedAdam::write_unit_state(size_t unit, const StateVisitor& fn) {
+  const int64_t n = model_.units().at(unit)->shard_numel();
+  at::Tensor m = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
+  at::Tensor v = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
+  fn("exp_avg", m);
+  fn("exp_avg_sq", v);
+  store_->stream({unit}, OffloadStore::Mode::kWrite, [&](const OffloadStore::Chunk& c) {
+    view(c.data[0], c.numel, dtype_).copy_(m.narrow(0, c.offset, c.numel));
+    view(c.data[1], c.numel, dtype_).copy_(v.narrow(0, c.offset, c.numel));
+  });
+}
+
+int64_t OffloadedAdam::state_bytes() { return store_->ram_bytes(); }
+int64_t OffloadedAdam::offloaded_bytes() { return store_->disk_bytes(); }
+
+void OffloadedAdam::update() {
+  torch::NoGradGuard no_grad;
+  const auto t_start = Clock::now();
+  double compute = 0;
+  const bool adamw = cfg_.decoupled_weight_decay;
+  const double wd = cfg_.weight_decay;
+  const AdamCoefficients c = adam_coefficients(lr_, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, adamw, step_);
+  const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(step_));
+  auto& units = model_.units();
+  std::vector<size_t> all(units.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  store_->stream(all, OffloadStore::Mode::kUpdate, [&](const OffloadStore::Chunk& ch) {
+    ShardedUnit& u = *units[ch.unit];
+    at::Tensor p_dev = u.shard().narrow(0, ch.offset, ch.numel);
+    at::Tensor p = view(ch.scratch[0], ch.numel, dtype_), g = view(ch.scratch[1], ch.numel, dtype_);
+    at::Tensor m = view(ch.data[0], ch.numel, dtype_), v = view(ch.data[1], ch.numel, dtype_);
+    // Stage in: the gradient and the parameters (device-to-host in a CUDA build).
+    p.copy_(p_dev);
+    g.copy_(u.grad_shard().narrow(0, ch.offset, ch.numel));
+    const auto t0 = Clock::now();
+    if (dtype_ == at::kFloat) {
+      fused_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), ch.numel, c);
+    } else {
+      // ShardedAdam's torch path (torch::optim::Adam / AdamW, LibTorch 1.13), op for op.
+      at::Tensor grad = g;
+      if (wd != 0) {
+        if (adamw) p.mul_(1 - lr_ * wd);
+        else grad = grad.add(p, wd);
+      }
+      m.mul_(cfg_.beta1).add_(grad, 1.0 - cfg_.beta1);
+      v.mul_(cfg_.beta2).addcmul_(grad, grad, 1.0 - cfg_.beta2);
+      at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(cfg_.eps);
+      p.addcdiv_(m, denom, -lr_ / bc1);
+    }
+    compute += since(t0);
+    p_dev.copy_(p);  // stage out (host-to-device in a CUDA build)
+  });
+  compute_s_ = compute;
+  io_s_ = since(t_start) - compute;
+}
+
+}  // namespace shardgan

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Optimizer offload end to end through shardgan-train (issue 9). Every run with
+# offload.<model>.optimizer cpu or disk must end in the same checkpoint, bit for bit
+# (h5diff, no tolerance, every parameter and Adam moment), as the same run without:
+# DCGAN on 1, 2 and 3 ranks (stage 3, and G at 2 with D at 1), a small BigGAN on 1-3 ranks.
+# A checkpoint saved with disk offload resumes without it and the other way round, equal to
+# an uninterrupted run. A missing offload.path and bad combinations end every rank with a
+# message naming the path or key, and leave the previous checkpoint intact.
+TRAIN=$1; CKPT=$2; SRC=$3
+source "$(dirname "$0")/lib.sh"
+T=$(mktemp -d /tmp/shardgan-offload.XXXXXX)
+# Small rings (1 MiB, the least the config takes): the D and G units span many chunks.
+COMMON=(--set data.source=synthetic --set data.synthetic_size=72 --set train.global_batch=12
+        --set train.log_every=1 --set train.sample_every=0 --set train.checkpoint_every=0
+        --set run.seed=7 --set train.plots=false --set offload.buffer_bytes=1048576 --set offload.buffer_count=3)
+DCGAN=("$SRC/configs/fmnist-dcgan.yaml" --set model.g_width=64 --set model.d_width=64)
+BIGGAN=("$SRC/configs/fmnist-biggan.yaml" --set model.ch=8 --set model.d_ch=8 --set model.z_dim=8
+        --set model.shared_dim=8 --set ema.start_step=0)
+both() { echo --set offload.generator.optimizer=$1 --set offload.discriminator.optimizer=$1; }
+
+# run NAME NP STEPS ARGS...: trains into $T/NAME.
+run() {
+  local name=$1 np=$2 steps=$3; shift 3
+  timeout 600 "${MPIRUN[@]}" -np "$np" "$TRAIN" "$@" "${COMMON[@]}" --set train.steps="$steps" \
+    --set run.dir="$T/$name" > "$T/$name.log" 2>&1
+}
+ckpt() { echo "$T/$1/checkpoints/step-$(printf %08d "$2")"; }
+# same A B STEP NP: the two runs' final checkpoints hold equal models and optimizer states.
+same() {
+  local a b r ok_all=1; a=$(ckpt "$1" "$3"); b=$(ckpt "$2" "$3")
+  for ((r = 0; r < $4; r++)); do
+    local f; f=$(printf rank-%05d.h5 $r)
+    for obj in /generator /discriminator; do
+      h5diff "$a/$f" "$b/$f" "$obj" "$obj" > "$T/diff.txt" 2>&1 || { ok_all=0; echo "  $f $obj: $(head -3 "$T/diff.txt")"; }
+    done
+  done
+  [ $ok_all = 1 ]
+}
+
+check_parity() {  # check_parity LABEL NP ARGS...
+  local label=$1 np=$2; shift 2
+  run "$label-none" "$np" 5 "$@" || { bad "$label: run without offload: $(tail -3 "$T/$label-none.log")"; return; }
+  for dev in cpu disk; do
+    if ! run "$label-$dev" "$np" 5 "$@" $(both $dev); then
+      bad "$label $dev: $(tail -3 "$T/$label-$dev.log")"; continue
+    fi
+    same "$label-none" "$label-$dev" 5 "$np" && ok "$label: optimizer offload $dev is bit-identical to none" \
+      || bad "$label: optimizer offload $dev differs from none"
+  done
+}
+
+for np in 1 2 3; do
+  check_parity "dcgan-z3-np$np" $np "${DCGAN[@]}"
+done
+check_parity "dcgan-g2d1-np2" 2 "${DCGAN[@]}" --set sharding.generator.stage=2 --set sharding.discriminator.stage=1
+check_parity "biggan-np1" 1 "${BIGGAN[@]}"
+check_parity "biggan-np3" 3 "${BIGGAN[@]}"
+
+# The disk tier logs its file (rank 0 logs at info level), and removes it at a normal exit.
+grep -q "offload: generator optimizer state on disk, $T/dcgan-z3-np2-disk/offload/generator.rank0.offload" \
+  "$T/dcgan-z3-np2-disk.log" && ok "the disk tier names its per-rank file" || bad "no offload file in the log"
+[ -z "$(ls -A "$T/dcgan-z3-np2-disk/offload")" ] && ok "offload files removed at exit" \
+  || bad "offload files left: $(ls "$T/dcgan-z3-np2-disk/offload")"
+grep -qE '"offloaded_bytes": [1-9]' "$T/dcgan-z3-np2-disk/memory.json" && ok "memory.json reports offloaded_bytes" \
+  || bad "memory.json: $(grep offloaded "$T/dcgan-z3-np2-disk/memory.json")"
+
+# Resume across offload settings, both ways, equal to 5 steps straight without offload.
+run resume-a 2 3 "${DCGAN[@]}" $(both disk) --set train.checkpoint_every=3 || bad "3 steps with disk offload"
+timeout 600 "${MPIRUN[@]}" -np 2 "$TRAIN" "${DCGAN[@]}" "${COMMON[@]}" --set train.steps=5 --set run.dir="$T/resume-a" \
+  --resume "$T/resume-a" > "$T/resume-a2.log" 2>&1 || bad "resume without offload: $(tail -3 "$T/resume-a2.log")"
+same dcgan-z3-np2-none resume-a 5 2 && ok "disk-offload checkpoint resumed without offload: bit-identical" \
+  || bad "disk -> none resume differs"
+run resume-b 2 3 "${DCGAN[@]}" --set train.checkpoint_every=3 || bad "3 steps without offload"
+timeout 600 "${MPIRUN[@]}" -np 2 "$TRAIN" "${DCGAN[@]}" "${COMMON[@]}" $(both disk) --set train.steps=5 \
+  --set run.dir="$T/resume-b" --resume "$T/resume-b" > "$T/resume-b2.log" 2>&1 \
+  || bad "resume with disk offload: $(tail -3 "$T/resume-b2.log")"
+same dcgan-z3-np2-none resume-b 5 2 && ok "checkpoint resumed with disk offload: bit-identical" \
+  || bad "none -> disk resume differs"
+
+# Errors: every rank names the path or key, exits non-zero, and the checkpoint is intact.
+before=$(cd "$(ckpt resume-b 5)" && sha256sum ./* | sha256sum)
+timeout 300 "${MPIRUN[@]}" -np 2 "$TRAIN" "${DCGAN[@]}" "${COMMON[@]}" $(both disk) --set offload.path=/nonexistent/offload \
+  --set train.steps=7 --set run.dir="$T/resume-b" --resume "$T/resume-b" > "$T/err-path.log" 2>&1 \
+  && bad "a missing offload.path was accepted" || ok "a missing offload.path exits non-zero"
+[ "$(grep -c "offload.path '/nonexistent/offload' does not exist" "$T/err-path.log")" -ge 2 ] \
+  && ok "both ranks name the missing offload.path" || bad "missing path message: $(grep -m3 -i error "$T/err-path.log")"
+after=$(cd "$(ckpt resume-b 5)" && sha256sum ./* | sha256sum)
+[ "$before" = "$after" ] && "$CKPT" verify "$(ckpt resume-b 5)" > /dev/null 2>&1 \
+  && ok "the previous checkpoint is intact and verifies" || bad "the previous checkpoint changed"
+expect_key() {  # expect_key KEY TEXT ARGS...
+  local key=$1 text=$2; shift 2
+  timeout 120 "${MPIRUN[@]}" -np 2 "$TRAIN" "${DCGAN[@]}" "${COMMON[@]}" --set train.steps=1 --set run.dir="$T/err" "$@" \
+    > "$T/err.log" 2>&1 && { bad "$key: accepted"; return; }
+  [ "$(grep -c "'$key'.*$text" "$T/err.log")" -ge 2 ] && ok "$key: both ranks: $text" \
+    || bad "$key: $(grep -m2 -i "error" "$T/err.log")"
+}
+expect_key offload.generator.param "needs sharding.generator.stage 3" --set offload.generator.param=disk \
+  --set sharding.generator.stage=2
+expect_key offload.discriminator.optimizer "needs optim.discriminator.type adam or adamw" \
+  --set offload.discriminator.optimizer=cpu --set optim.discriminator.type=sgd
+expect_key offload.generator.optimizer "expected none, cpu or disk" --set offload.generator.optimizer=nvme
+rm -rf "$T"
+finish

@@ -1,0 +1,302 @@
+// The offload tiers (src/offload, OffloadedAdam): the streamed store equals in-memory
+// arithmetic for every ring size, OffloadedAdam (cpu and disk) is bit-identical to
+// ShardedAdam in float32 and float64, the disk tier's RAM stays within its ring (VmRSS
+// measured), and every failure names the path: a missing or unwritable offload.path, a
+// filesystem without O_DIRECT (ramfs: buffered fallback), a disk too small (tmpfs).
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "shardgan/comm/mpi_communicator.h"
+#include "shardgan/offload/direct_file.h"
+#include "shardgan/offload/state_store.h"
+#include "shardgan/optim/offloaded_adam.h"
+#include "shardgan/optim/sharded_adam.h"
+#include "shardgan/sharding/sharded_model.h"
+#include "test_util.h"
+
+using namespace shardgan;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  TempDir() {
+    char t[] = "/tmp/shardgan-offload.XXXXXX";
+    path = ::mkdtemp(t);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+OffloadConfig disk_config(const std::string& path, int64_t count = 4) {
+  OffloadConfig c;
+  c.optimizer = OffloadDevice::kDisk;
+  c.path = path;
+  c.buffer_bytes = int64_t{1} << 20;  // the smallest the config allows: many chunks per unit
+  c.buffer_count = count;
+  c.queue_depth = 8;
+  return c;
+}
+
+int64_t vm_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+// Streams y = 3*x + unit + chunk-offset through the store, with x the store's array 0 and a
+// staging copy in scratch 0; checks it against the same arithmetic on in-memory tensors.
+void check_store_arithmetic(OffloadDevice dev, int64_t count, const std::vector<int64_t>& sizes) {
+  TempDir dir;
+  OffloadConfig cfg = disk_config(dir.path, count);
+  OffloadStore store(dev, cfg, "t", sizes, 2, 1, 4);
+  std::vector<at::Tensor> ref_a, ref_b;
+  for (int64_t n : sizes) {
+    ref_a.push_back(torch::zeros({n}));
+    ref_b.push_back(torch::zeros({n}));
+  }
+  std::vector<size_t> units(sizes.size());
+  for (size_t i = 0; i < units.size(); ++i) units[i] = i;
+  for (int round = 0; round < 3; ++round) {
+    store.stream(units, OffloadStore::Mode::kUpdate, [&](const OffloadStore::Chunk& c) {
+      auto a = torch::from_blob(c.data[0], {c.numel}), b = torch::from_blob(c.data[1], {c.numel});
+      auto s = torch::from_blob(c.scratch[0], {c.numel});
+      s.copy_(a);
+      a.copy_(s * 3 + static_cast<double>(c.unit) + torch::arange(c.offset, c.offset + c.numel).to(torch::kFloat) * 1e-3);
+      b.add_(a);
+    });
+    for (size_t u = 0; u < sizes.size(); ++u) {
+      ref_a[u] = ref_a[u] * 3 + static_cast<double>(u) + torch::arange(0, sizes[u]).to(torch::kFloat) * 1e-3;
+      ref_b[u].add_(ref_a[u]);
+    }
+  }
+  int64_t seen = 0;
+  store.stream(units, OffloadStore::Mode::kRead, [&](const OffloadStore::Chunk& c) {
+    auto a = torch::from_blob(c.data[0], {c.numel}), b = torch::from_blob(c.data[1], {c.numel});
+    EXPECT_TRUE(torch::equal(a, ref_a[c.unit].narrow(0, c.offset, c.numel))) << "unit " << c.unit << " at " << c.offset;
+    EXPECT_TRUE(torch::equal(b, ref_b[c.unit].narrow(0, c.offset, c.numel))) << "unit " << c.unit << " at " << c.offset;
+    seen += c.numel;
+  });
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  EXPECT_EQ(seen, total);
+}
+
+TEST(OffloadStore, StreamedArithmeticEqualsInMemoryForEveryRingSize) {
+  // Units smaller than a chunk, exactly one chunk (87040 floats for 3 slices of 1 MiB),
+  // several chunks with a partial tail, and an empty one.
+  const std::vector<int64_t> sizes = {1000, 87040, 300001, 0, 5};
+  for (int64_t count : {2, 3, 4, 7}) {
+    SCOPED_TRACE("buffer_count " + std::to_string(count));
+    check_store_arithmetic(OffloadDevice::kDisk, count, sizes);
+    check_store_arithmetic(OffloadDevice::kCpu, count, sizes);
+  }
+}
+
+// Builds a two-unit model (float32 or float64) with shards at `stage` on one rank.
+struct Net {
+  Net(Communicator& comm, at::ScalarType dt, int stage) : model("generator", comm, test_util::sharding(stage)) {
+    torch::manual_seed(5);
+    a = torch::nn::Linear(torch::nn::LinearOptions(300, 700));
+    b = torch::nn::Linear(torch::nn::LinearOptions(700, 3));
+    a->to(dt);
+    b->to(dt);
+    model.add_unit("a", a.ptr(), [this](const at::Tensor& x) { return a->forward(x); });
+    model.add_unit("b", b.ptr(), [this](const at::Tensor& x) { return b->forward(x); });
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  ShardedModel model;
+};
+
+void expect_bit_identical_to_sharded_adam(at::ScalarType dt, OffloadDevice dev, bool adamw) {
+  MpiCommunicator self(MPI_COMM_SELF, 60.0);
+  TempDir dir;
+  AdamConfig cfg{1e-2, 0.9, 0.999, 1e-8, adamw ? 0.01 : 0.001, adamw};
+  Net ref(self, dt, 3), off(self, dt, 3);
+  ShardedAdam ref_opt(ref.model, cfg);
+  OffloadConfig oc = disk_config(dir.path);
+  oc.optimizer = dev;
+  OffloadedAdam off_opt(off.model, cfg, oc);
+  torch::manual_seed(9);
+  for (int step = 0; step < 5; ++step) {
+    for (size_t u = 0; u < 2; ++u) {
+      at::Tensor g = torch::randn({ref.model.units()[u]->shard_numel()}, torch::TensorOptions().dtype(dt));
+      ref.model.units()[u]->grad_shard().copy_(g);
+      off.model.units()[u]->grad_shard().copy_(g);
+    }
+    ref_opt.step();
+    off_opt.step();
+  }
+  for (size_t u = 0; u < 2; ++u) {
+    EXPECT_TRUE(torch::equal(ref.model.units()[u]->shard(), off.model.units()[u]->shard())) << "unit " << u;
+    std::vector<at::Tensor> states;
+    off_opt.read_unit_state(u, [&](const std::string&, at::Tensor& t) { states.push_back(t.clone()); });
+    ASSERT_EQ(states.size(), 2u);
+    EXPECT_TRUE(torch::equal(ref_opt.exp_avg()[u], states[0])) << "exp_avg of unit " << u;
+    EXPECT_TRUE(torch::equal(ref_opt.exp_avg_sq()[u], states[1])) << "exp_avg_sq of unit " << u;
+  }
+  // The comparison can fail: one more step on one side only is seen.
+  at::Tensor before = off.model.units()[0]->shard().clone();
+  off_opt.step();
+  EXPECT_FALSE(torch::equal(before, off.model.units()[0]->shard()));
+}
+
+TEST(OffloadedAdam, BitIdenticalToShardedAdam) {
+  for (auto dt : {at::kFloat, at::kDouble}) {
+    for (auto dev : {OffloadDevice::kCpu, OffloadDevice::kDisk}) {
+      for (bool adamw : {false, true}) {
+        SCOPED_TRACE(std::string(c10::toString(dt)) + " " + to_string(dev) + (adamw ? " adamw" : " adam"));
+        expect_bit_identical_to_sharded_adam(dt, dev, adamw);
+      }
+    }
+  }
+}
+
+TEST(OffloadedAdam, WriteThenReadStateRoundTrips) {
+  MpiCommunicator self(MPI_COMM_SELF, 60.0);
+  TempDir dir;
+  Net net(self, at::kFloat, 3);
+  OffloadedAdam opt(net.model, AdamConfig{}, disk_config(dir.path));
+  const int64_t n = net.model.units()[0]->shard_numel();
+  at::Tensor m = torch::randn({n}), v = torch::rand({n});
+  opt.write_unit_state(0, [&](const std::string& name, at::Tensor& t) { t.copy_(name == "exp_avg" ? m : v); });
+  opt.read_unit_state(0, [&](const std::string& name, at::Tensor& t) {
+    EXPECT_TRUE(torch::equal(t, name == "exp_avg" ? m : v)) << name;
+  });
+  EXPECT_THROW(opt.unit_state(0), std::logic_error);
+}
+
+TEST(OffloadStore, DiskTierRamStaysWithinTheRing) {
+  TempDir dir;
+  OffloadConfig cfg = disk_config(dir.path, 4);
+  // 2 arrays x 48M floats = 384 MiB of state through a 4 MiB ring.
+  const int64_t n = 48LL << 20;
+  const int64_t rss0 = vm_rss_bytes();
+  OffloadStore store(OffloadDevice::kDisk, cfg, "rss", {n}, 2, 1, 4);
+  int64_t peak = 0;
+  store.stream({0}, OffloadStore::Mode::kUpdate, [&](const OffloadStore::Chunk& c) {
+    std::fill_n(static_cast<float*>(c.data[0]), c.numel, 1.0f);
+    std::fill_n(static_cast<float*>(c.data[1]), c.numel, 2.0f);
+    peak = std::max(peak, vm_rss_bytes());
+  });
+  const int64_t growth = peak - rss0;
+  std::printf("[ offload ] state %lld B through a ring of %lld B: VmRSS grew %lld B (O_DIRECT %s)\n",
+              static_cast<long long>(store.state_bytes()), static_cast<long long>(store.ram_bytes()),
+              static_cast<long long>(growth), store.direct() ? "on" : "off");
+  EXPECT_TRUE(store.direct());
+  EXPECT_EQ(store.bytes_written(), store.state_bytes());
+  EXPECT_LE(store.ram_bytes(), cfg.buffer_count * cfg.buffer_bytes);
+  // The ring plus 8 MiB for the allocator and the test's own pages: far below the state.
+  EXPECT_LE(growth, store.ram_bytes() + (8 << 20));
+  EXPECT_GE(store.state_bytes(), 40 * store.ram_bytes());
+  // The measurement sees state held in RAM: the cpu tier of the same size grows VmRSS by
+  // at least the state (a disk tier that kept its state in memory would fail above).
+  const int64_t rss1 = vm_rss_bytes();
+  OffloadStore cpu(OffloadDevice::kCpu, cfg, "rss", {n}, 2, 1, 4);
+  EXPECT_GE(vm_rss_bytes() - rss1, cpu.state_bytes());
+}
+
+TEST(OffloadStore, MissingOrUnwritablePathIsAnErrorNamingIt) {
+  OffloadConfig cfg = disk_config("/nonexistent/shardgan-offload");
+  try {
+    OffloadStore s(OffloadDevice::kDisk, cfg, "x", {10}, 2, 0, 4);
+    FAIL() << "no error for a missing folder";
+  } catch (const OffloadError& e) {
+    EXPECT_NE(std::string(e.what()).find("'/nonexistent/shardgan-offload' does not exist"), std::string::npos) << e.what();
+  }
+  cfg.path = "/proc";  // a folder nobody, root included, can create files in
+  try {
+    OffloadStore s(OffloadDevice::kDisk, cfg, "x", {10}, 2, 0, 4);
+    FAIL() << "no error for an unwritable folder";
+  } catch (const OffloadError& e) {
+    EXPECT_NE(std::string(e.what()).find("/proc/x.offload"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cannot create it"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OffloadStore, LeftoverFileIsReplacedAndALiveOneRefused) {
+  TempDir dir;
+  const std::string f = dir.path + "/g.offload";
+  {
+    std::ofstream junk(f);
+    junk << std::string(8192, '\x7f');  // a killed run's file: must not be read as state
+  }
+  OffloadStore s(OffloadDevice::kDisk, disk_config(dir.path), "g", {2048}, 2, 0, 4);
+  s.stream({0}, OffloadStore::Mode::kRead, [&](const OffloadStore::Chunk& c) {
+    EXPECT_TRUE(torch::equal(torch::from_blob(c.data[0], {c.numel}), torch::zeros({c.numel})));
+  });
+  // A second store on the same file (another run with the same offload.path) is refused.
+  try {
+    OffloadStore t(OffloadDevice::kDisk, disk_config(dir.path), "g", {2048}, 2, 0, 4);
+    FAIL() << "no error for a file in use";
+  } catch (const OffloadError& e) {
+    EXPECT_NE(std::string(e.what()).find("locked by another process"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OffloadStore, FileIsRemovedAtExit) {
+  TempDir dir;
+  {
+    OffloadStore s(OffloadDevice::kDisk, disk_config(dir.path), "g", {2048}, 2, 0, 4);
+    EXPECT_TRUE(fs::exists(dir.path + "/g.offload"));
+  }
+  EXPECT_FALSE(fs::exists(dir.path + "/g.offload"));
+}
+
+// Mounts a small filesystem (root only; skipped elsewhere, with the reason).
+struct Mount {
+  Mount(const std::string& type, const std::string& opts) {
+    char t[] = "/tmp/shardgan-mnt.XXXXXX";
+    path = ::mkdtemp(t);
+    ok = ::mount(type.c_str(), path.c_str(), type.c_str(), 0, opts.c_str()) == 0;
+  }
+  ~Mount() {
+    if (ok) ::umount(path.c_str());
+    ::rmdir(path.c_str());
+  }
+  std::string path;
+  bool ok = false;
+};
+
+TEST(OffloadStore, RamfsRefusesODirectAndFallsBackToBufferedIo) {
+  Mount m("ramfs", "");
+  if (!m.ok) GTEST_SKIP() << "cannot mount ramfs here (needs root): the O_DIRECT fallback is not exercised";
+  OffloadStore s(OffloadDevice::kDisk, disk_config(m.path), "g", {100000}, 2, 1, 4);
+  EXPECT_FALSE(s.direct());
+  s.stream({0}, OffloadStore::Mode::kUpdate, [&](const OffloadStore::Chunk& c) {
+    std::fill_n(static_cast<float*>(c.data[0]), c.numel, 4.0f);
+  });
+  s.stream({0}, OffloadStore::Mode::kRead, [&](const OffloadStore::Chunk& c) {
+    EXPECT_EQ(static_cast<float*>(c.data[0])[c.numel - 1], 4.0f);
+  });
+}
+
+TEST(OffloadStore, DiskTooSmallFailsAtStartNamingThePath) {
+  Mount m("tmpfs", "size=4m");
+  if (!m.ok) GTEST_SKIP() << "cannot mount a tmpfs here (needs root): disk full is not exercised";
+  try {
+    OffloadStore s(OffloadDevice::kDisk, disk_config(m.path), "g", {8 << 20}, 2, 0, 4);  // 64 MiB
+    FAIL() << "no error for a 64 MiB state on a 4 MiB disk";
+  } catch (const OffloadError& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find(m.path + "/g.offload"), std::string::npos) << w;
+    EXPECT_NE(w.find("disk is too small"), std::string::npos) << w;
+  }
+  EXPECT_FALSE(fs::exists(m.path + "/g.offload"));  // nothing left behind
+}
+
+}  // namespace
