@@ -42,6 +42,13 @@ OffloadStore::OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const
     throw std::invalid_argument("offload.buffer_bytes " + std::to_string(buffer_bytes_) + " is too small: it needs " +
                                 std::to_string(slices * kAlign) + " bytes or more");
   }
+  // No chunk is longer than the largest unit (rounded up to whole blocks), so a small
+  // model does not pay for a large ring.
+  int64_t largest = 1;
+  for (int64_t n : numel_) largest = std::max(largest, n);
+  chunk_numel_ = std::min(chunk_numel_, align_up(largest * elem_) / elem_);
+  // The cpu tier streams from memory: one staging buffer is enough, nothing to overlap.
+  if (device_ == OffloadDevice::kCpu) buffer_count_ = 1;
   ring_ = std::make_unique<HostArray>(buffer_count_ * slices * chunk_numel_ * elem_);
   if (device_ == OffloadDevice::kCpu) {
     for (int64_t n : numel_) {

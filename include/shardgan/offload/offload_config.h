@@ -31,7 +31,7 @@ struct OffloadConfig {
   /// Empty in the config: the trainer uses (and creates) `<run.dir>/offload`.
   std::string path;
   /// offload.buffer_bytes: bytes of one streaming buffer (a multiple of 4096, >= 1 MiB).
-  int64_t buffer_bytes = int64_t{64} << 20;
+  int64_t buffer_bytes = int64_t{16} << 20;
   /// offload.buffer_count: buffers in the ring (>= 2). The disk tier's RAM is at most
   /// buffer_count * buffer_bytes, whatever the model size.
   int64_t buffer_count = 4;

@@ -45,8 +45,9 @@ class OffloadStore {
     std::vector<void*> scratch;
   };
 
-  /// Builds the store and its ring (cfg.buffer_count buffers of cfg.buffer_bytes, each split
-  /// into chunks of `arrays + scratch_arrays` slices). Disk: creates and reserves the file
+  /// Builds the store and its ring: cfg.buffer_count buffers (one for cpu, which has no
+  /// I/O to overlap) of at most cfg.buffer_bytes, each split into `arrays + scratch_arrays`
+  /// slices of one chunk (no longer than the largest unit). Disk: creates and reserves the file
   /// in the folder cfg.path, which must exist. Throws std::invalid_argument for a device of
   /// kNone or a buffer too small for one aligned element per array, OffloadError (naming
   /// the path) when the file cannot be created or reserved.
