@@ -94,11 +94,8 @@ void OffloadedAdam::update() {
   torch::NoGradGuard no_grad;
   const auto t_start = Clock::now();
   double compute = 0;
-  const bool adamw = cfg_.decoupled_weight_decay;
-  const double wd = cfg_.weight_decay;
-  const AdamCoefficients c = adam_coefficients(lr_, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, adamw, step_);
-  const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(step_));
+  const AdamCoefficients c = adam_coefficients(lr_, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay,
+                                               cfg_.decoupled_weight_decay, step_);
   auto& units = model_.units();
   std::vector<size_t> all(units.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
@@ -114,16 +111,7 @@ void OffloadedAdam::update() {
     if (dtype_ == at::kFloat) {
       fused_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), ch.numel, c);
     } else {
-      // ShardedAdam's torch path (torch::optim::Adam / AdamW, LibTorch 1.13), op for op.
-      at::Tensor grad = g;
-      if (wd != 0) {
-        if (adamw) p.mul_(1 - lr_ * wd);
-        else grad = grad.add(p, wd);
-      }
-      m.mul_(cfg_.beta1).add_(grad, 1.0 - cfg_.beta1);
-      v.mul_(cfg_.beta2).addcmul_(grad, grad, 1.0 - cfg_.beta2);
-      at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(cfg_.eps);
-      p.addcdiv_(m, denom, -lr_ / bc1);
+      adam_torch_step(p, g, m, v, cfg_, lr_, step_);  // ShardedAdam's float64 path
     }
     compute += since(t0);
     p_dev.copy_(p);  // stage out (host-to-device in a CUDA build)

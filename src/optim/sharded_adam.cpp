@@ -67,19 +67,24 @@ void ShardedAdam::update() {
                       exp_avg_sq_[i].data_ptr<float>(), p.numel(), c, cfg_.param_copy, out, isa_);
       continue;
     }
-    // torch::optim::Adam / AdamW (LibTorch 1.13), op for op.
-    const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(step_));
-    const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(step_));
-    at::Tensor grad = g;
-    if (wd != 0) {
-      if (adamw) p.mul_(1 - lr_ * wd);
-      else grad = grad.add(p, wd);
-    }
-    exp_avg_[i].mul_(cfg_.beta1).add_(grad, 1.0 - cfg_.beta1);
-    exp_avg_sq_[i].mul_(cfg_.beta2).addcmul_(grad, grad, 1.0 - cfg_.beta2);
-    at::Tensor denom = (exp_avg_sq_[i].sqrt() / std::sqrt(bc2)).add_(cfg_.eps);
-    p.addcdiv_(exp_avg_[i], denom, -lr_ / bc1);
+    adam_torch_step(p, g, exp_avg_[i], exp_avg_sq_[i], cfg_, lr_, step_);
   }
+}
+
+void adam_torch_step(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v, const AdamConfig& cfg,
+                     double lr, int64_t step) {
+  // torch::optim::Adam / AdamW (LibTorch 1.13), op for op.
+  const double bc1 = 1.0 - std::pow(cfg.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(cfg.beta2, static_cast<double>(step));
+  at::Tensor grad = g;
+  if (cfg.weight_decay != 0) {
+    if (cfg.decoupled_weight_decay) p.mul_(1 - lr * cfg.weight_decay);
+    else grad = grad.add(p, cfg.weight_decay);
+  }
+  m.mul_(cfg.beta1).add_(grad, 1.0 - cfg.beta1);
+  v.mul_(cfg.beta2).addcmul_(grad, grad, 1.0 - cfg.beta2);
+  at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(cfg.eps);
+  p.addcdiv_(m, denom, -lr / bc1);
 }
 
 void ShardedAdam::set_param_copy(size_t unit, at::Tensor out) {
