@@ -42,7 +42,9 @@ struct ModelMemorySpec {
   /// Optimizer state offloaded to disk (offload.<model>.optimizer: disk): it costs RAM only
   /// for the streaming ring, these bytes (offload.buffer_count * offload.buffer_bytes), and
   /// optimizer_states * S * master bytes go to disk instead. Negative: not offloaded (cpu
-  /// offload keeps the state in host memory, which is RAM here, plus the ring).
+  /// offload keeps the state in host memory, which is RAM here, plus the ring). With
+  /// offload the estimate is an upper bound, not the exact accounting: the ring is capped
+  /// at the largest unit, and the cpu tier keeps a single staging buffer.
   int64_t offload_ring_bytes = -1;
   bool offload_to_disk = false;
   /// An EMA of the weights (the generator's): one more master-dtype shard.
