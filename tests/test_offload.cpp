@@ -246,6 +246,8 @@ TEST(OffloadStore, LeftoverFileIsReplacedAndALiveOneRefused) {
   } catch (const OffloadError& e) {
     EXPECT_NE(std::string(e.what()).find("locked by another process"), std::string::npos) << e.what();
   }
+  // ... and it left the live store's file as it was.
+  EXPECT_EQ(static_cast<int64_t>(fs::file_size(f)), s.disk_bytes());
 }
 
 TEST(OffloadStore, FileIsRemovedAtExit) {

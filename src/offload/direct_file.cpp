@@ -46,11 +46,11 @@ DirectFile::DirectFile(std::string path, int64_t bytes, int queue_depth)
   if (queue_depth < 1 || queue_depth > 4096) {
     throw std::invalid_argument("offload file '" + path_ + "': queue depth must be 1 to 4096");
   }
-  // O_TRUNC: a file left by a killed run is replaced, never read as state.
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  // No O_TRUNC here: a live run's file must not be emptied before its lock is seen.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
   if (fd_ < 0 && errno == EINVAL) {
     direct_ = false;
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   }
   if (fd_ < 0) {
     const int e = errno;
@@ -62,6 +62,12 @@ DirectFile::DirectFile(std::string path, int64_t bytes, int queue_depth)
     ::close(fd_);
     throw OffloadError("offload file '" + path_ + "' is locked by another process (" + errno_text(e) +
                        "): another run uses the same offload.path; give this run its own");
+  }
+  // A file left by a killed run is emptied (never read as state), then reserved anew.
+  if (::ftruncate(fd_, 0) != 0) {
+    const int e = errno;
+    ::close(fd_);
+    throw OffloadError("offload file '" + path_ + "': cannot truncate it: " + errno_text(e));
   }
   if (bytes_ > 0) {
     const int e = ::posix_fallocate(fd_, 0, bytes_);
