@@ -1,7 +1,6 @@
 #include "shardgan/offload/state_store.h"
 
 #include <algorithm>
-#include <exception>
 #include <filesystem>
 #include <stdexcept>
 #include <system_error>
@@ -93,15 +92,20 @@ void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
   Chunk c;
   c.data.resize(arrays_);
   c.scratch.resize(scratch_);
+  // Hands piece j to fn, with array a's elements at data(a); staging is always in the ring.
+  auto run = [&](size_t j, const auto& data) {
+    const Piece& p = pieces[j];
+    c.unit = p.unit;
+    c.offset = p.offset;
+    c.numel = p.numel;
+    for (int a = 0; a < arrays_; ++a) c.data[a] = data(a);
+    for (int s = 0; s < scratch_; ++s) c.scratch[s] = slot_ptr(j, arrays_ + s);
+    fn(c);
+  };
   if (device_ == OffloadDevice::kCpu) {
     for (size_t j = 0; j < pieces.size(); ++j) {
       const Piece& p = pieces[j];
-      c.unit = p.unit;
-      c.offset = p.offset;
-      c.numel = p.numel;
-      for (int a = 0; a < arrays_; ++a) c.data[a] = host_[p.unit * arrays_ + a]->p + p.offset * elem_;
-      for (int s = 0; s < scratch_; ++s) c.scratch[s] = slot_ptr(j, arrays_ + s);
-      fn(c);
+      run(j, [&](int a) { return host_[p.unit * arrays_ + a]->p + p.offset * elem_; });
     }
     return;
   }
@@ -133,12 +137,7 @@ void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
         wait_tickets(writes[j % count]);
       }
       const Piece& p = pieces[j];
-      c.unit = p.unit;
-      c.offset = p.offset;
-      c.numel = p.numel;
-      for (int a = 0; a < arrays_; ++a) c.data[a] = slot_ptr(j, a);
-      for (int s = 0; s < scratch_; ++s) c.scratch[s] = slot_ptr(j, arrays_ + s);
-      fn(c);
+      run(j, [&](int a) { return slot_ptr(j, a); });
       if (mode != Mode::kRead) {
         for (int a = 0; a < arrays_; ++a) {
           writes[j % count].push_back(file_->submit_write(file_off(p, a), slot_ptr(j, a), align_up(p.numel * elem_)));

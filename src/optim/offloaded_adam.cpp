@@ -1,7 +1,6 @@
 #include "shardgan/optim/offloaded_adam.h"
 
 #include <chrono>
-#include <cmath>
 #include <stdexcept>
 
 #include <spdlog/spdlog.h>
