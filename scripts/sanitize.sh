@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDGAN_BUILD_BENCHMARKS=OFF -DCMAKE_CXX_FLAGS="$SAN" \
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDGAN_BUILD_BENCHMARKS=OFF -DSHARDGAN_TEST_TIMEOUT_SCALE=4 -DCMAKE_CXX_FLAGS="$SAN" \
   -DCMAKE_C_FLAGS="$SAN" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > build-asan.cmake.log 2>&1 \
   || { cat build-asan.cmake.log; exit 1; }
 cmake --build build-asan -j "$(nproc)"
@@ -25,4 +25,5 @@ export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:protect_sha
 export SHARDGAN_SANITIZE=1
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$SUPP"
 cd build-asan
-ctest --output-on-failure --timeout 1800 ${1:+-R "$1"}
+# Every TIMEOUT is scaled by 4 (SHARDGAN_TEST_TIMEOUT_SCALE in tests/CMakeLists.txt).
+ctest --output-on-failure ${1:+-R "$1"}
