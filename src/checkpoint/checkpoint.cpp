@@ -20,15 +20,17 @@ namespace fs = std::filesystem;
 using ckpt::Manifest;
 namespace {
 
-h5::DType h5_type(const at::Tensor& t) {
-  switch (t.scalar_type()) {
+h5::DType h5_type(at::ScalarType t) {
+  switch (t) {
     case at::kFloat: return h5::DType::kF32;
     case at::kDouble: return h5::DType::kF64;
     case at::kLong: return h5::DType::kI64;
     case at::kByte: return h5::DType::kU8;
-    default: throw CheckpointError(std::string("cannot store dtype ") + c10::toString(t.scalar_type()));
+    default: throw CheckpointError(std::string("cannot store dtype ") + c10::toString(t));
   }
 }
+
+h5::DType h5_type(const at::Tensor& t) { return h5_type(t.scalar_type()); }
 
 void put(ckpt::RankFileWriter& w, const std::string& path, const at::Tensor& t) {
   at::Tensor c = t.contiguous();
@@ -116,9 +118,9 @@ void check_model_matches(const ckpt::ModelEntry& me, ShardedModel& m, const std:
       }
     }
   }
-  if (!m.units().empty() && me.dtype != h5::dtype_name(h5_type(m.units()[0]->shard()))) {
+  if (!m.units().empty() && me.dtype != h5::dtype_name(h5_type(m.units()[0]->master_dtype()))) {
     differ("was saved in " + me.dtype + ", this run's master dtype is " +
-           std::string(c10::toString(m.units()[0]->shard().scalar_type())));
+           std::string(c10::toString(m.units()[0]->master_dtype())));
   }
 }
 
@@ -148,7 +150,14 @@ void load_local(const std::string& dir, TrainCounters& counters, const std::vect
       ShardedUnit& u = *model.units()[i];
       const ckpt::UnitEntry& ue = me->units[i];
       const int64_t lo = u.shard_offset();
-      read_owned(rd, *me, ue, "param_shard", lo, u.shard());
+      if (u.shard_offloaded()) {
+        // Parameter offload: one unit's shard at a time, through a transient tensor.
+        at::Tensor t = torch::empty({u.shard_numel()}, torch::TensorOptions().dtype(u.master_dtype()));
+        read_owned(rd, *me, ue, "param_shard", lo, t);
+        u.set_master_shard(t);
+      } else {
+        read_owned(rd, *me, ue, "param_shard", lo, u.shard());
+      }
       if (mo.optim) {
         // Offloaded state is filled in a transient tensor and streamed to its tier.
         mo.optim->write_unit_state(i, [&](const std::string& sname, at::Tensor& st) {
@@ -260,7 +269,7 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
         ue.name = u.name();
         if (writes_units) {
           const std::string g = m.name() + "/units/" + u.name();
-          put(w, g + "/param_shard", u.shard());
+          put(w, g + "/param_shard", u.master_shard());  // transient when offloaded
           if (mo.optim) {
             mo.optim->read_unit_state(
                 i, [&](const std::string& sname, at::Tensor& st) { put(w, g + "/optim/" + sname, st); });
@@ -312,7 +321,7 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
       me.stage = model.config().stage;
       me.optim_step = mo.optim ? mo.optim->step_count() : 0;
       if (!model.units().empty()) {
-        me.dtype = h5::dtype_name(h5_type(model.units()[0]->shard()));
+        me.dtype = h5::dtype_name(h5_type(model.units()[0]->master_dtype()));
         if (mo.optim) {
           me.optim_states = mo.optim->state_names();
         }

@@ -75,7 +75,8 @@ OffloadStore::OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const
 OffloadStore::~OffloadStore() = default;
 
 void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
-                          const std::function<void(const Chunk&)>& fn) {
+                          const std::function<void(const Chunk&)>& fn, uint32_t arrays) {
+  auto used = [&](int a) { return ((arrays >> a) & 1u) != 0; };
   struct Piece {
     size_t unit;
     int64_t offset, numel;
@@ -98,7 +99,7 @@ void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
     c.unit = p.unit;
     c.offset = p.offset;
     c.numel = p.numel;
-    for (int a = 0; a < arrays_; ++a) c.data[a] = data(a);
+    for (int a = 0; a < arrays_; ++a) c.data[a] = used(a) ? data(a) : nullptr;
     for (int s = 0; s < scratch_; ++s) c.scratch[s] = slot_ptr(j, arrays_ + s);
     fn(c);
   };
@@ -129,6 +130,7 @@ void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
           wait_tickets(writes[slot]);
           const Piece& p = pieces[next_read];
           for (int a = 0; a < arrays_; ++a) {
+            if (!used(a)) continue;
             reads[slot].push_back(file_->submit_read(file_off(p, a), slot_ptr(next_read, a), align_up(p.numel * elem_)));
           }
         }
@@ -140,6 +142,7 @@ void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
       run(j, [&](int a) { return slot_ptr(j, a); });
       if (mode != Mode::kRead) {
         for (int a = 0; a < arrays_; ++a) {
+          if (!used(a)) continue;
           writes[j % count].push_back(file_->submit_write(file_off(p, a), slot_ptr(j, a), align_up(p.numel * elem_)));
         }
       }

@@ -39,20 +39,55 @@ OffloadedAdam::OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadC
     }
     numel.push_back(u->shard_numel());
   }
+  if (offload.param != OffloadDevice::kNone) {
+    if (offload.param != offload.optimizer) {
+      throw std::invalid_argument(std::string("parameter offload to ") + to_string(offload.param) +
+                                  " needs the optimizer state on the same device (offload.optimizer " +
+                                  to_string(offload.optimizer) + "): the master shard and its moments share one store");
+    }
+    if (model.config().stage != 3) {
+      throw std::invalid_argument("parameter offload needs ZeRO stage 3 (" + model.name() + " is at stage " +
+                                  std::to_string(model.config().stage) + ")");
+    }
+    param_array_ = 0;
+    moment_array_ = 1;
+  }
   const std::string stem = model.name() + ".rank" + std::to_string(model.comm().rank());
-  // Two arrays (exp_avg, exp_avg_sq); two staging slices (parameter, gradient).
-  store_ = std::make_unique<OffloadStore>(offload.optimizer, offload, stem, std::move(numel), 2, 2,
-                                          static_cast<int64_t>(c10::elementSize(dtype_)));
+  // Arrays: exp_avg, exp_avg_sq (after the master shard with parameter offload). Staging
+  // slices: the gradient, and the parameters unless they are an array of the store.
+  const bool params = params_offloaded();
+  store_ = std::make_unique<OffloadStore>(offload.optimizer, offload, stem, std::move(numel), params ? 3 : 2,
+                                          params ? 1 : 2, static_cast<int64_t>(c10::elementSize(dtype_)));
   if (offload.optimizer == OffloadDevice::kDisk) {
     if (!store_->direct()) {
       spdlog::warn("offload: '{}' refuses O_DIRECT; {} optimizer state uses buffered I/O (page cache) instead, "
                    "so its RAM is not bounded by offload.buffer_bytes. Use a local disk (ext4, xfs) for offload.path",
                    store_->path(), model.name());
     }
-    spdlog::info("offload: {} optimizer state on disk, {} ({:.3f} GiB, O_DIRECT {}), ring {} x {} bytes",
-                 model.name(), store_->path(), store_->disk_bytes() / 1073741824.0, store_->direct() ? "on" : "off",
+    spdlog::info("offload: {} optimizer state{} on disk, {} ({:.3f} GiB, O_DIRECT {}), ring {} x {} bytes",
+                 model.name(), params ? " and master parameters" : "", store_->path(), store_->disk_bytes() / 1073741824.0, store_->direct() ? "on" : "off",
                  offload.buffer_count, offload.buffer_bytes);
   }
+  // Each unit's shard is written to the store and freed before the next one.
+  if (params) {
+    for (auto& u : model.units()) u->offload_shard(this);
+  }
+}
+
+void OffloadedAdam::read_shard(size_t unit, at::Tensor& dst) {
+  if (!params_offloaded()) throw std::logic_error("OffloadedAdam: parameters of " + model_.name() + " are not offloaded");
+  const uint32_t mask = 1u << param_array_;
+  store_->stream({unit}, OffloadStore::Mode::kRead, [&](const OffloadStore::Chunk& c) {
+    dst.narrow(0, c.offset, c.numel).copy_(view(c.data[param_array_], c.numel, dtype_));
+  }, mask);
+}
+
+void OffloadedAdam::write_shard(size_t unit, const at::Tensor& src) {
+  if (!params_offloaded()) throw std::logic_error("OffloadedAdam: parameters of " + model_.name() + " are not offloaded");
+  const uint32_t mask = 1u << param_array_;
+  store_->stream({unit}, OffloadStore::Mode::kWrite, [&](const OffloadStore::Chunk& c) {
+    view(c.data[param_array_], c.numel, dtype_).copy_(src.narrow(0, c.offset, c.numel));
+  }, mask);
 }
 
 OffloadedAdam::~OffloadedAdam() = default;
@@ -66,10 +101,11 @@ void OffloadedAdam::read_unit_state(size_t unit, const StateVisitor& fn) {
   const int64_t n = model_.units().at(unit)->shard_numel();
   at::Tensor m = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
   at::Tensor v = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
+  const int a = moment_array_;
   store_->stream({unit}, OffloadStore::Mode::kRead, [&](const OffloadStore::Chunk& c) {
-    m.narrow(0, c.offset, c.numel).copy_(view(c.data[0], c.numel, dtype_));
-    v.narrow(0, c.offset, c.numel).copy_(view(c.data[1], c.numel, dtype_));
-  });
+    m.narrow(0, c.offset, c.numel).copy_(view(c.data[a], c.numel, dtype_));
+    v.narrow(0, c.offset, c.numel).copy_(view(c.data[a + 1], c.numel, dtype_));
+  }, 3u << a);
   fn("exp_avg", m);
   fn("exp_avg_sq", v);
 }
@@ -80,10 +116,11 @@ void OffloadedAdam::write_unit_state(size_t unit, const StateVisitor& fn) {
   at::Tensor v = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
   fn("exp_avg", m);
   fn("exp_avg_sq", v);
+  const int a = moment_array_;
   store_->stream({unit}, OffloadStore::Mode::kWrite, [&](const OffloadStore::Chunk& c) {
-    view(c.data[0], c.numel, dtype_).copy_(m.narrow(0, c.offset, c.numel));
-    view(c.data[1], c.numel, dtype_).copy_(v.narrow(0, c.offset, c.numel));
-  });
+    view(c.data[a], c.numel, dtype_).copy_(m.narrow(0, c.offset, c.numel));
+    view(c.data[a + 1], c.numel, dtype_).copy_(v.narrow(0, c.offset, c.numel));
+  }, 3u << a);
 }
 
 int64_t OffloadedAdam::state_bytes() { return store_->ram_bytes(); }
@@ -100,11 +137,16 @@ void OffloadedAdam::update() {
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   store_->stream(all, OffloadStore::Mode::kUpdate, [&](const OffloadStore::Chunk& ch) {
     ShardedUnit& u = *units[ch.unit];
-    at::Tensor p_dev = u.shard().narrow(0, ch.offset, ch.numel);
-    at::Tensor p = view(ch.scratch[0], ch.numel, dtype_), g = view(ch.scratch[1], ch.numel, dtype_);
-    at::Tensor m = view(ch.data[0], ch.numel, dtype_), v = view(ch.data[1], ch.numel, dtype_);
+    const bool params = params_offloaded();
+    // With parameter offload the master chunk is an array of the store, updated in the
+    // ring and written back with the moments; otherwise it is staged from the unit.
+    at::Tensor p_dev = params ? at::Tensor() : u.shard().narrow(0, ch.offset, ch.numel);
+    at::Tensor p = params ? view(ch.data[param_array_], ch.numel, dtype_) : view(ch.scratch[1], ch.numel, dtype_);
+    at::Tensor g = view(ch.scratch[0], ch.numel, dtype_);
+    at::Tensor m = view(ch.data[moment_array_], ch.numel, dtype_);
+    at::Tensor v = view(ch.data[moment_array_ + 1], ch.numel, dtype_);
     // Stage in: the gradient and the parameters (device-to-host in a CUDA build).
-    p.copy_(p_dev);
+    if (!params) p.copy_(p_dev);
     g.copy_(u.grad_shard().narrow(0, ch.offset, ch.numel));
     const auto t0 = Clock::now();
     if (dtype_ == at::kFloat) {
@@ -113,7 +155,7 @@ void OffloadedAdam::update() {
       adam_torch_step(p, g, m, v, cfg_, lr_, step_);  // ShardedAdam's float64 path
     }
     compute += since(t0);
-    p_dev.copy_(p);  // stage out (host-to-device in a CUDA build)
+    if (!params) p_dev.copy_(p);  // stage out (host-to-device in a CUDA build)
   });
   compute_s_ = compute;
   io_s_ = since(t_start) - compute;

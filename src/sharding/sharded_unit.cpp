@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
+#include "shardgan/sharding/shard_source.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "sharding/ownership.h"
 #include "sharding/storage.h"
@@ -154,8 +155,45 @@ int64_t ShardedUnit::full_bytes_alive() const {
 
 int64_t ShardedUnit::persistent_param_bytes() const {
   int64_t b = cfg_.stage <= 2 ? nbytes(full_) : 0;
-  if (!shard_aliases_full_) b += nbytes(shard_);
+  if (!shard_aliases_full_ && !source_) b += nbytes(shard_);
   return b;
+}
+
+void ShardedUnit::throw_offloaded() const {
+  throw std::logic_error("unit '" + name_ + "': the master shard is offloaded (offload.<model>.param); use "
+                         "master_shard() / set_master_shard()");
+}
+
+void ShardedUnit::offload_shard(ShardSource* source) {
+  if (cfg_.stage != 3) {
+    throw std::logic_error("unit '" + name_ + "': parameter offload needs ZeRO stage 3, not " + std::to_string(cfg_.stage));
+  }
+  if (source_) throw std::logic_error("unit '" + name_ + "': the master shard is offloaded already");
+  if (!source) throw std::invalid_argument("unit '" + name_ + "': offload_shard needs a source");
+  free_full();  // an all-gather in flight still reads shard_
+  source->write_shard(index_, shard_);
+  source_ = source;
+  detail::free_storage(shard_);
+}
+
+at::Tensor ShardedUnit::master_shard() {
+  if (!source_) return shard_;
+  at::Tensor t = torch::empty({shard_numel_}, torch::TensorOptions().dtype(master_dtype_));
+  source_->read_shard(index_, t);
+  return t;
+}
+
+void ShardedUnit::set_master_shard(const at::Tensor& values) {
+  if (!source_) {
+    shard_.copy_(values);
+    return;
+  }
+  source_->write_shard(index_, values.scalar_type() == master_dtype_ ? values.contiguous() : values.to(master_dtype_));
+}
+
+at::Tensor ShardedUnit::gather_source() {
+  at::Tensor master = master_shard();
+  return master.scalar_type() == compute_dtype_ ? master : master.to(compute_dtype_);
 }
 
 int64_t ShardedUnit::persistent_grad_bytes() const {
@@ -165,7 +203,7 @@ int64_t ShardedUnit::persistent_grad_bytes() const {
 void ShardedUnit::prefetch() {
   if (cfg_.stage != 3 || gathered_) return;
   detail::refill_storage(full_, static_cast<size_t>(padded_numel_) * full_.element_size());
-  prefetch_src_ = shard_.scalar_type() == compute_dtype_ ? shard_ : shard_.to(compute_dtype_);
+  prefetch_src_ = gather_source();  // with parameter offload, read from the tier here
   prefetch_work_ = comm_.all_gather_async(full_, prefetch_src_);
   gathered_ = true;
   if (owner_) owner_->on_unit_gathered();
@@ -179,7 +217,7 @@ void ShardedUnit::gather() {
   }
   if (gathered_) return;
   detail::refill_storage(full_, static_cast<size_t>(padded_numel_) * full_.element_size());
-  comm_.all_gather(full_, shard_.scalar_type() == compute_dtype_ ? shard_ : shard_.to(compute_dtype_));
+  comm_.all_gather(full_, gather_source());
   gathered_ = true;
   if (owner_) owner_->on_unit_gathered();
 }
@@ -336,7 +374,7 @@ void ShardedUnit::set_requires_grad(bool on) {
 at::Tensor ShardedUnit::gather_full_copy() {
   if (cfg_.stage == 0) return (shard_aliases_full_ ? full_ : shard_).narrow(0, 0, numel_).clone();
   at::Tensor full = torch::empty({padded_numel_}, shard_.options());
-  comm_.all_gather(full, shard_);
+  comm_.all_gather(full, master_shard());
   return full.narrow(0, 0, numel_).clone();
 }
 

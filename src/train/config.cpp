@@ -172,8 +172,9 @@ void read_offload(Reader& r, TrainConfig& c) {
                 to_string(oc->type));
     require(o.param == OffloadDevice::kNone || sc->stage == 3, r, "offload." + w + ".param",
             "needs sharding." + w + ".stage 3: parameter offload moves parameter shards, which only stage 3 keeps");
-    require(o.param == OffloadDevice::kNone, r, "offload." + w + ".param",
-            "parameter offload is not implemented yet; use none (offload." + w + ".optimizer is implemented)");
+    require(o.param == OffloadDevice::kNone || o.param == o.optimizer, r, "offload." + w + ".param",
+            "needs offload." + w + ".optimizer on the same device (" + to_string(o.param) +
+                "): the master shard and its Adam moments share one store");
     oc->offload = o;
   }
 }
@@ -275,6 +276,9 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   require(c.ema.decay >= 0 && c.ema.decay <= 1, r, "ema.decay", "must be in [0, 1]");
   c.ema.start_step = r.get<int64_t>("ema.start_step", c.ema.start_step);
   require(c.ema.start_step >= 0, r, "ema.start_step", "must be >= 0");
+  require(!c.ema_enabled || c.g_optim.offload.param == OffloadDevice::kNone, r, "ema.enabled",
+          "cannot be true with offload.generator.param: the EMA reads and swaps the generator's master shards, "
+          "which live in the offload tier (set ema.enabled: false, or offload.generator.param: none)");
   c.loss_scale.init_scale = r.get<double>("loss_scale.init_scale", c.loss_scale.init_scale);
   require(c.loss_scale.init_scale > 0, r, "loss_scale.init_scale", "must be > 0");
   c.loss_scale.growth_interval = r.get<int64_t>("loss_scale.growth_interval", c.loss_scale.growth_interval);

@@ -27,6 +27,7 @@ ModelMemorySpec spec_for(const TrainConfig& cfg, const ModelSpec& model, const S
   if (oc.offload.optimizer != OffloadDevice::kNone) {
     s.offload_ring_bytes = oc.offload.buffer_count * oc.offload.buffer_bytes;
     s.offload_to_disk = oc.offload.optimizer == OffloadDevice::kDisk;
+    s.offload_params_to_disk = oc.offload.param == OffloadDevice::kDisk;
   }
   s.reshard_after_forward = sc.reshard_after_forward;
   // A frozen D is released unit by unit in the G step's backward (input gradients), so it
@@ -103,7 +104,7 @@ void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
   }
   if (fits.empty()) {
     fits = "no ZeRO stage fits at this world size: use more nodes/ranks with stage 3, bfloat16 "
-           "compute, or offload (not available yet)";
+           "compute, or offload to disk (offload.<model>.optimizer and, at stage 3, offload.<model>.param)";
   }
   throw MemoryPreflightError(
       cfg.source + ": memory pre-flight: G stage " + std::to_string(cfg.g_sharding.stage) + " and D stage " +

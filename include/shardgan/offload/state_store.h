@@ -58,9 +58,13 @@ class OffloadStore {
   OffloadStore& operator=(const OffloadStore&) = delete;
 
   /// Calls fn on every chunk of `units` (in the order given, each unit front to back).
-  /// fn must not keep the pointers. Throws OffloadError from the disk (after waiting for
-  /// whatever is still in flight) and rethrows fn's exceptions the same way.
-  void stream(const std::vector<size_t>& units, Mode mode, const std::function<void(const Chunk&)>& fn);
+  /// fn must not keep the pointers. Only the arrays whose bit is set in `arrays` are read
+  /// or written (the others' data[a] are nullptr): a gather reads the master parameters
+  /// alone, not the moments beside them. Throws OffloadError from the disk (after waiting
+  /// for whatever is still in flight) and rethrows fn's exceptions the same way.
+  static constexpr uint32_t kAllArrays = ~uint32_t{0};
+  void stream(const std::vector<size_t>& units, Mode mode, const std::function<void(const Chunk&)>& fn,
+              uint32_t arrays = kAllArrays);
 
   OffloadDevice device() const { return device_; }
   /// Elements of one array in a full chunk (a multiple of 4096 / elem_bytes).

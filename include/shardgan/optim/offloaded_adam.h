@@ -12,8 +12,12 @@
 /// updated. Every element sees the operations ShardedAdam applies, so a run with offload is
 /// bit-identical to one without (tests/test_offload.cpp).
 ///
-/// The master parameters stay in the unit's shard (gradients too): only the optimizer
-/// state leaves. Parameter offload (`offload.<model>.param`) is not implemented.
+/// Without parameter offload the master parameters stay in the unit's shard (gradients
+/// too): only the optimizer state leaves. With it (`offload.<model>.param`, stage 3; the
+/// same device as the optimizer state), the float32 master shard joins the moments in the
+/// store and the units read it from here (ShardSource) when they start an all-gather;
+/// the step then updates it in the ring, in place. Gradient shards stay with the units
+/// (4 bytes per parameter per rank at float32 stage 3, over the world size).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,18 +28,23 @@
 #include "shardgan/offload/offload_config.h"
 #include "shardgan/optim/optimizer.h"
 #include "shardgan/optim/sharded_adam.h"
+#include "shardgan/sharding/shard_source.h"
 
 namespace shardgan {
 
 class OffloadStore;
 
-class OffloadedAdam final : public ShardedOptimizer {
+class OffloadedAdam final : public ShardedOptimizer, public ShardSource {
  public:
   /// Builds the store for `model`'s units on offload.optimizer's device (cpu or disk; the
   /// disk file is `<offload.path>/<model>.rank<R>.offload`, reserved here). Moments start
-  /// at zero. Throws std::invalid_argument for a bad hyperparameter (as ShardedAdam), for
-  /// offload.optimizer none, for param_copy, or for shards that are not float32 or float64
-  /// on the CPU; OffloadError naming the path when the disk tier cannot be set up.
+  /// at zero. With offload.param, moves every unit's master shard into the store
+  /// (ShardedUnit::offload_shard), one unit at a time; the optimizer must then outlive
+  /// every use of the model. Throws std::invalid_argument for a bad hyperparameter (as
+  /// ShardedAdam), for offload.optimizer none, for param_copy, for shards that are not
+  /// float32 or float64 on the CPU, or for offload.param other than none or
+  /// offload.optimizer's device, or below stage 3; OffloadError naming the path when the
+  /// disk tier cannot be set up.
   OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadConfig& offload);
   ~OffloadedAdam() override;
 
@@ -52,6 +61,12 @@ class OffloadedAdam final : public ShardedOptimizer {
   int64_t state_bytes() override;
   /// Bytes of the disk file (0 for cpu).
   int64_t offloaded_bytes() override;
+  /// Whether the master shards live in the store too (offload.param).
+  bool params_offloaded() const { return param_array_ >= 0; }
+  /// ShardSource (parameter offload): streams unit `unit`'s master shard out of, or into,
+  /// the store (the master array alone). Local; reads or writes the disk.
+  void read_shard(size_t unit, at::Tensor& dst) override;
+  void write_shard(size_t unit, const at::Tensor& src) override;
   const char* type_name() const override { return cfg_.decoupled_weight_decay ? "adamw" : "adam"; }
   OffloadStore& store() { return *store_; }
   /// Seconds the last step spent waiting for the disk or copying, and in the kernel.
@@ -65,6 +80,8 @@ class OffloadedAdam final : public ShardedOptimizer {
   AdamConfig cfg_;
   std::unique_ptr<OffloadStore> store_;
   at::ScalarType dtype_;
+  int param_array_ = -1;  // store array of the master shard (parameter offload), or -1
+  int moment_array_ = 0;  // store array of exp_avg; exp_avg_sq follows it
   double io_s_ = 0, compute_s_ = 0;
 };
 

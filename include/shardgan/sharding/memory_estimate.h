@@ -47,6 +47,10 @@ struct ModelMemorySpec {
   /// at the largest unit, and the cpu tier keeps a single staging buffer.
   int64_t offload_ring_bytes = -1;
   bool offload_to_disk = false;
+  /// Parameter offload to disk (offload.<model>.param: disk, stage 3): the master shard
+  /// (S * master bytes) goes to disk as well and costs no RAM between steps. With cpu it
+  /// stays in host memory, which is RAM here, and nothing changes.
+  bool offload_params_to_disk = false;
   /// An EMA of the weights (the generator's): one more master-dtype shard.
   bool ema = false;
   /// ShardingConfig::reshard_after_forward. False keeps every unit gathered from forward

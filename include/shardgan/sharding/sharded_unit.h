@@ -20,6 +20,7 @@
 namespace shardgan {
 
 class ShardedModel;
+class ShardSource;
 
 /// Per-model sharding options. Changing them after the model is built has no effect.
 ///
@@ -143,8 +144,28 @@ class ShardedUnit {
   int stage() const { return cfg_.stage; }
   /// This rank's part of the flat master parameter: 1-D, S elements, the master dtype, CPU.
   /// The optimizer updates it in place. Without mixed precision it aliases the full
-  /// parameters at stages 0-2 (the owned slice), and is its own tensor at stage 3.
-  at::Tensor& shard() { return shard_; }
+  /// parameters at stages 0-2 (the owned slice), and is its own tensor at stage 3. Throws
+  /// std::logic_error naming the unit once the shard is offloaded (offload_shard): use
+  /// master_shard() / set_master_shard() then.
+  at::Tensor& shard() {
+    if (source_) throw_offloaded();
+    return shard_;
+  }
+  /// Stage 3 parameter offload: writes the master shard to `source` (shard_source.h), which
+  /// keeps it from now on, and frees it here. Gathers then read it from the source; the
+  /// optimizer owning the source updates it there. Local. Throws std::logic_error below
+  /// stage 3 or if already offloaded.
+  void offload_shard(ShardSource* source);
+  /// Whether the master shard lives in an offload tier (offload_shard).
+  bool shard_offloaded() const { return source_ != nullptr; }
+  /// The master shard's values ([S], master dtype, CPU): shard() itself when resident, a
+  /// transient copy read from the tier when offloaded. Local.
+  at::Tensor master_shard();
+  /// Overwrites the master shard (resident or offloaded) with `values` ([S], any floating
+  /// dtype, converted). Local.
+  void set_master_shard(const at::Tensor& values);
+  /// dtype of the master shard (of the module as built).
+  at::ScalarType master_dtype() const { return master_dtype_; }
   /// The averaged gradient for shard(): same shape, dtype and device.
   at::Tensor& grad_shard() { return grad_shard_; }
   /// Bytes this rank keeps between steps for parameters (full copy at stages 0-2, the
@@ -206,8 +227,13 @@ class ShardedUnit {
   bool plain_ = false;
   int pending_grads_ = 0;
   int input_grads_expected_ = 0;  // inputs that required grad in forwards since the last backward
+  ShardSource* source_ = nullptr;  // parameter offload: where the master shard lives
 
   void on_backward_part_done();
+  /// The send buffer of an all-gather: the shard in the compute dtype (read from the
+  /// source when offloaded).
+  at::Tensor gather_source();
+  [[noreturn]] void throw_offloaded() const;
 };
 
 }  // namespace shardgan
