@@ -159,6 +159,7 @@ void OffloadedAdam::update() {
   });
   compute_s_ = compute;
   io_s_ = since(t_start) - compute;
+  io_total_s_ += io_s_;
 }
 
 }  // namespace shardgan

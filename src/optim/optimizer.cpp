@@ -1,5 +1,7 @@
 #include "shardgan/optim/optimizer.h"
 
+#include <chrono>
+
 #include "shardgan/sharding/sharded_model.h"
 
 namespace shardgan {
@@ -7,7 +9,9 @@ namespace shardgan {
 void ShardedOptimizer::step() {
   if (schedule_) lr_ = schedule_->lr_at(step_);
   ++step_;
+  const auto t0 = std::chrono::steady_clock::now();
   update();
+  update_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 int64_t ShardedOptimizer::state_bytes() {

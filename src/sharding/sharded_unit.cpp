@@ -1,6 +1,7 @@
 #include "shardgan/sharding/sharded_unit.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 
 #include <torch/csrc/autograd/function_hook.h>
@@ -43,6 +44,21 @@ struct InputGradReady : torch::autograd::Function<InputGradReady> {
 };
 
 int64_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+// Adds the wall time of its scope to *sink (nothing when sink is null: a unit without a model).
+class Timed {
+ public:
+  explicit Timed(double* sink) : sink_(sink), t0_(std::chrono::steady_clock::now()) {}
+  ~Timed() {
+    if (sink_) *sink_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  double* sink_;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 }  // namespace
 
@@ -121,8 +137,9 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
     grad_flat_ = torch::zeros({padded_numel_}, torch::TensorOptions().dtype(reduce_dtype_));
     grad_shard_aliases_flat_ = reduce_dtype_ == master_dtype_;
   }
+  // Not resident until the first gradient arrives (stage 2-3: built models hold shards only).
   grad_shard_ = grad_shard_aliases_flat_ ? grad_flat_.narrow(0, shard_offset_, shard_numel_)
-                                         : torch::zeros({shard_numel_}, master_opts);
+                                         : detail::lazy_zeros(shard_numel_, master_dtype_);
   gathered_ = cfg_.stage <= 2;
   if (cfg_.stage == 3) detail::free_storage(full_);
   for (auto& s : slots_) {
@@ -191,8 +208,14 @@ void ShardedUnit::set_master_shard(const at::Tensor& values) {
   source_->write_shard(index_, values.scalar_type() == master_dtype_ ? values.contiguous() : values.to(master_dtype_));
 }
 
+double* ShardedUnit::collective_sink() { return owner_ ? &owner_->comm_times().collective_s : nullptr; }
+
 at::Tensor ShardedUnit::gather_source() {
-  at::Tensor master = master_shard();
+  at::Tensor master;
+  {
+    Timed t(source_ && owner_ ? &owner_->comm_times().offload_read_s : nullptr);
+    master = master_shard();
+  }
   return master.scalar_type() == compute_dtype_ ? master : master.to(compute_dtype_);
 }
 
@@ -204,6 +227,7 @@ void ShardedUnit::prefetch() {
   if (cfg_.stage != 3 || gathered_) return;
   detail::refill_storage(full_, static_cast<size_t>(padded_numel_) * full_.element_size());
   prefetch_src_ = gather_source();  // with parameter offload, read from the tier here
+  Timed t(collective_sink());
   prefetch_work_ = comm_.all_gather_async(full_, prefetch_src_);
   gathered_ = true;
   if (owner_) owner_->on_unit_gathered();
@@ -211,13 +235,18 @@ void ShardedUnit::prefetch() {
 
 void ShardedUnit::gather() {
   if (prefetch_work_) {
+    Timed t(collective_sink());
     prefetch_work_->wait();
     prefetch_work_.reset();
     prefetch_src_ = at::Tensor();
   }
   if (gathered_) return;
   detail::refill_storage(full_, static_cast<size_t>(padded_numel_) * full_.element_size());
-  comm_.all_gather(full_, gather_source());
+  at::Tensor src = gather_source();
+  {
+    Timed t(collective_sink());
+    comm_.all_gather(full_, src);
+  }
   gathered_ = true;
   if (owner_) owner_->on_unit_gathered();
 }
@@ -324,7 +353,10 @@ void ShardedUnit::reduce_gradients() {
   }
   if (persistent && !sync_) return;  // accumulate locally until the boundary (DDP no_sync)
   if (cfg_.stage == 0) {
-    comm_.all_reduce(flat, ReduceOp::kAvg);
+    {
+      Timed t(collective_sink());
+      comm_.all_reduce(flat, ReduceOp::kAvg);
+    }
     if (!grad_shard_aliases_flat_) grad_shard_.add_(flat.to(master_dtype_));
     return;
   }
@@ -334,13 +366,19 @@ void ShardedUnit::reduce_gradients() {
   reduce_in_ = flat;
   reduce_out_ = torch::empty({shard_numel_}, flat.options());
   peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(reduce_out_) + (persistent ? 0 : nbytes(flat)));
-  reduce_work_ = comm_.reduce_scatter_async(reduce_out_, reduce_in_, ReduceOp::kAvg);
+  {
+    Timed t(collective_sink());
+    reduce_work_ = comm_.reduce_scatter_async(reduce_out_, reduce_in_, ReduceOp::kAvg);
+  }
   if (owner_) owner_->on_reduce_started(*this);
 }
 
 void ShardedUnit::finish_reduce() {
   if (!reduce_work_) return;
-  reduce_work_->wait();
+  {
+    Timed t(collective_sink());
+    reduce_work_->wait();
+  }
   reduce_work_.reset();
   if (grad_shard_aliases_flat_) {
     grad_shard_.copy_(reduce_out_);  // stage 1: the owned slice of the accumulated flat gradient
@@ -358,6 +396,7 @@ void ShardedUnit::after_optimizer_step() {
     if (!shard_aliases_full_) full_.copy_(shard_);
     return;
   }
+  Timed t(collective_sink());
   comm_.all_gather(full_, shard_aliases_full_ ? shard_ : shard_.to(compute_dtype_));
 }
 

@@ -92,7 +92,17 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
                       {"g_model_state_bytes", g_state_bytes},
                       {"d_model_state_bytes", d_state_bytes},
                       {"peak_rss_bytes_rank0", rss},
-                      {"nonfinite_steps", m.nonfinite_steps}};
+                      {"nonfinite_steps", m.nonfinite_steps},
+                      {"time_collective_s", m.time_collective_s},
+                      {"time_offload_read_s", m.time_offload_read_s},
+                      {"time_optimizer_s", m.time_optimizer_s},
+                      {"time_optimizer_io_s", m.time_optimizer_io_s}};
+  if (m.time_offload_read_s > 0 || m.time_optimizer_io_s > 0) {
+    spdlog::info("step {:>6} time: collectives {:.2f} s, offload reads for all-gathers {:.2f} s, optimizer {:.2f} s "
+                 "(offload I/O {:.2f} s), forward/backward and the rest {:.2f} s",
+                 m.step, m.time_collective_s, m.time_offload_read_s, m.time_optimizer_s, m.time_optimizer_io_s,
+                 m.step_time_s - m.time_collective_s - m.time_offload_read_s - m.time_optimizer_s);
+  }
   if (cfg_.r1_gamma > 0) j["r1"] = m.r1;
   std::ofstream(cfg_.run_dir + "/metrics.jsonl", std::ios::app) << j.dump() << "\n";
 }

@@ -1,5 +1,7 @@
 #include "shardgan/train/trainer.h"
 
+#include <array>
+
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -157,8 +159,21 @@ StepMetrics Trainer::train_step() {
   in.real = [this](int64_t micro) { return real_micro(micro); };
   in.latents = [this] { return draw_latents(); };
   in.local = [this](const at::Tensor& t, int64_t micro) { return local_micro(t, micro); };
+  auto times = [this] {
+    const CommTimes& g = g_->comm_times();
+    const CommTimes& d = d_->comm_times();
+    return std::array<double, 4>{g.collective_s + d.collective_s, g.offload_read_s + d.offload_read_s,
+                                 opt_g_->update_seconds() + opt_d_->update_seconds(),
+                                 opt_g_->update_io_seconds() + opt_d_->update_io_seconds()};
+  };
+  const std::array<double, 4> before = times();
   StepMetrics r = objective_->step({g_.get(), opt_g_.get(), scaler_g_.get()},
                                    {d_.get(), opt_d_.get(), scaler_d_.get()}, in);
+  const std::array<double, 4> after = times();
+  r.time_collective_s = after[0] - before[0];
+  r.time_offload_read_s = after[1] - before[1];
+  r.time_optimizer_s = after[2] - before[2];
+  r.time_optimizer_io_s = after[3] - before[3];
   if (ema_ && !r.skipped_g) ema_->update(opt_g_->step_count());
   ++counters_.step;
   r.step = counters_.step;

@@ -24,8 +24,8 @@ OffloadDevice parse_offload_device(const std::string& s);
 struct OffloadConfig {
   /// offload.<model>.optimizer: Adam's exp_avg and exp_avg_sq (adam and adamw only).
   OffloadDevice optimizer = OffloadDevice::kNone;
-  /// offload.<model>.param: parameter shards (ZeRO stage 3 only). Not implemented yet:
-  /// the config refuses anything but none.
+  /// offload.<model>.param: the float32 master parameter shards (ZeRO stage 3 only, on
+  /// the same device as `optimizer`: OffloadedAdam keeps both in one store).
   OffloadDevice param = OffloadDevice::kNone;
   /// offload.path: an existing folder for the disk tier's files (one per rank and model).
   /// Empty in the config: the trainer uses (and creates) `<run.dir>/offload`.

@@ -72,6 +72,7 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource {
   /// Seconds the last step spent waiting for the disk or copying, and in the kernel.
   double last_step_io_s() const { return io_s_; }
   double last_step_compute_s() const { return compute_s_; }
+  double update_io_seconds() const override { return io_total_s_; }
 
  protected:
   void update() override;
@@ -82,7 +83,7 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource {
   at::ScalarType dtype_;
   int param_array_ = -1;  // store array of the master shard (parameter offload), or -1
   int moment_array_ = 0;  // store array of exp_avg; exp_avg_sq follows it
-  double io_s_ = 0, compute_s_ = 0;
+  double io_s_ = 0, compute_s_ = 0, io_total_s_ = 0;
 };
 
 }  // namespace shardgan

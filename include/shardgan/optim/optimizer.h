@@ -78,6 +78,12 @@ class ShardedOptimizer {
   /// Bytes of optimizer state this rank keeps on disk (0 unless offloaded to disk).
   virtual int64_t offloaded_bytes() { return 0; }
   ShardedModel& model() { return model_; }
+  /// Wall seconds spent in update() since construction: the optimizer step's compute and,
+  /// when offloaded, its I/O. Local bookkeeping.
+  double update_seconds() const { return update_s_; }
+  /// Of update_seconds(), the seconds spent waiting for the offload tier or staging copies
+  /// (0 unless offloaded).
+  virtual double update_io_seconds() const { return 0; }
 
  protected:
   /// The update itself: step_count() is already the 1-based index of this step and lr() its
@@ -89,6 +95,7 @@ class ShardedOptimizer {
   double lr_;
   double base_lr_;
   std::optional<LrSchedule> schedule_;
+  double update_s_ = 0;
 };
 
 }  // namespace shardgan

@@ -31,6 +31,16 @@ struct MemoryStats {
   }
 };
 
+/// Wall time this rank spent in a model's communication and parameter-offload reads
+/// (seconds, cumulative since construction or the last reset). Collectives: all-gathers
+/// started or waited for, reduce-scatters started or waited for, stage-0 all-reduces and
+/// the stage 1-2 all-gather after a step. Offload reads: master shards read from the tier
+/// to start an all-gather (parameter offload). Local bookkeeping; no communication.
+struct CommTimes {
+  double collective_s = 0;
+  double offload_read_s = 0;
+};
+
 class ShardedModel {
  public:
   /// `name` is "generator" or "discriminator" in the trainer; it prefixes log messages
@@ -131,6 +141,8 @@ class ShardedModel {
   void finish_reduces();
   /// Most reduce-scatters that were in flight at once so far (<= kMaxReducesInFlight).
   size_t max_reduces_in_flight() const { return max_in_flight_; }
+  /// Time spent in collectives and offload reads (the units add to it). Local.
+  CommTimes& comm_times() { return times_; }
 
  private:
   std::string name_;
@@ -146,6 +158,7 @@ class ShardedModel {
   std::vector<ShardedUnit*> reducing_;  // units with a reduce-scatter in flight, oldest first
   size_t max_in_flight_ = 0;
   int64_t peak_full_bytes_ = 0;
+  CommTimes times_;
 };
 
 /// FSDP's summon_full_params (read-only, scoped): while it lives, every unit of the model

@@ -233,6 +233,8 @@ class ShardedUnit {
   /// The send buffer of an all-gather: the shard in the compute dtype (read from the
   /// source when offloaded).
   at::Tensor gather_source();
+  /// Where collective time goes: the owner's CommTimes, or nowhere without an owner.
+  double* collective_sink();
   [[noreturn]] void throw_offloaded() const;
 };
 

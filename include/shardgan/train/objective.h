@@ -34,6 +34,10 @@ struct StepMetrics {
   int64_t nonfinite_steps = 0;  ///< steps of this run so far with such a skip (the trainer's count)
   double loss_scale_d = 1, loss_scale_g = 1;  ///< current loss scales (1 unless float16)
   double r1 = 0;  ///< R1 penalty (gamma/2) E||grad_x D(x)||^2 of this step's D updates (0 if none ran)
+  /// Where rank 0's step time went (seconds, G and D summed): collectives started or
+  /// waited for, master shards read from the offload tier for all-gathers, optimizer
+  /// updates, and of those the offload tier's I/O. The rest is forward/backward compute.
+  double time_collective_s = 0, time_offload_read_s = 0, time_optimizer_s = 0, time_optimizer_io_s = 0;
 };
 
 /// Thrown on every rank when a NaN or Inf ends the job (train.on_nonfinite: abort, or more
