@@ -80,24 +80,19 @@ grep -qE '"offloaded_bytes": [1-9]' "$T/dcgan-z3-np2-opt-disk/memory.json" && ok
   || bad "parameter offload memory.json: $(grep param_shard_bytes "$T/dcgan-z3-np2-param-disk/memory.json")"
 
 # Resume across offload settings, both ways, equal to 5 steps straight without offload.
-run resume-a 2 3 "${DCGAN[@]}" $(params disk) --set train.checkpoint_every=3 || bad "3 steps with disk offload"
-timeout 600 "${MPIRUN[@]}" -np 2 "$TRAIN" "${DCGAN[@]}" "${COMMON[@]}" --set train.steps=5 --set run.dir="$T/resume-a" \
-  --resume "$T/resume-a" > "$T/resume-a2.log" 2>&1 || bad "resume without offload: $(tail -3 "$T/resume-a2.log")"
-same dcgan-z3-np2-none resume-a 5 2 && ok "optimizer+parameter disk-offload checkpoint resumed without offload: bit-identical" \
-  || bad "disk -> none resume differs"
-run resume-b 2 3 "${DCGAN[@]}" --set train.checkpoint_every=3 || bad "3 steps without offload"
-timeout 600 "${MPIRUN[@]}" -np 2 "$TRAIN" "${DCGAN[@]}" "${COMMON[@]}" $(both disk) --set train.steps=5 \
-  --set run.dir="$T/resume-b" --resume "$T/resume-b" > "$T/resume-b2.log" 2>&1 \
-  || bad "resume with disk offload: $(tail -3 "$T/resume-b2.log")"
-same dcgan-z3-np2-none resume-b 5 2 && ok "checkpoint resumed with disk offload: bit-identical" \
-  || bad "none -> disk resume differs"
-
-run resume-c 2 3 "${DCGAN[@]}" --set train.checkpoint_every=3 || bad "3 steps without offload"
-timeout 600 "${MPIRUN[@]}" -np 2 "$TRAIN" "${DCGAN[@]}" "${COMMON[@]}" $(params disk) --set train.steps=5 \
-  --set run.dir="$T/resume-c" --resume "$T/resume-c" > "$T/resume-c2.log" 2>&1 \
-  || bad "resume with parameter offload: $(tail -3 "$T/resume-c2.log")"
-same dcgan-z3-np2-none resume-c 5 2 && ok "checkpoint resumed with optimizer+parameter disk offload: bit-identical" \
-  || bad "none -> parameter offload resume differs"
+# resume_across NAME LABEL FIRST SECOND: 3 steps with the flags FIRST, resumed to 5 with SECOND.
+resume_across() {
+  local name=$1 label=$2 first=$3 second=$4
+  run "$name" 2 3 "${DCGAN[@]}" $first --set train.checkpoint_every=3 || bad "$label: the first 3 steps"
+  timeout 600 "${MPIRUN[@]}" -np 2 "$TRAIN" "${DCGAN[@]}" "${COMMON[@]}" $second --set train.steps=5 \
+    --set run.dir="$T/$name" --resume "$T/$name" > "$T/$name-2.log" 2>&1 \
+    || bad "$label: the resume: $(tail -3 "$T/$name-2.log")"
+  same dcgan-z3-np2-none "$name" 5 2 && ok "$label: resumed run bit-identical to 5 straight steps" \
+    || bad "$label: the resumed run differs"
+}
+resume_across resume-a "optimizer + parameter disk offload -> none" "$(params disk)" ""
+resume_across resume-b "none -> optimizer disk offload" "" "$(both disk)"
+resume_across resume-c "none -> optimizer + parameter disk offload" "" "$(params disk)"
 
 # Errors: every rank names the path or key, exits non-zero, and the checkpoint is intact.
 before=$(cd "$(ckpt resume-b 5)" && sha256sum ./* | sha256sum)

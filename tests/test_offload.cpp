@@ -122,15 +122,8 @@ struct Net {
   ShardedModel model;
 };
 
-void expect_bit_identical_to_sharded_adam(at::ScalarType dt, OffloadDevice dev, bool adamw) {
-  MpiCommunicator self(MPI_COMM_SELF, 60.0);
-  TempDir dir;
-  AdamConfig cfg{1e-2, 0.9, 0.999, 1e-8, adamw ? 0.01 : 0.001, adamw};
-  Net ref(self, dt, 3), off(self, dt, 3);
-  ShardedAdam ref_opt(ref.model, cfg);
-  OffloadConfig oc = disk_config(dir.path);
-  oc.optimizer = dev;
-  OffloadedAdam off_opt(off.model, cfg, oc);
+// Five steps of both optimizers on the same random gradients.
+void step_both(Net& ref, Net& off, ShardedOptimizer& ref_opt, ShardedOptimizer& off_opt, at::ScalarType dt) {
   torch::manual_seed(9);
   for (int step = 0; step < 5; ++step) {
     for (size_t u = 0; u < 2; ++u) {
@@ -141,6 +134,18 @@ void expect_bit_identical_to_sharded_adam(at::ScalarType dt, OffloadDevice dev, 
     ref_opt.step();
     off_opt.step();
   }
+}
+
+void expect_bit_identical_to_sharded_adam(at::ScalarType dt, OffloadDevice dev, bool adamw) {
+  MpiCommunicator self(MPI_COMM_SELF, 60.0);
+  TempDir dir;
+  AdamConfig cfg{1e-2, 0.9, 0.999, 1e-8, adamw ? 0.01 : 0.001, adamw};
+  Net ref(self, dt, 3), off(self, dt, 3);
+  ShardedAdam ref_opt(ref.model, cfg);
+  OffloadConfig oc = disk_config(dir.path);
+  oc.optimizer = dev;
+  OffloadedAdam off_opt(off.model, cfg, oc);
+  step_both(ref, off, ref_opt, off_opt, dt);
   for (size_t u = 0; u < 2; ++u) {
     EXPECT_TRUE(torch::equal(ref.model.units()[u]->shard(), off.model.units()[u]->shard())) << "unit " << u;
     std::vector<at::Tensor> states;
@@ -198,16 +203,7 @@ void expect_param_offload_bit_identical(at::ScalarType dt, OffloadDevice dev) {
     EXPECT_EQ(u->persistent_param_bytes(), 0);
     EXPECT_THROW(u->shard(), std::logic_error);
   }
-  torch::manual_seed(9);
-  for (int step = 0; step < 5; ++step) {
-    for (size_t u = 0; u < 2; ++u) {
-      at::Tensor g = torch::randn({ref.model.units()[u]->shard_numel()}, torch::TensorOptions().dtype(dt));
-      ref.model.units()[u]->grad_shard().copy_(g);
-      off.model.units()[u]->grad_shard().copy_(g);
-    }
-    ref_opt.step();
-    off_opt.step();
-  }
+  step_both(ref, off, ref_opt, off_opt, dt);
   for (size_t u = 0; u < 2; ++u) {
     ShardedUnit& a = *ref.model.units()[u];
     ShardedUnit& b = *off.model.units()[u];
