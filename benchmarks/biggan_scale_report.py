@@ -40,7 +40,7 @@ def main():
                 "fixed mmap threshold" if r.get("note") else "glibc default"]
         print("| " + " | ".join(cols) + " |")
     print()
-    print("| N | stage | largest model trained | largest refused by the pre-flight |")
+    print("| N | stage | largest model trained | smallest model not trained (why) |")
     print("|---|---|---|---|")
     for n in sorted({r["world_size"] for r in rows}):
         for st in range(4):

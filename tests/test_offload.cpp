@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -269,8 +270,16 @@ TEST(OffloadedAdam, ParameterOffloadFreesTheMasterShards) {
   const int64_t rss1 = vm_rss_bytes();
   std::printf("[ offload ] %lld B of master shards to disk: VmRSS %lld -> %lld B\n",
               static_cast<long long>(shard_bytes), static_cast<long long>(rss0), static_cast<long long>(rss1));
-  // The ring (4 MiB) stays; 16 MiB for the allocator and the test's own pages.
-  EXPECT_LE(rss1, rss0 - shard_bytes + opt.state_bytes() + (16 << 20));
+  // The ring (4 MiB) stays; 16 MiB for the allocator and the test's own pages. Under
+  // scripts/sanitize.sh (SHARDGAN_SANITIZE) AddressSanitizer keeps freed blocks in its
+  // quarantine (256 MiB by default) instead of returning them to the OS, so VmRSS cannot
+  // show the shards leaving: there VmRSS fell by 123 of the 256 MiB, and the bound is
+  // not checked (the run still checks every access to the freed shards).
+  if (std::getenv("SHARDGAN_SANITIZE") == nullptr) {
+    EXPECT_LE(rss1, rss0 - shard_bytes + opt.state_bytes() + (16 << 20));
+  } else {
+    std::printf("[ offload ] SHARDGAN_SANITIZE: VmRSS bound not checked (ASan's quarantine holds freed memory)\n");
+  }
   EXPECT_EQ(opt.offloaded_bytes(), 3 * shard_bytes);  // master, exp_avg, exp_avg_sq
   torch::NoGradGuard no_grad;
   at::Tensor y = model.forward(TensorList{torch::ones({1, 4096})}).at(0);
