@@ -63,7 +63,7 @@ Shown to fail:
   visititems fail; once verify opened the index's virtual datasets, a corrupted global-heap
   reference in a layout message (case #179 of seed 1) crashed HDF5 1.10.8 inside H5HG_read
   (SIGSEGV). verify now compares the index with the manifest, walks every object header,
-  and checks each file in a child process (src/checkpoint/shard_io.cpp).
+  and checks each file in a child process (src/checkpoint/verify.cpp).
 """
 import argparse
 import concurrent.futures

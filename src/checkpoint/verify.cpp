@@ -1,0 +1,322 @@
+#include "shardgan/checkpoint/shard_io.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "h5_inspect.h"
+#include "index_layout.h"
+
+// `shardgan-ckpt verify`: CheckpointReader::verify_all and what it checks beyond the
+// checksums that every load checks (shard_io.cpp).
+
+namespace shardgan::ckpt {
+namespace fs = std::filesystem;
+using detail::IndexDataset;
+using detail::index_layout;
+using detail::kDoWhat;
+using detail::product;
+
+namespace {
+
+std::string piece_text(const h5::File::VirtualPiece& p) {
+  auto vec = [](const std::vector<int64_t>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  return "the box at " + vec(p.start) + " of extent " + vec(p.count) + " to " + p.src_file + ":/" + p.src_dataset +
+         " from element " + std::to_string(p.src_start);
+}
+
+// The source's length is not compared: HDF5 does not keep it (the source dataset has it,
+// and verify_all checks those lengths against the manifest).
+bool same_piece(const h5::File::VirtualPiece& a, const h5::File::VirtualPiece& b) {
+  return a.src_file == b.src_file && a.src_dataset == b.src_dataset && a.src_start == b.src_start &&
+         a.start == b.start && a.count == b.count;
+}
+
+// What HDF5 readers (h5py, h5dump) see of the index: its attributes, and each virtual
+// dataset's type, shape, attributes and mappings, against what the manifest implies. The
+// loader never reads them, so without this a corrupted index would let h5py read wrong
+// values (or none) from a checkpoint that verifies.
+void check_index(const std::string& dir, const Manifest& m, std::vector<std::string>& problems) {
+  const std::string path = dir + "/" + kIndexFile;
+  auto problem = [&](const std::string& what) {
+    problems.push_back("checkpoint '" + dir + "': " + kIndexFile + " is corrupted: " + what + "." + kDoWhat);
+  };
+  auto attempt = [&](auto&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      problem(e.what());
+    }
+  };
+  std::unique_ptr<h5::File> f;
+  std::unique_ptr<h5::VirtualLayouts> vds;
+  attempt([&] {
+    f = std::make_unique<h5::File>(h5::File::open_read(path));
+    vds = std::make_unique<h5::VirtualLayouts>(path);
+  });
+  if (!f || !vds) return;
+  attempt([&] { h5::check_object_headers(path); });
+  auto want_int = [&](const std::string& obj, const std::string& name, int64_t want) {
+    attempt([&] {
+      const int64_t got = f->attr_int(obj, name);
+      if (got != want) {
+        problem("attribute '" + name + "' of '" + obj + "' is " + std::to_string(got) + ", the manifest says " +
+                std::to_string(want));
+      }
+    });
+  };
+  auto want_str = [&](const std::string& obj, const std::string& name, const std::string& want) {
+    attempt([&] {
+      if (f->attr_string(obj, name) != want) {
+        problem("attribute '" + name + "' of '" + obj + "' differs from the manifest");
+      }
+    });
+  };
+  want_str("/", "format", kFormatName);
+  want_int("/", "schema_version", m.schema_version);
+  want_int("/", "world_size", m.world_size);
+  want_int("/", "step", m.step);
+  want_int("/", "epoch", m.epoch);
+  want_int("/", "batch_in_epoch", m.batch_in_epoch);
+  want_str("/", "config", m.config);
+  for (const auto& [k, v] : m.scalars) {
+    attempt([&] {
+      const double got = f->attr_double("/", "scalar." + k);
+      if (std::memcmp(&got, &v, sizeof(double)) != 0) {
+        problem("attribute 'scalar." + k + "' of '/' differs from the manifest");
+      }
+    });
+  }
+  for (const ModelEntry& mo : m.models) {
+    if (mo.units.empty() && mo.buffers.empty()) continue;  // no tensors: no group
+    want_int(mo.name, "stage", mo.stage);
+    want_int(mo.name, "optim_step", mo.optim_step);
+    want_str(mo.name, "dtype", mo.dtype);
+  }
+  for (const IndexDataset& d : index_layout(m)) {
+    attempt([&] {
+      const std::string what = "virtual dataset '" + d.path + "'";
+      if (f->shape(d.path) != d.shape) throw CheckpointError(what + " has another shape than the manifest's");
+      if (f->dtype(d.path) != d.dt) throw CheckpointError(what + " has another type than the manifest's");
+      const std::vector<h5::File::VirtualPiece> got = vds->pieces(d.path);
+      if (got.size() != d.pieces.size()) {
+        throw CheckpointError(what + " has " + std::to_string(got.size()) + " mappings, the manifest implies " +
+                              std::to_string(d.pieces.size()));
+      }
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (!same_piece(got[i], d.pieces[i])) {
+          throw CheckpointError(what + " maps " + piece_text(got[i]) + " where the manifest implies " +
+                                piece_text(d.pieces[i]));
+        }
+      }
+      if (d.is_param) {
+        if (f->attr_string(d.path, "unit") != d.unit) throw CheckpointError(what + ": attribute 'unit' differs");
+        if (f->attr_int(d.path, "flat_offset") != d.flat_offset) {
+          throw CheckpointError(what + ": attribute 'flat_offset' differs");
+        }
+      }
+    });
+  }
+}
+
+template <typename Fn>
+void attempt_into(std::vector<std::string>& problems, Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    problems.push_back(e.what());
+  }
+}
+
+// Runs `fn`, which appends problems, in a child process, and appends what it found. HDF5
+// 1.10 trusts its metadata more than a corrupted file deserves: for example, a virtual
+// dataset whose global-heap reference points past the heap's objects makes H5Dopen read out
+// of bounds and crash (SIGSEGV in H5HG_read). Isolated, such a crash becomes one more
+// problem naming the file (`what`). Without fork() (or a pipe), `fn` runs here.
+void isolated(std::vector<std::string>& problems, const std::string& what,
+              const std::function<void(std::vector<std::string>&)>& fn) {
+  int fds[2];
+  if (::pipe(fds) != 0) {
+    fn(problems);
+    return;
+  }
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    fn(problems);
+    return;
+  }
+  if (pid == 0) {  // the child: check, send the problems NUL-separated, and leave at once
+    ::close(fds[0]);
+    std::vector<std::string> found;
+    try {
+      fn(found);
+    } catch (const std::exception& e) {
+      found.push_back(what + ": " + e.what());
+    } catch (...) {
+      found.push_back(what + ": unknown error");
+    }
+    std::string msg;
+    for (const std::string& p : found) msg += p + '\0';
+    for (size_t off = 0; off < msg.size();) {
+      const ssize_t n = ::write(fds[1], msg.data() + off, msg.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) ::_exit(3);
+      off += static_cast<size_t>(n);
+    }
+    ::_exit(0);  // no atexit handlers, no HDF5 or MPI shutdown in the child
+  }
+  ::close(fds[1]);
+  std::string msg;
+  char buf[65536];
+  while (true) {
+    const ssize_t n = ::read(fds[0], buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    msg.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  for (size_t a = 0; a < msg.size();) {
+    const size_t b = msg.find('\0', a);
+    if (b == std::string::npos) break;
+    problems.push_back(msg.substr(a, b - a));
+    a = b + 1;
+  }
+  if (WIFSIGNALED(status)) {
+    problems.push_back(what + ": the HDF5 library crashed (signal " + std::to_string(WTERMSIG(status)) + ", " +
+                       ::strsignal(WTERMSIG(status)) + ") reading it, so its HDF5 metadata is corrupted." + kDoWhat);
+  } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    problems.push_back(what + ": checking it failed (child exit status " + std::to_string(WEXITSTATUS(status)) + ")");
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> CheckpointReader::verify_all() {
+  std::vector<std::string> problems;
+  auto attempt = [&](auto&& fn) { attempt_into(problems, fn); };
+  // Everything about one rank file (run in a child process, see isolated()).
+  auto verify_file = [&](const FileEntry& fe, std::vector<std::string>& found) {
+    auto note = [&](auto&& fn) { attempt_into(found, fn); };
+    bool opened = false;
+    note([&] {
+      file(fe.rank);
+      opened = true;
+    });
+    if (!opened) return;
+    std::vector<char> buf;
+    for (const auto& [path, de] : fe.datasets) {
+      note([&] {
+        h5::File& f = file(fe.rank);
+        if (!f.exists(path)) fail_file(fe.rank, "dataset '" + path + "' is missing");
+        const auto shape = f.shape(path);
+        if (product(shape) != de.numel || f.dtype(path) != parse_dtype(de.dtype)) {
+          fail_file(fe.rank, "dataset '" + path + "' has another size or type than the index records");
+        }
+        const int64_t eb = h5::dtype_bytes(parse_dtype(de.dtype)), be = m_.block_bytes / eb;
+        for (int64_t s = 0; s < de.numel; s += be) {  // one block at a time: bounded memory
+          const int64_t n = std::min(be, de.numel - s);
+          buf.resize(static_cast<size_t>(n * eb));
+          read_verified(fe.rank, path, s, n, buf.data());
+        }
+      });
+    }
+    // The file's own attributes (the loader does not need them, h5py shows them) must agree
+    // with the index, and every object header must decode (h5py's visititems needs that).
+    h5::File& f = file(fe.rank);
+    auto want = [&](const std::string& obj, const std::string& name, int64_t v) {
+      note([&] {
+        const int64_t got = f.attr_int(obj, name);
+        if (got != v) {
+          fail_file(fe.rank, "attribute '" + name + "' of '" + obj + "' is " + std::to_string(got) +
+                                 ", the index records " + std::to_string(v) + " (the file is corrupted)." + kDoWhat);
+        }
+      });
+    };
+    want("/", "schema_version", m_.schema_version);
+    want("/", "world_size", m_.world_size);
+    want("/", "rank", fe.rank);
+    want("/", "step", m_.step);
+    for (const ModelEntry& mo : m_.models) {
+      bool holds = false;
+      for (const BufferEntry& b : mo.buffers) holds = holds || b.rank == fe.rank;
+      for (const UnitEntry& u : mo.units) {
+        for (const ShardEntry& sh : u.shards) {
+          if (sh.rank != fe.rank) continue;
+          holds = true;
+          const std::string g = mo.name + "/units/" + u.name;
+          want(g, "numel", u.numel);
+          want(g, "padded_numel", u.padded_numel);
+          want(g, "shard_offset", sh.offset);
+        }
+      }
+      if (holds) {
+        want(mo.name, "optim_step", mo.optim_step);
+        want(mo.name, "stage", mo.stage);
+      }
+    }
+    note([&] {
+      try {
+        h5::check_object_headers(dir_ + "/" + fe.name);
+      } catch (const std::exception& e) {
+        fail_file(fe.rank, std::string(e.what()) + " (the file is corrupted)." + kDoWhat);
+      }
+    });
+  };
+  for (int r = 0; r < m_.world_size; ++r) {
+    attempt([&] { m_.file(r); });
+  }
+  // Each file is checked in a child process (see isolated()).
+  for (const FileEntry& fe : m_.files) {
+    isolated(problems, "checkpoint '" + dir_ + "', rank " + std::to_string(fe.rank) + " file '" + fe.name + "'",
+             [&](std::vector<std::string>& out) { verify_file(fe, out); });
+  }
+  for (const ModelEntry& mo : m_.models) {
+    for (const UnitEntry& u : mo.units) {
+      attempt([&] {
+        std::vector<std::pair<int64_t, int64_t>> ranges;
+        for (const ShardEntry& sh : u.shards) {
+          for (const std::string& kind : state_kinds(mo)) {
+            const auto& ds = m_.file(sh.rank).datasets;
+            auto it = ds.find(unit_dataset(mo.name, u.name, kind));
+            if (it == ds.end() || it->second.numel != sh.numel) {
+              fail_file(sh.rank, "holds no " + std::to_string(sh.numel) + "-element dataset '" +
+                                     unit_dataset(mo.name, u.name, kind) + "' that the index maps");
+            }
+          }
+          ranges.emplace_back(sh.offset, std::min(sh.offset + sh.numel, u.numel));
+        }
+        std::sort(ranges.begin(), ranges.end());
+        int64_t next = 0;
+        for (auto [a, b] : ranges) {
+          if (a != next) break;
+          next = b;
+        }
+        if (next != u.numel) {
+          throw CheckpointError("checkpoint '" + dir_ + "': " + mo.name + "/" + u.name + " elements [" +
+                                std::to_string(next) + ", " + std::to_string(u.numel) +
+                                ") are not held exactly once by the rank files (incomplete index)");
+        }
+      });
+    }
+  }
+  isolated(problems, "checkpoint '" + dir_ + "': " + kIndexFile + " is corrupted",
+           [&](std::vector<std::string>& out) { check_index(dir_, m_, out); });
+  return problems;
+}
+
+}  // namespace shardgan::ckpt
