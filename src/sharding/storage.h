@@ -15,10 +15,6 @@ void refill_storage(const at::Tensor& t, size_t nbytes);
 /// Bytes currently allocated behind `t`'s storage.
 size_t storage_nbytes(const at::Tensor& t);
 
-}  // namespace shardgan::detail
-
-namespace shardgan::detail {
-
 /// A 1-D CPU tensor of `numel` zeros of `dtype` whose pages are not resident until they
 /// are written: anonymous mmap memory, which the kernel maps to the zero page on first
 /// read and allocates on first write (below 1 MiB: torch::zeros). Used for stage-3
