@@ -10,7 +10,9 @@
 # each stage per world size. Not a timed test: step times share the machine's 2 cores.
 #   benchmarks/biggan_scale.sh [build dir] [out dir] ["ch list"] ["N list"] ["stage list"]
 # SWEEP_APPEND=1 appends to an existing biggan_scale.jsonl (a long sweep run in parts);
-# SWEEP_NOTE is stored in each row (e.g. which build ran it).
+# SWEEP_NOTE is stored in each row (e.g. which build ran it). SWEEP_SET adds --set
+# arguments to every cell, e.g. SWEEP_SET="train.skip_memory_check=true" to train a cell the
+# pre-flight would refuse (the row then says so in "preflight_skipped").
 set -uo pipefail
 BUILD=${1:-build}; OUT=${2:-benchmarks/results/biggan}
 CHS=${3:-"16 32 45 64"}; NS=${4:-"1 2 4"}; STAGES=${5:-"0 1 2 3"}
@@ -28,6 +30,7 @@ for ch in $CHS; do
       SET=(--set model.ch=$ch --set model.d_ch=$ch --set sharding.generator.stage=$stage
            --set sharding.discriminator.stage=$stage --set train.steps=1 --set train.d_steps=1
            --set train.global_batch=4 --set ema.enabled=false --set run.dir="$RUN")
+      for kv in ${SWEEP_SET:-}; do SET+=(--set "$kv"); done
       mpirun -np "$np" --oversubscribe "$BUILD/shardgan-train" "$CFG" "${SET[@]}" --dry-run > "$RUN.dry.json" 2> "$RUN.dry.err"
       start=$(date +%s.%N)
       mpirun -np "$np" --oversubscribe "$BUILD/shardgan-train" "$CFG" "${SET[@]}" > "$RUN.log" 2>&1
@@ -45,6 +48,12 @@ cell = {"ch": ch, "params": params, "world_size": np_, "stage": stage, "note": o
         "preflight_peak_bytes_per_rank": dry["per_rank"][f"stage{stage}"]["total_peak_bytes"],
         "preflight_state_bytes_per_rank": sum(dry["per_rank"][f"stage{stage}"][m][k]
             for m in ("generator", "discriminator") for k in ("params_bytes", "grads_bytes", "optimizer_state_bytes"))}
+# What the pre-flight checks (estimate x margin x ranks) against the memory available then;
+# with SWEEP_SET="train.skip_memory_check=true" a cell it would refuse still trains.
+cell["preflight_checked_bytes_node"] = dry["configured"]["node_bytes_checked"]
+cell["available_bytes"] = dry["node_memory"]["available_bytes"]
+cell["preflight_admits"] = cell["preflight_checked_bytes_node"] <= cell["available_bytes"]
+cell["preflight_skipped"] = "skip_memory_check=true" in os.environ.get("SWEEP_SET", "")
 log = open(run + ".log", errors="replace").read()
 if "memory pre-flight" in log:
     cell["result"] = "refused by pre-flight"
