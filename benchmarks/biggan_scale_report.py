@@ -32,7 +32,11 @@ def main():
         rss = r.get("peak_rss_bytes_per_rank") or []
         acc = r.get("accounting_model_state_bytes_rank0")
         step = r.get("step_time_s")
-        cols = [f"{r['params'] / 1e6:.1f}M", str(r["world_size"]), str(r["stage"]), r["result"],
+        result = r["result"]
+        if r.get("preflight_skipped") and not r.get("preflight_admits", True):
+            # Trained with train.skip_memory_check (SWEEP_SET): the pre-flight refuses it.
+            result += " (check skipped; the pre-flight refuses it)"
+        cols = [f"{r['params'] / 1e6:.1f}M", str(r["world_size"]), str(r["stage"]), result,
                 ", ".join(f"{b / GIB:.2f}" for b in rss), f"{sum(rss) / GIB:.2f}" if rss else "",
                 f"{acc / GIB:.2f}" if acc is not None else "",
                 f"{r['preflight_peak_bytes_per_rank'] / GIB:.2f}", f"{r['zero_formula_bytes_per_rank'] / GIB:.2f}",
