@@ -4,7 +4,7 @@
 
 #include "shardgan/checkpoint/shard_io.h"
 
-namespace shardgan::ckpt::detail {
+namespace shardgan::ckpt {
 
 const std::string kDoWhat =
     " Restore the file from a copy, or resume from an older checkpoint "
@@ -57,5 +57,4 @@ std::vector<IndexDataset> index_layout(const Manifest& m) {
   return out;
 }
 
-
-}  // namespace shardgan::ckpt::detail
+}  // namespace shardgan::ckpt

@@ -1,7 +1,8 @@
 #pragma once
-/// Private to src/checkpoint: the index's virtual datasets as the manifest lays them out.
-/// write_index (shard_io.cpp) writes them; verify_all (verify.cpp) checks that the index
-/// still holds exactly them.
+/// Private to src/checkpoint, shared by shard_io.cpp (the writer and reader) and verify.cpp
+/// (`shardgan-ckpt verify`): the index's virtual datasets as the manifest lays them out
+/// (write_index writes them; verify_all checks that the index still holds exactly them),
+/// and the advice both append to a corrupted-file error.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -9,7 +10,7 @@
 #include "shardgan/checkpoint/h5.h"
 #include "shardgan/checkpoint/manifest.h"
 
-namespace shardgan::ckpt::detail {
+namespace shardgan::ckpt {
 
 /// Elements of a tensor of `shape` (1 for a 0-d shape).
 inline int64_t product(const std::vector<int64_t>& shape) {
@@ -36,4 +37,4 @@ struct IndexDataset {
 /// Every virtual dataset of the index of the checkpoint `m` describes, in write order.
 std::vector<IndexDataset> index_layout(const Manifest& m);
 
-}  // namespace shardgan::ckpt::detail
+}  // namespace shardgan::ckpt

@@ -13,11 +13,6 @@
 
 namespace shardgan::ckpt {
 namespace fs = std::filesystem;
-using detail::IndexDataset;
-using detail::index_layout;
-using detail::kDoWhat;
-using detail::product;
-
 namespace {
 
 // Loads read a range in pieces of this many checksum blocks (8 MiB by default): a piece

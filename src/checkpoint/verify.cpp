@@ -17,11 +17,6 @@
 
 namespace shardgan::ckpt {
 namespace fs = std::filesystem;
-using detail::IndexDataset;
-using detail::index_layout;
-using detail::kDoWhat;
-using detail::product;
-
 namespace {
 
 std::string piece_text(const h5::File::VirtualPiece& p) {
