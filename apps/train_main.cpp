@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -13,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "shardgan/comm/factory.h"
+#include "shardgan/train/build_info.h"
 #include "shardgan/train/config.h"
 #include "shardgan/train/preflight.h"
 #include "shardgan/train/preemption.h"
@@ -30,6 +32,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool dry_run = false;
   app.add_option("config", config_path, "YAML config file (see configs/)")->required();
+  app.add_flag_callback(
+      "--version",
+      [&] {
+        if (rank == 0) std::printf("%s\n", shardgan::build_info_text().c_str());
+        throw CLI::Success();
+      },
+      "print shardgan's version and what it runs on (torch, BLAS, oneDNN, CPU capability, CUDA, MPI, HDF5, "
+      "NCCL, threads) and exit");
   app.add_option("--set", overrides, "override a config key, e.g. --set train.steps=200");
   app.add_option("--resume", resume,
                  "continue from a checkpoint, checkpoints folder or run dir; 'auto': from the newest "
@@ -69,7 +79,11 @@ int main(int argc, char** argv) {
       }
       shardgan::check_memory(cfg, report);
     }
-    if (rank == 0) spdlog::info("config {} ({} threads per rank, local rank {} of {})", config_path, threads, local_rank, local_size);
+    if (rank == 0) {
+      std::istringstream info(shardgan::build_info_text());
+      for (std::string line; std::getline(info, line);) spdlog::info("{}", line);
+      spdlog::info("config {} ({} threads per rank, local rank {} of {})", config_path, threads, local_rank, local_size);
+    }
     shardgan::Trainer trainer(cfg, *comm);
     // Stage 3 allocates and frees large tensors every step (gathered units, flat gradients,
     // the MPI backend's float32 copies). glibc raises its mmap threshold to the size of the

@@ -14,6 +14,7 @@
 # arguments to every cell, e.g. SWEEP_SET="train.skip_memory_check=true" to train a cell the
 # pre-flight would refuse (the row then says so in "preflight_skipped").
 set -uo pipefail
+PY=${SHARDGAN_PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}   # made by scripts/setup.sh
 BUILD=${1:-build}; OUT=${2:-benchmarks/results/biggan}
 CHS=${3:-"16 32 45 64"}; NS=${4:-"1 2 4"}; STAGES=${5:-"0 1 2 3"}
 mkdir -p "$OUT"
@@ -36,7 +37,7 @@ for ch in $CHS; do
       mpirun -np "$np" --oversubscribe "$BUILD/shardgan-train" "$CFG" "${SET[@]}" > "$RUN.log" 2>&1
       rc=$?
       wall=$(echo "$(date +%s.%N) - $start" | bc)
-      /usr/bin/python3 - "$RUN" "$ch" "$np" "$stage" "$rc" "$wall" <<'PY' | tee -a "$J"
+      "$PY" - "$RUN" "$ch" "$np" "$stage" "$rc" "$wall" <<'PY' | tee -a "$J"
 import json, os, re, sys
 run, ch, np_, stage, rc, wall = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
 dry = json.load(open(run + ".dry.json"))
@@ -74,7 +75,7 @@ PY
     done
   done
 done
-/usr/bin/python3 - "$J" <<'PY'
+"$PY" - "$J" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 for n in sorted({r["world_size"] for r in rows}):

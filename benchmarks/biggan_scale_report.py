@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Turns benchmarks/results/biggan/biggan_scale.jsonl (from biggan_scale.sh) into the
 Markdown table of docs/benchmarks.md, the largest model trained per stage and world size,
 and, with gnuplot, a plot of peak RSS per rank against parameters.

@@ -4,6 +4,7 @@
 # stage-3 / stage-0 step-time ratio per world size. Usage:
 #   benchmarks/memory_scaling.sh [build dir] [out dir] [extra key=value overrides...]
 set -euo pipefail
+PY=${SHARDGAN_PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}   # made by scripts/setup.sh
 BUILD=${1:-build}; OUT=${2:-benchmarks/results}; shift $(( $# > 2 ? 2 : $# ))
 mkdir -p "$OUT"
 [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -14,7 +15,7 @@ for np in 1 2 4 8; do
     mpirun -np "$np" --oversubscribe "$BUILD/benchmarks/bench_memory_scaling" "$stage" "$@" | tee -a "$J"
   done
 done
-/usr/bin/python3 - "$J" <<'PY'
+"$PY" - "$J" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {(r["world_size"], r["stage"]): r for r in rows}
@@ -25,7 +26,7 @@ for n in sorted({r["world_size"] for r in rows}):
 PY
 if command -v gnuplot > /dev/null; then
   for stage in 0 1 2 3; do
-    /usr/bin/python3 -c "import json,sys; [print(r['world_size'], r['model_state_bytes_per_rank']/2**20, r['formula_bytes_per_rank']/2**20, r['peak_rss_bytes']/2**20) for r in map(json.loads, open('$J')) if r['stage']==$stage]" > "$OUT/stage$stage.dat"
+    "$PY" -c "import json,sys; [print(r['world_size'], r['model_state_bytes_per_rank']/2**20, r['formula_bytes_per_rank']/2**20, r['peak_rss_bytes']/2**20) for r in map(json.loads, open('$J')) if r['stage']==$stage]" > "$OUT/stage$stage.dat"
   done
   gnuplot <<GP
 set terminal png size 900,560

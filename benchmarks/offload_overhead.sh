@@ -5,6 +5,7 @@
 # steps after the first 5 (metrics.jsonl's step_time_s, log_every 1).
 #   benchmarks/offload_overhead.sh BUILD_DIR OUT_DIR STEPS WIDTH [NP] [GLOBAL_BATCH]
 set -euo pipefail
+PY=${SHARDGAN_PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}   # made by scripts/setup.sh
 BUILD=$1; OUT=$2; STEPS=$3; WIDTH=$4; NP=${5:-2}; BATCH=${6:-32}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -17,7 +18,7 @@ for dev in none cpu disk none; do  # "none" twice: the spread between its two ru
     --set train.sample_every=0 --set train.checkpoint_every=0 --set train.plots=false \
     --set offload.generator.optimizer=$dev --set offload.discriminator.optimizer=$dev \
     --set run.dir="$dir" > "$dir.log" 2>&1
-  /usr/bin/python3 - "$dir" "$dev" "$WIDTH" "$NP" "$BATCH" <<'PY'
+  "$PY" - "$dir" "$dev" "$WIDTH" "$NP" "$BATCH" <<'PY'
 import json, sys, statistics
 d, dev, width, np_ = sys.argv[1:5]
 rows = [json.loads(l) for l in open(d + "/metrics.jsonl") if '"step_time_s"' in l]

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Installs the Debian packages shardgan needs (idempotent). apt-get update runs once,
-# and only when something is missing.
+# Installs what shardgan needs (idempotent):
+#  1. Debian packages; apt-get update runs once, and only when one is missing.
+#  2. A virtual environment in .venv (git-ignored) with one pinned PyTorch wheel: shardgan
+#     builds on the LibTorch inside it (CMake finds it through torch.utils.cmake_prefix_path),
+#     and the tests and benchmarks run their Python (h5py, numpy, PyYAML, the PyTorch
+#     references) from it. Nothing Python runs at training time.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH_VERSION=2.15.0   # the newest stable 2.x on the registry (2026-11-25); CUDA 13.2 build
+PY_PKGS=("torch==${TORCH_VERSION}" "h5py==3.16.0" "numpy==2.4.6" "pyyaml==6.0.4")
 PKGS=(
   build-essential cmake ccache pkg-config
-  libtorch-dev
   libopenmpi-dev openmpi-bin
   libhdf5-dev hdf5-tools
   libspdlog-dev libfmt-dev
@@ -13,18 +19,39 @@ PKGS=(
   liburing-dev
   googletest libgtest-dev libbenchmark-dev
   dataset-fashion-mnist
-  python3-h5py python3-numpy python3-torch python3-yaml gnuplot-nox
+  gnuplot-nox
 )
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# A Python with venv and pip: the one on PATH, else Debian's.
+if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then missing+=(python3 python3-venv); fi
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 if [ ${#missing[@]} -gt 0 ]; then
   echo "[setup] installing: ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
-  echo "[setup] all packages present"
+  echo "[setup] all Debian packages present"
+fi
+
+VENV=.venv
+want="${PY_PKGS[*]}"
+if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.shardgan-pins" 2>/dev/null)" = "$want" ] &&
+   "$VENV/bin/python" -c "import torch, h5py, numpy, yaml" >/dev/null 2>&1; then
+  echo "[setup] $VENV has torch ${TORCH_VERSION}"
+else
+  echo "[setup] creating $VENV with ${want} (about 3.5 GB: the CUDA build of torch and its NVIDIA libraries)"
+  start=$(date +%s)
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  if ! "$VENV/bin/python" -m pip install -q "${PY_PKGS[@]}"; then
+    echo "[setup] error: pip could not install ${want} into $VENV (see pip's message above)." >&2
+    echo "[setup] shardgan builds on that torch wheel's LibTorch; check the network and the disk (df -h .)." >&2
+    exit 1
+  fi
+  echo "$want" > "$VENV/.shardgan-pins"
+  echo "[setup] $VENV ready in $(( $(date +%s) - start )) s"
 fi

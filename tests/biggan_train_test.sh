@@ -5,7 +5,7 @@
 # a checkpoint that verifies, that h5py reads, and that samples one class per row.
 TRAIN=$1; CKPT=$2; SRC=$3
 source "$(dirname "$0")/lib.sh"
-PY=/usr/bin/python3
+PY=${SHARDGAN_PYTHON:?set by ctest: the .venv Python}
 T=$(mktemp -d /tmp/shardgan-biggan.XXXXXX)
 CFG=$SRC/configs/fmnist-biggan.yaml
 COMMON=(--set data.source=synthetic --set data.synthetic_size=96 --set train.global_batch=12

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Checkpoint fuzzer (issue 10): seeded corruptions of a real checkpoint, in every region of
 its HDF5 files, must never crash, hang or load wrong values.
 
 Usage: ckpt_fuzz_test.py SHARDGAN_TRAIN SHARDGAN_CKPT SOURCE_DIR [--seed N] [--workers N] [--keep]
-Runs with Debian's /usr/bin/python3 (h5py, numpy). ctest: ckpt_fuzz (tests/fuzz_tests.cmake).
+Runs with the project's environment's Python (.venv: h5py, numpy). ctest: ckpt_fuzz (tests/fuzz_tests.cmake).
 
 What it does:
 - Trains the tiny synthetic DCGAN of tests/ckpt_lib.sh for 2 steps on 2 ranks (ZeRO-3), so

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Reads a shardgan checkpoint's index with Debian's h5py (no shardgan code) and checks it.
 
 Usage: ckpt_h5py_check.py CHECKPOINT_DIR [EXPECTED.h5]

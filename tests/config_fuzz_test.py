@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Config fuzzer (issue 10): mutated YAML config files must give a config error that names
 the key (or the file, when the YAML itself is broken), with a non-zero exit: never a crash,
 a hang, or a bad value silently accepted.
 
 Usage: config_fuzz_test.py SHARDGAN_TRAIN SHARDGAN_CKPT SOURCE_DIR [--seed N] [--workers N] [--all] [--keep]
-Runs with Debian's /usr/bin/python3 (PyYAML reads the shipped configs; the mutated files
+Runs with the project's environment's Python (.venv: PyYAML reads the shipped configs; the mutated files
 are written by this script, not by PyYAML). SHARDGAN_CKPT is not used. ctest: config_fuzz
 (tests/fuzz_tests.cmake).
 

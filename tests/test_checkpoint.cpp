@@ -9,7 +9,7 @@
 //    test_parity), and bit for bit when M == N with the same stages;
 //  - export: the generator written by shardgan-ckpt export loads back with torch::load
 //    and computes what the trained generator computes;
-//  - Debian's h5py (/usr/bin/python3) reads the index's virtual datasets and gets the
+//  - h5py from the project's environment (.venv) reads the index's virtual datasets and gets the
 //    trainer's full tensors, and h5dump reads them too.
 // Sub-worlds come from MPI_Comm_split; ranks outside one wait in a sleeping barrier so
 // that they leave the two cores to the ranks that work.
@@ -241,7 +241,7 @@ TEST(Checkpoint, ReshardNToMMatchesUninterruptedRun) {
       straight = straight_run.save();
     });
     if (n == 2 && world_rank() == 0) {
-      const std::string cmd = "/usr/bin/python3 " SHARDGAN_SOURCE_DIR "/tests/ckpt_h5py_check.py " + saved + " " +
+      const std::string cmd = SHARDGAN_PYTHON " " SHARDGAN_SOURCE_DIR "/tests/ckpt_h5py_check.py " + saved + " " +
                               base + "/expected.h5";
       EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
       const std::string dump = "h5dump -d /generator/params/block0.0.weight " + saved + "/index.h5 > " + base + "/dump.txt";

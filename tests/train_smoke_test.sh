@@ -9,7 +9,7 @@ T=$(mktemp -d /tmp/shardgan-smoke.XXXXXX)
 [ -s "$T/run/samples/samples-step-00000010.png" ] && ok "sample grid written" || bad "no sample grid"
 [ "$(wc -l < "$T/run/metrics.jsonl")" -eq 2 ] && ok "two metrics lines" || bad "metrics.jsonl: $(cat "$T/run/metrics.jsonl")"
 # Every loss of every line must be a finite number (nlohmann-json writes NaN and Inf as null).
-/usr/bin/python3 - "$T/run/metrics.jsonl" > "$T/f.txt" 2>&1 <<'PYEOF' && ok "$(cat "$T/f.txt")" || bad "losses: $(cat "$T/f.txt")"
+"$SHARDGAN_PYTHON" - "$T/run/metrics.jsonl" > "$T/f.txt" 2>&1 <<'PYEOF' && ok "$(cat "$T/f.txt")" || bad "losses: $(cat "$T/f.txt")"
 import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 keys = [k for k in rows[0] if k.startswith("loss")]

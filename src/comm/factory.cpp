@@ -4,6 +4,8 @@
 
 #include "shardgan/comm/mpi_communicator.h"
 #ifdef SHARDGAN_HAVE_NCCL
+#include <nccl.h>
+
 #include "shardgan/comm/nccl_communicator.h"
 #endif
 
@@ -17,6 +19,17 @@ std::pair<int, int> local_rank_and_size(MPI_Comm comm) {
   MPI_Comm_size(node, &n);
   MPI_Comm_free(&node);
   return {r, n};
+}
+
+std::string nccl_version() {
+#ifdef SHARDGAN_HAVE_NCCL
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+#else
+  return "not compiled in";
+#endif
 }
 
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,

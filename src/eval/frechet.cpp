@@ -41,7 +41,7 @@ void check_stats(const FeatureStats& s, const char* name) {
 
 // Eigenvalues (clamped to >= 0) and eigenvectors of the symmetric part of `m` (float64).
 std::tuple<at::Tensor, at::Tensor> psd_eigh(const at::Tensor& m) {
-  auto [vals, vecs] = torch::linalg::eigh(0.5 * (m + m.t()), "L");
+  auto [vals, vecs] = at::linalg_eigh(0.5 * (m + m.t()), "L");
   return {vals.clamp_min(0.0), vecs};
 }
 

@@ -4,11 +4,10 @@
 #include <stdexcept>
 #include <unordered_set>
 
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/torch.h>
 
 #include "sharding/ownership.h"
+#include "sharding/torch_internals.h"
 
 namespace shardgan {
 
@@ -28,29 +27,15 @@ void check_all_parameters_owned(const std::string& model, const TensorList& inpu
   for (const auto& t : inputs) {
     if (t.defined()) input_impls.insert(t.unsafeGetTensorImpl());
   }
-  std::vector<torch::autograd::Node*> stack;
-  std::unordered_set<torch::autograd::Node*> seen;
-  for (const auto& y : outputs) {
-    if (y.defined() && y.grad_fn()) stack.push_back(y.grad_fn().get());
-  }
-  while (!stack.empty()) {
-    torch::autograd::Node* n = stack.back();
-    stack.pop_back();
-    if (!seen.insert(n).second) continue;
-    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(n)) {
-      const at::Tensor& v = acc->variable;
-      if (!detail::is_owned_parameter(v) && !input_impls.count(v.unsafeGetTensorImpl())) {
-        std::string shape;
-        for (auto d : v.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-        throw std::invalid_argument("model '" + model + "': a parameter of shape [" + shape +
-                                    "] is used in forward but belongs to no sharding unit; it "
-                                    "would drift apart across ranks. Register its module in a unit");
-      }
+  detail::visit_graph_leaves(outputs, [&](const at::Tensor& v) {
+    if (!detail::is_owned_parameter(v) && !input_impls.count(v.unsafeGetTensorImpl())) {
+      std::string shape;
+      for (auto d : v.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+      throw std::invalid_argument("model '" + model + "': a parameter of shape [" + shape +
+                                  "] is used in forward but belongs to no sharding unit; it "
+                                  "would drift apart across ranks. Register its module in a unit");
     }
-    for (const auto& e : n->next_edges()) {
-      if (e.function) stack.push_back(e.function.get());
-    }
-  }
+  });
 }
 
 }  // namespace
@@ -243,7 +228,7 @@ void ShardedModel::ensure_backward_callback() {
   callback_queued_ = true;
   // Runs once the whole backward pass is done: reduce and free whatever is still armed,
   // in reverse forward order, which is the same on every rank.
-  torch::autograd::Engine::get_default_engine().queue_callback([this] {
+  detail::queue_backward_callback([this] {
     for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->finish_backward();
     finish_reduces();
     callback_queued_ = false;

@@ -4,29 +4,15 @@
 #include <chrono>
 #include <stdexcept>
 
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
 #include "shardgan/sharding/shard_source.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "sharding/ownership.h"
-#include "sharding/storage.h"
+#include "sharding/torch_internals.h"
 
 namespace shardgan {
 namespace {
-
-// Fires after a parameter's AccumulateGrad node ran, i.e. its .grad for this backward
-// pass is final (the engine sums every contribution before running the node). This is
-// where DeepSpeed and FSDP1 detect gradient readiness.
-struct GradReadyHook final : torch::autograd::FunctionPostHook {
-  explicit GradReadyHook(ShardedUnit* unit) : unit(unit) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    unit->on_param_grad_ready();
-    return outputs;
-  }
-  ShardedUnit* unit;
-};
 
 // Identity on one unit input that requires grad. Its backward runs once the gradient of
 // that input (for this use of it) is complete, i.e. once the unit's own backward is done
@@ -144,15 +130,15 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
   if (cfg_.stage == 3) detail::free_storage(full_);
   for (auto& s : slots_) {
     if (!s.param.requires_grad()) continue;
-    auto acc = torch::autograd::impl::grad_accumulator(s.param);
-    acc->add_post_hook(std::make_unique<GradReadyHook>(this));
-    accumulators_.push_back(std::move(acc));
+    // Fires once the parameter's .grad for this backward pass is final: where DeepSpeed
+    // and FSDP1 detect gradient readiness.
+    accumulators_.push_back(detail::add_grad_ready_hook(s.param, [this] { on_param_grad_ready(); }));
   }
 }
 
 ShardedUnit::~ShardedUnit() {
   // The accumulators may outlive us inside a graph that is still alive; drop our hooks.
-  for (auto& acc : accumulators_) acc->post_hooks().clear();
+  accumulators_.clear();
   for (auto& s : slots_) detail::release_parameter(s.param);
 }
 

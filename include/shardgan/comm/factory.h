@@ -14,6 +14,10 @@ namespace shardgan {
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
                                                 double timeout_s);
 
+/// The version of the NCCL library this build links ("2.30.7"), or "not compiled in".
+/// Not a collective; needs no GPU.
+std::string nccl_version();
+
 /// Rank of this process among the ranks on its node (MPI_Comm_split_type), and their count.
 std::pair<int, int> local_rank_and_size(MPI_Comm comm);
 

@@ -51,7 +51,7 @@ struct FeatureMoments {
 ///   FD = |mu_a - mu_b|^2 + tr(S_a) + tr(S_b) - 2 tr((S_a^{1/2} S_b S_a^{1/2})^{1/2}),
 /// the symmetric form of Heusel et al.'s tr((S_a S_b)^{1/2}) (the two matrices are similar,
 /// so their square roots have the same trace). Both square roots come from symmetric
-/// eigendecompositions (torch::linalg::eigh) with eigenvalues below zero (rounding of a
+/// eigendecompositions (at::linalg_eigh) with eigenvalues below zero (rounding of a
 /// positive semi-definite matrix) clamped to 0, so singular covariances (F > N, dead
 /// features) are fine. Float64 throughout; the result is >= 0 up to rounding: near-zero
 /// eigenvalues contribute errors of order sqrt(F eps) |S|_2 each (eps = 2.2e-16), so for

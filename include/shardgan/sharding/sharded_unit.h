@@ -206,7 +206,7 @@ class ShardedUnit {
   ShardingConfig cfg_;
   ShardedModel* owner_;
   std::vector<ParamSlot> slots_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive for hooks
+  std::vector<std::shared_ptr<void>> accumulators_;  // gradient-ready hooks (detail::GradReadyHookHandle)
   int64_t numel_ = 0, padded_numel_ = 0, shard_numel_ = 0, shard_offset_ = 0;
   size_t index_ = 0;  // position in the owner's units (forward order)
   at::Tensor full_;        // P elements, compute dtype; parameters are views of it

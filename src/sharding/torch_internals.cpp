@@ -1,0 +1,90 @@
+#include "sharding/torch_internals.h"
+
+#include <sys/mman.h>
+
+#include <new>
+#include <unordered_set>
+#include <utility>
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/torch.h>
+
+namespace shardgan::detail {
+
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(static_cast<size_t>(0));
+}
+
+void refill_storage(const at::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  TORCH_CHECK(t.device().is_cpu(), "refill_storage: only CPU tensors are supported so far");
+  s->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+size_t storage_nbytes(const at::Tensor& t) { return t.storage().nbytes(); }
+
+at::Tensor lazy_zeros(int64_t numel, at::ScalarType dtype) {
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  if (bytes < (size_t{1} << 20)) return torch::zeros({numel}, torch::TensorOptions().dtype(dtype));
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return torch::from_blob(p, {numel}, [bytes](void* q) { ::munmap(q, bytes); }, torch::TensorOptions().dtype(dtype));
+}
+
+namespace {
+
+struct GradReadyHook final : torch::autograd::FunctionPostHook {
+  explicit GradReadyHook(std::function<void()> fn) : fn(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    fn();
+    return outputs;
+  }
+  std::function<void()> fn;
+};
+
+}  // namespace
+
+GradReadyHookHandle add_grad_ready_hook(const at::Tensor& param, std::function<void()> on_ready) {
+  // A c10::intrusive_ptr<Node> in LibTorch 2.15 (a std::shared_ptr in 1.x).
+  using NodePtr = decltype(torch::autograd::impl::grad_accumulator(param));
+  NodePtr acc = torch::autograd::impl::grad_accumulator(param);
+  TORCH_CHECK(acc, "add_grad_ready_hook: the tensor is not a leaf that requires grad");
+  acc->add_post_hook(std::make_unique<GradReadyHook>(std::move(on_ready)));
+  return GradReadyHookHandle(new NodePtr(std::move(acc)), [](void* p) {
+    auto* node = static_cast<NodePtr*>(p);
+    (*node)->post_hooks().clear();
+    delete node;
+  });
+}
+
+void queue_backward_callback(std::function<void()> fn) {
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
+}
+
+void visit_graph_leaves(const std::vector<at::Tensor>& outputs,
+                        const std::function<void(const at::Tensor& leaf)>& visit) {
+  std::vector<torch::autograd::Node*> stack;
+  std::unordered_set<torch::autograd::Node*> seen;
+  for (const auto& y : outputs) {
+    if (y.defined() && y.grad_fn()) stack.push_back(y.grad_fn().get());
+  }
+  while (!stack.empty()) {
+    torch::autograd::Node* n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(n)) visit(acc->variable);
+    for (const auto& e : n->next_edges()) {
+      if (e.function) stack.push_back(e.function.get());
+    }
+  }
+}
+
+}  // namespace shardgan::detail
