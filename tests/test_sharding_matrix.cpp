@@ -57,7 +57,9 @@ ShardedUnit::SingleForward fwd(nn::Sequential s) {
   return [s](const at::Tensor& x) mutable { return s->forward(x); };
 }
 
-// Embedding -> Linear -> ConvTranspose+SyncBN -> Conv+SyncBN -> Conv, one unit each block.
+// Embedding -> Linear -> ConvTranspose+SyncBN -> Conv+SyncBN -> Conv, one unit each block,
+// with the conv layers the DCGAN uses (shardgan::ConvTranspose2d and shardgan::Conv2d:
+// float32 inside for bfloat16, see include/shardgan/nn/layers.h).
 // `bn_comm` carries SyncBatchNorm's all-reduces so that `comm`'s counters see only the
 // sharding engine's traffic.
 std::unique_ptr<ShardedModel> build(Communicator& comm, Communicator& bn_comm, ShardingConfig cfg,
@@ -74,9 +76,9 @@ std::unique_ptr<ShardedModel> build(Communicator& comm, Communicator& bn_comm, S
   // would turn rounding noise in it into updates.
   add("up", nn::Sequential(ConvTranspose2d(nn::ConvTranspose2dOptions(2, 4, 4).stride(2).padding(1).bias(false)),
                            SyncBatchNorm2d(4, &bn_comm), nn::ReLU()));
-  add("conv", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(4, 6, 3).padding(1).bias(false)), SyncBatchNorm2d(6, &bn_comm),
+  add("conv", nn::Sequential(Conv2d(nn::Conv2dOptions(4, 6, 3).padding(1).bias(false)), SyncBatchNorm2d(6, &bn_comm),
                              nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2))));
-  add("head", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(6, 1, 8)), nn::Flatten()));
+  add("head", nn::Sequential(Conv2d(nn::Conv2dOptions(6, 1, 8)), nn::Flatten()));
   return m;
 }
 

@@ -474,9 +474,30 @@ void check_object_headers(const std::string& path) {
   Handle f{check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT),
                  "cannot open HDF5 file '" + path + "' (missing, truncated or not HDF5)"),
            H5Fclose};
-  auto visit = [](hid_t, const char*, const H5O_info_t*, void*) -> herr_t { return 0; };
-  check_status(H5Ovisit2(f.id, H5_INDEX_NAME, H5_ITER_NATIVE, visit, nullptr, H5O_INFO_ALL),
-               path + ": an object header cannot be decoded");
+  // HDF5 1.10 decodes a version-1 object header whose prefix counts fewer messages than the
+  // header holds (it would rewrite the count if the file were writable); HDF5 1.14 and 2.0,
+  // which newer h5py wheels carry, refuse it ("bad object header message count"). So the
+  // prefix's count (2 bytes at offset 2) must equal the messages HDF5 decoded.
+  struct Scan {
+    int fd;
+    std::string bad;
+  } scan{::open(path.c_str(), O_RDONLY), {}};
+  if (scan.fd < 0) throw std::runtime_error("cannot open '" + path + "' to check its object headers");
+  auto visit = [](hid_t, const char* name, const H5O_info_t* info, void* data) -> herr_t {
+    auto* s = static_cast<Scan*>(data);
+    if (info->hdr.version != 1) return 0;
+    unsigned char pfx[2] = {0, 0};
+    if (::pread(s->fd, pfx, 2, static_cast<off_t>(info->addr) + 2) != 2 ||
+        static_cast<unsigned>(pfx[0] | (pfx[1] << 8)) != info->hdr.nmesgs) {
+      s->bad = std::string("object '") + name + "': its header prefix counts another number of messages than it holds";
+      return 1;  // stop the visit
+    }
+    return 0;
+  };
+  const herr_t rc = H5Ovisit2(f.id, H5_INDEX_NAME, H5_ITER_NATIVE, visit, &scan, H5O_INFO_ALL);
+  ::close(scan.fd);
+  if (!scan.bad.empty()) throw std::runtime_error(path + ": " + scan.bad);
+  check_status(rc, path + ": an object header cannot be decoded");
 }
 
 void fsync_path(const std::string& path) {

@@ -31,33 +31,53 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// Bias, when there is one, is added outside (in x's dtype), so autograd handles its gradient.
 struct Conv2dViaFloat : torch::autograd::Function<Conv2dViaFloat> {
-  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::Tensor w, int64_t padding) {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::Tensor w, int64_t padding, int64_t stride) {
     ctx->save_for_backward({x, w});
     ctx->saved_data["padding"] = padding;
-    return at::conv2d(x.to(at::kFloat), w.to(at::kFloat), {}, {1, 1}, {padding, padding}).to(x.scalar_type());
+    ctx->saved_data["stride"] = stride;
+    return at::conv2d(x.to(at::kFloat), w.to(at::kFloat), {}, {stride, stride}, {padding, padding})
+        .to(x.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& w = saved[1];
-    const int64_t p = ctx->saved_data["padding"].toInt();
+    const int64_t p = ctx->saved_data["padding"].toInt(), s = ctx->saved_data["stride"].toInt();
     const bool gx = ctx->needs_input_grad(0), gw = ctx->needs_input_grad(1);
     auto [dx, dw, db] = at::convolution_backward(grads[0].to(at::kFloat).contiguous(), x.to(at::kFloat),
-                                                 w.to(at::kFloat), c10::nullopt, {1, 1}, {p, p}, {1, 1},
+                                                 w.to(at::kFloat), std::nullopt, {s, s}, {p, p}, {1, 1},
                                                  false, {0, 0}, 1, {gx, gw, false});
     return {gx ? dx.to(x.scalar_type()) : at::Tensor(), gw ? dw.to(w.scalar_type()) : at::Tensor(),
-            at::Tensor()};
+            at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor conv2d_lowp(const at::Tensor& x, const at::Tensor& w, int64_t padding) {
+at::Tensor conv2d_lowp(const at::Tensor& x, const at::Tensor& w, int64_t padding, int64_t stride,
+                       const at::Tensor& bias) {
   const bool low = x.device().is_cpu() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
-  if (!low) return at::conv2d(x, w, {}, {1, 1}, {padding, padding});
-  return Conv2dViaFloat::apply(x, w, padding);
+  if (!low) return at::conv2d(x, w, bias, {stride, stride}, {padding, padding});
+  at::Tensor y = Conv2dViaFloat::apply(x, w, padding, stride);
+  return bias.defined() ? y + bias.view({1, -1, 1, 1}) : y;
 }
+
+Conv2dImpl::Conv2dImpl(torch::nn::Conv2dOptions options) {
+  TORCH_CHECK(options.dilation()->at(0) == 1 && options.dilation()->at(1) == 1 && options.groups() == 1,
+              "shardgan::Conv2d: only dilation 1 and groups 1");
+  TORCH_CHECK(options.stride()->at(0) == options.stride()->at(1), "shardgan::Conv2d: only square strides");
+  const auto* pad = std::get_if<torch::ExpandingArray<2>>(&options.padding());
+  TORCH_CHECK(pad && (*pad)->at(0) == (*pad)->at(1), "shardgan::Conv2d: only equal numeric padding");
+  stride_ = options.stride()->at(0);
+  padding_ = (*pad)->at(0);
+  torch::nn::Conv2d init(options);  // for LibTorch's default initialization
+  weight = register_parameter("weight", init->weight.detach().clone());
+  if (options.bias()) bias = register_parameter("bias", init->bias.detach().clone());
+}
+
+at::Tensor Conv2dImpl::forward(const at::Tensor& x) { return conv2d_lowp(x, weight, padding_, stride_, bias); }
 
 }  // namespace shardgan

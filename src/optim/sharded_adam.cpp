@@ -73,7 +73,7 @@ void ShardedAdam::update() {
 
 void adam_torch_step(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v, const AdamConfig& cfg,
                      double lr, int64_t step) {
-  // torch::optim::Adam / AdamW (LibTorch 1.13), op for op.
+  // torch::optim::Adam / AdamW (LibTorch 2.15, unchanged since 1.13), op for op.
   const double bc1 = 1.0 - std::pow(cfg.beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(cfg.beta2, static_cast<double>(step));
   at::Tensor grad = g;

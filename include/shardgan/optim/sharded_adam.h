@@ -31,12 +31,12 @@ struct AdamConfig {
 void validate_adam_config(const AdamConfig& cfg);
 
 /// One Adam/AdamW step with torch ops on p, m and v (1-D, same length, dtype and device;
-/// g read only), the same op sequence as torch::optim::Adam / AdamW in LibTorch 1.13, for
+/// g read only), the same op sequence as torch::optim::Adam / AdamW in LibTorch 2.15 (and 1.13), for
 /// shards the fused kernel does not take (float64, GPU). `step` is 1-based. Local.
 void adam_torch_step(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v, const AdamConfig& cfg,
                      double lr, int64_t step);
 
-/// The update is torch::optim::Adam's / AdamW's (LibTorch 1.13, no amsgrad), applied
+/// The update is torch::optim::Adam's / AdamW's (LibTorch 2.15 and 1.13, no amsgrad), applied
 /// element-wise to each unit's shard() with its grad_shard():
 ///   g' = g + wd*p (Adam) | p' = p*(1 - lr*wd) (AdamW)
 ///   m = beta1*m + (1-beta1)*g';  v = beta2*v + (1-beta2)*g'^2

@@ -18,7 +18,7 @@ struct RmspropConfig {
   bool centered = false;
 };
 
-/// torch::optim::RMSprop's update (LibTorch 1.13):
+/// torch::optim::RMSprop's update (LibTorch 2.15 and 1.13):
 ///   g' = g + wd*p;  sq = alpha*sq + (1-alpha)*g'^2
 ///   centered: ga = alpha*ga + (1-alpha)*g';  avg = sqrt(sq - ga^2) + eps,  else sqrt(sq) + eps
 ///   momentum > 0: buf = momentum*buf + g'/avg; p -= lr*buf,  else p -= lr*g'/avg

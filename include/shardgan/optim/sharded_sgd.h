@@ -17,7 +17,7 @@ struct SgdConfig {
   bool nesterov = false;  ///< needs momentum > 0 and dampening == 0 (as torch)
 };
 
-/// torch::optim::SGD's update (LibTorch 1.13):
+/// torch::optim::SGD's update (LibTorch 2.15 and 1.13):
 ///   g' = g + wd*p
 ///   buf = g' on the first step, else momentum*buf + (1-dampening)*g'
 ///   d = g' + momentum*buf (Nesterov) | buf;   p -= lr*d

@@ -7,8 +7,7 @@
 ///
 /// Common to every module here:
 ///  - Tensors live on the CPU. Activations are float32, float64 or bfloat16; every forward
-///    and backward runs in all three (no op here needed a float32 fallback in LibTorch 1.13;
-///    tests/test_biggan_layers.cpp runs each dtype).
+///    and backward runs in all three (tests/test_biggan_layers.cpp runs each dtype).
 ///  - Parameters are created uninitialized (torch::empty) apart from BatchNorm gains (1),
 ///    biases (0) and the attention gain (0); init_weights() gives them BigGAN-PyTorch's
 ///    initialization. Spectral-norm vectors `u` are always drawn from torch's global

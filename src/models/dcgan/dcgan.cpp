@@ -41,8 +41,8 @@ ConvTranspose2d up(int64_t in, int64_t out, int64_t stride, int64_t pad) {
   return ConvTranspose2d(nn::ConvTranspose2dOptions(in, out, 4).stride(stride).padding(pad).bias(false));
 }
 
-nn::Conv2d down(int64_t in, int64_t out, int64_t stride, int64_t pad) {
-  return nn::Conv2d(nn::Conv2dOptions(in, out, 4).stride(stride).padding(pad).bias(false));
+Conv2d down(int64_t in, int64_t out, int64_t stride, int64_t pad) {
+  return Conv2d(nn::Conv2dOptions(in, out, 4).stride(stride).padding(pad).bias(false));
 }
 
 nn::LeakyReLU lrelu() { return nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)); }
