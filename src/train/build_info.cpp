@@ -1,5 +1,6 @@
 #include "shardgan/train/build_info.h"
 
+#include <dlfcn.h>
 #include <hdf5.h>
 #include <mpi.h>
 
@@ -40,6 +41,8 @@ nlohmann::json build_info() {
       {"cuda_compiled", config_field(cfg, "USE_CUDA=(\\S+?),") == "1" || config_field(cfg, "USE_CUDA=(\\S+?),") == "ON"},
       {"cuda_version", config_field(cfg, "CUDA_VERSION=([^,\\s]+)")},
       {"cudnn_version", config_field(cfg, "CUDNN_VERSION=([^,\\s]+)")},
+      // shardgan links LibTorch's CPU library only; the CUDA one is loaded for GPU runs.
+      {"cuda_loaded", dlopen("libtorch_cuda.so", RTLD_LAZY | RTLD_NOLOAD) != nullptr},
       {"cuda_devices", static_cast<int64_t>(torch::cuda::device_count())},
   };
   char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
@@ -68,7 +71,9 @@ std::string build_info_text() {
     << ", oneDNN " << t["onednn"].get<std::string>() << ", CPU capability " << t["cpu_capability"].get<std::string>()
     << ", CUDA " << (t["cuda_compiled"].get<bool>() ? "compiled in: " + t["cuda_version"].get<std::string>() +
                                                          ", cuDNN " + t["cudnn_version"].get<std::string>() + ", " +
-                                                         std::to_string(t["cuda_devices"].get<int64_t>()) + " GPU(s) visible"
+                                                         (t["cuda_loaded"].get<bool>()
+                                                              ? std::to_string(t["cuda_devices"].get<int64_t>()) + " GPU(s) visible"
+                                                              : std::string("libtorch_cuda not loaded"))
                                                    : std::string("not compiled in"))
     << ")\n"
     << "  MPI      " << b["mpi"].get<std::string>() << "\n"
