@@ -25,13 +25,15 @@ J="$OUT/upgrade.jsonl"
 
 summarize() {  # build part run_dir wall_s [extra json]
   "$PY" - "$@" <<'PY'
-import json, sys, statistics, os, glob
+import json, sys, statistics, os
 build, part, run, wall = sys.argv[1:5]
 extra = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
 rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
 steps = [r for r in rows if "step_time_s" in r]
 evals = [r for r in rows if "fid" in r]
-mem = [r for r in rows if "peak_rss_bytes_per_rank" in r]
+# The trainer writes every rank's VmHWM to memory.json at the end (not to metrics.jsonl).
+mem_path = os.path.join(run, "memory.json")
+mem = json.load(open(mem_path)) if os.path.exists(mem_path) else {}
 out = {"build": build, "part": part, "wall_s": float(wall),
        "steps": max((r["step"] for r in steps), default=0),
        "step_s_median": statistics.median(r["step_time_s"] for r in steps) if steps else None,
@@ -39,8 +41,8 @@ out = {"build": build, "part": part, "wall_s": float(wall),
 if evals:
     out["fid_last"] = evals[-1].get("fid"); out["fid_ema_last"] = evals[-1].get("fid_ema")
     out["eval_step_last"] = evals[-1].get("step")
-if mem:
-    out["vmhwm_gib_per_rank"] = [round(b / 2**30, 3) for b in mem[-1]["peak_rss_bytes_per_rank"]]
+if "peak_rss_bytes_per_rank" in mem:
+    out["vmhwm_gib_per_rank"] = [round(b / 2**30, 3) for b in mem["peak_rss_bytes_per_rank"]]
 out.update(extra)
 print(json.dumps(out))
 PY

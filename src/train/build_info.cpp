@@ -27,12 +27,13 @@ std::string config_field(const std::string& config, const std::string& pattern) 
 
 nlohmann::json build_info() {
   const std::string cfg = at::show_config();
+  const std::string use_cuda = config_field(cfg, "USE_CUDA=(\\S+?),");
   nlohmann::json torch_info = {
       {"version", TORCH_VERSION},
       {"blas", config_field(cfg, "BLAS_INFO=([^,\\s]+)")},
       {"onednn", config_field(cfg, "MKL-DNN (v[0-9.]+)")},
       {"cpu_capability", config_field(cfg, "CPU capability usage: (\\S+)")},
-      {"cuda_compiled", config_field(cfg, "USE_CUDA=(\\S+?),") == "1" || config_field(cfg, "USE_CUDA=(\\S+?),") == "ON"},
+      {"cuda_compiled", use_cuda == "1" || use_cuda == "ON"},
       {"cuda_version", config_field(cfg, "CUDA_VERSION=([^,\\s]+)")},
       {"cudnn_version", config_field(cfg, "CUDNN_VERSION=([^,\\s]+)")},
       // shardgan links LibTorch's CPU library only; the CUDA one is loaded for GPU runs.

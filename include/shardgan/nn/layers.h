@@ -13,7 +13,8 @@ namespace shardgan {
 /// torch::nn::ConvTranspose2d with the same parameters ("weight" [in, out, k, k] and an
 /// optional "bias" [out]) and the same default initialization, which also runs on bfloat16
 /// and float16 CPU tensors: for those dtypes it computes in float32 and rounds the output
-/// once, as CPU autocast does for ops without a fast 16-bit kernel (see above). Gradients reach the 16-bit parameters through the casts.
+/// once, as CPU autocast does for ops without a fast 16-bit kernel (see above). Gradients
+/// reach the 16-bit parameters through the casts.
 class ConvTranspose2dImpl : public torch::nn::Module {
  public:
   explicit ConvTranspose2dImpl(torch::nn::ConvTranspose2dOptions options);
@@ -45,8 +46,8 @@ class Conv2dImpl : public torch::nn::Module {
 TORCH_MODULE(Conv2d);
 
 /// 2-D convolution, square stride and padding, dilation 1: x [B, in, H, W], w [out, in, k, k],
-/// bias [out] or undefined -> [B, out, (H + 2p - k) / s + 1, (W + 2p - k) / s + 1], in x's dtype. Float32 and float64 go to at::conv2d. For
-/// bfloat16 and float16 CPU tensors LibTorch's 16-bit CPU path is about 100x slower than
+/// bias [out] or undefined -> [B, out, (H + 2p - k) / s + 1, (W + 2p - k) / s + 1], in x's
+/// dtype. Float32 and float64 go to at::conv2d. For bfloat16 and float16 CPU tensors LibTorch's 16-bit CPU path is about 100x slower than
 /// float32 on CPUs without native bfloat16 (above; in 1.13 a 1e9-parameter BigGAN step took
 /// over 6 minutes), so this computes in float32 through oneDNN and rounds the output once,
 /// as CPU autocast does. A custom
