@@ -93,5 +93,38 @@ b.visititems(visit)
 assert n > 100, n
 print(f"{n} parameters and buffers within 1.6e-3, worst relative {worst:.3g}")
 PYEOF
+# The same reshard in float64 (issue 22), where the bound can be tight: only summation
+# order differs (gradients to ~1e-15 relative), and Adam (eps 1e-6 in this config) turns a
+# gradient difference dg into an update difference of at most lr dg / eps = 1e-4 x 1e-15 /
+# 1e-6 = 1e-13 per step, so about 2e-13 over the 2 steps after the reshard, against
+# parameters of 0.05-0.5, 4e-12 relative: 1e-10 leaves a margin of 25 (measured: 1.6e-13).
+# The float32 bound
+# above has to allow Adam's sign flips on rounding-noise gradients; float64's noise sits
+# below eps, so it cannot flip them. Negative control: step 2 against step 4 fails it.
+F64=("${COMMON[@]}" --set model.dtype=float64)
+"${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" "${F64[@]}" --set train.steps=4 --set train.checkpoint_every=2 --set run.dir="$T/d" > "$T/d.log" 2>&1 \
+  && ok "float64: 4 steps on 2 ranks" || bad "float64 2 ranks: $(tail -3 "$T/d.log")"
+"${MPIRUN[@]}" -np 3 "$TRAIN" "$CFG" "${F64[@]}" --set train.steps=4 --set run.dir="$T/e" --resume "$T/d/checkpoints/step-00000002" > "$T/e.log" 2>&1 \
+  && ok "float64: resume 2 -> 3 ranks" || bad "float64 resume 2 -> 3: $(tail -3 "$T/e.log")"
+cmp64() {
+"$PY" - "$1" "$2" <<'PYEOF'
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+n, worst = 0, 0.0
+def visit(name, obj):
+    global n, worst
+    if isinstance(obj, h5py.Dataset) and ("/params/" in name or "/buffers/" in name):
+        x, y = a[name][...].astype(np.float64), obj[...].astype(np.float64)
+        worst, n = max(worst, np.abs(x - y).max() / max(np.abs(y).max(), 1e-30)), n + 1
+b.visititems(visit)
+assert n > 100, n
+print(f"{n} tensors, worst relative difference {worst:.3g} (bound 1e-10)")
+sys.exit(0 if worst <= 1e-10 else 1)
+PYEOF
+}
+cmp64 "$T/d/checkpoints/step-00000004/index.h5" "$T/e/checkpoints/step-00000004/index.h5" > "$T/e64.txt" 2>&1 \
+  && ok "float64 2 -> 3 ranks: $(tail -1 "$T/e64.txt")" || bad "float64 2 -> 3 ranks: $(tail -3 "$T/e64.txt")"
+cmp64 "$T/d/checkpoints/step-00000002/index.h5" "$T/e/checkpoints/step-00000004/index.h5" > "$T/n64.txt" 2>&1 \
+  && bad "negative control: step 2 passed as step 4: $(tail -1 "$T/n64.txt")" || ok "negative control fails the bound: $(tail -1 "$T/n64.txt")"
 rm -rf "$T"
 finish

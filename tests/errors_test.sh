@@ -26,6 +26,13 @@ expect_failure "missing config file" "cannot open config file '/nonexistent.yaml
   "${MPIRUN[@]}" -np 2 "$TRAIN" /nonexistent.yaml
 expect_failure "collective never joined" "all_reduce (rank 0 of 2, numel 1000, dtype Float, 4000 bytes) timed out after 2 s" \
   "${MPIRUN[@]}" -np 2 "$BIN/comm_hang" 2
+# Issue 22: a rank that fails with a collective in flight ends the job at once; its
+# MpiWork used to wait out dist.timeout_s (here 600 s) in its destructor first.
+t0=$SECONDS
+expect_failure "failure with a collective in flight" "injected failure with a reduce-scatter in flight" \
+  "${MPIRUN[@]}" -np 2 "$BIN/comm_hang" 600 inflight
+[ $((SECONDS - t0)) -lt 60 ] && ok "failure in flight: the job ended within 60 s" \
+  || bad "failure in flight: took $((SECONDS - t0)) s (over 60)"
 expect_failure "resume from nothing" "no checkpoint there" \
   "${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" --set data.source=synthetic --set run.dir="$T/r4" --resume "$T/none"
 expect_failure "float16 compute on CPU" "compute_dtype=float16 needs a GPU" \

@@ -15,3 +15,12 @@ add_test(NAME offload_train_test
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/offload_train_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
 set_tests_properties(offload_train_test PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+
+# The disk tier's I/O under injected faults (issue 22; ctest -R fault_inject).
+shardgan_test(test_fault_inject)
+add_test(NAME fault_inject_direct_file COMMAND test_fault_inject)
+set_tests_properties(fault_inject_direct_file PROPERTIES TIMEOUT 60 ENVIRONMENT "${SHARDGAN_TEST_ENV}")
+add_test(NAME fault_inject_train_test
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fault_inject_train_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(fault_inject_train_test PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)

@@ -29,3 +29,12 @@ shardgan_mpi_test(test_grad_ref 60 1 2 3)
 # with plain autograd (ctest -R r1).
 shardgan_test(test_r1)
 shardgan_mpi_test(test_r1 60 1 2 3)
+
+# Hardening II (issue 22): a unit without gradients on some ranks still reduces, in the
+# shared order (ctest -R reduce_always); frozen elements inside a flat parameter keep value
+# and state under every optimizer (ctest -R frozen_mask).
+shardgan_test(test_hardening)
+shardgan_mpi_filtered(reduce_always test_hardening "Stages/RankBranch.*" 120 1 2 3)
+shardgan_mpi_filtered(frozen_mask test_hardening "Stages/FrozenMask.*" 120 1 2 3)
+shardgan_mpi_filtered(preempt_grace_rule test_hardening "PreemptGrace.*" 60 1)
+shardgan_mpi_filtered(lifetime test_hardening "Lifetime.*" 60 1)

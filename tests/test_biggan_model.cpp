@@ -13,7 +13,11 @@
 
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/models/biggan.h"
+#include "models/biggan/layers.h"
+#include "shardgan/optim/factory.h"
+#include "shardgan/optim/loss_scaler.h"
 #include "shardgan/sharding/deferred.h"
+#include "shardgan/train/objective.h"
 #include "test_util.h"
 
 using namespace shardgan;
@@ -180,6 +184,47 @@ int64_t sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
   for (int64_t x : v) s += x;
   return s;
+}
+
+// Issue 22: D's spectral-norm u advances once per D forward of BigGAN-PyTorch's training
+// loop: once per D step and micro-batch (real and fake are one forward there, D(cat(G_z,
+// x))), and once per micro-batch of the G step. With d_steps = 2 and 2 micro-batches that
+// is 2 * 2 + 2 = 6 per training step; shardgan's separate real and fake forwards made it 10.
+// G's u advances once per G forward: 2 * 2 in the D steps (no grad, training mode) + 2.
+TEST(BigGanModel, SpectralNormAdvancesOncePerTrainingForwardOfD) {
+  MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
+  BigGanFamily fam(tiny_config(1));
+  auto g = build_sharded_model(fam.generator(comm), comm, test_util::sharding(3), 11, at::kFloat);
+  auto d = build_sharded_model(fam.discriminator(comm), comm, test_util::sharding(3), 12, at::kFloat);
+  auto og = make_optimizer(*g, OptimizerConfig::biggan_generator());
+  auto od = make_optimizer(*d, OptimizerConfig::biggan_discriminator());
+  DynamicLossScaler sg(LossScalerConfig{}, at::kFloat), sd(LossScalerConfig{}, at::kFloat);
+  const int64_t d_steps = 2, micro = 2, global = 4 * comm.world_size() * micro;
+  GanObjective obj("hinge", d_steps, micro, 0.0, comm);
+  torch::manual_seed(3);
+  const at::Tensor x = torch::randn({global, 1, 32, 32});
+  const at::Tensor z = torch::randn({global, 8}), y = torch::randint(0, 3, {global}, torch::kLong);
+  const int64_t per = global / micro / comm.world_size();
+  StepInputs in;
+  in.local = [&](const at::Tensor& t, int64_t j) { return t.narrow(0, (j * comm.world_size() + comm.rank()) * per, per); };
+  in.real = [&](int64_t j) { return TensorList{in.local(x, j), in.local(y, j)}; };
+  in.latents = [&] { return TensorList{z, y}; };
+  auto advances = [](ShardedModel& m) {
+    std::vector<int64_t> out;
+    for (auto& u : m.units()) {
+      for (auto& mod : u->module().modules()) {
+        if (auto* sn = dynamic_cast<biggan::SNBase*>(mod.get())) out.push_back(sn->advances());
+      }
+    }
+    return out;
+  };
+  for (int step = 1; step <= 2; ++step) {
+    obj.step({g.get(), og.get(), &sg}, {d.get(), od.get(), &sd}, in);
+    const auto ad = advances(*d), ag = advances(*g);
+    ASSERT_FALSE(ad.empty());
+    for (int64_t a : ad) EXPECT_EQ(a, step * (d_steps * micro + micro)) << "D's u, step " << step;
+    for (int64_t a : ag) EXPECT_EQ(a, step * (d_steps * micro + micro)) << "G's u, step " << step;
+  }
 }
 
 TEST(BigGanModel, ParameterCountsPassOneBillion) {

@@ -197,9 +197,9 @@ TEST(Frechet, InvariantToSampleOrder) {
   EXPECT_NEAR(frechet_distance(feature_stats(x.index_select(0, perm)), sy), fd, 1e-9 * scale);
 }
 
-// FeatureMoments over chunks (and summed like an all-reduce over two "ranks") agrees with
-// the two-pass statistics. Tolerance 1e-11 of max|cov|: the one-pass formula loses
-// (|mu|^2 + var) / var ~ 3 times N eps = 600 * 2.2e-16 = 1.3e-13 relative to each entry.
+// FeatureMoments over chunks, and merged as the ranks merge them, agrees with the two-pass
+// statistics. Tolerance 1e-12 of max|cov|: centred moments keep two-pass accuracy, about
+// N eps = 600 * 2.2e-16 = 1.3e-13 relative.
 TEST(Frechet, MomentsMatchTwoPass) {
   const at::Tensor x = gaussian_features(600, 8, 1.0, 12);
   FeatureMoments r0, r1, all;
@@ -208,17 +208,43 @@ TEST(Frechet, MomentsMatchTwoPass) {
   r1.add(x.narrow(0, 350, 250));
   r1.add(x.narrow(0, 600, 0));  // an empty batch changes nothing
   all.add(x);
-  FeatureMoments reduced{r0.n + r1.n, r0.sum + r1.sum, r0.sum_outer + r1.sum_outer};
+  FeatureMoments merged = r0;
+  merged.merge(r1);
   const FeatureStats want = feature_stats(x);
-  for (const FeatureMoments* m : {&all, &reduced}) {
+  for (const FeatureMoments* m : {&all, &merged}) {
     const FeatureStats got = m->stats();
     EXPECT_EQ(got.n, 600);
     const double cmax = want.cov.abs().max().item<double>();
     EXPECT_LE((got.mean - want.mean).abs().max().item<double>(), 1e-12 * want.mean.abs().max().item<double>());
-    EXPECT_LE((got.cov - want.cov).abs().max().item<double>(), 1e-11 * cmax);
+    EXPECT_LE((got.cov - want.cov).abs().max().item<double>(), 1e-12 * cmax);
   }
   EXPECT_THROW(FeatureMoments{}.stats(), std::invalid_argument);
   EXPECT_THROW(all.add(torch::zeros({3, 7}, torch::kDouble)), std::invalid_argument);
+}
+
+// Issue 22: features with a large common offset (1e4 on unit variance: ReLU features with
+// large means). The one-pass formula sum x x^T - n mu mu^T cancels 8 of float64's 16
+// digits here (its error is about |x|^2 eps = 1e8 * 2.2e-16 = 2e-8 of the variance per
+// entry; measured by the negative control below); the centred merge must stay within
+// 1e-11 of a float64 two-pass covariance over 4 "ranks" of uneven size.
+TEST(Frechet, CentredMomentsSurviveALargeOffset) {
+  const at::Tensor x = gaussian_features(1000, 6, 1.0, 13) + 1e4;
+  const FeatureStats want = feature_stats(x);  // two-pass on the whole set
+  FeatureMoments merged;
+  const int64_t cuts[] = {0, 100, 350, 351, 1000};
+  for (int r = 0; r < 4; ++r) {
+    FeatureMoments part;
+    for (int64_t a = cuts[r]; a < cuts[r + 1]; a += 64) part.add(x.narrow(0, a, std::min<int64_t>(64, cuts[r + 1] - a)));
+    merged.merge(part);
+  }
+  const double cmax = want.cov.abs().max().item<double>();
+  const FeatureStats got = merged.stats();
+  EXPECT_LE((got.cov - want.cov).abs().max().item<double>(), 1e-11 * cmax);
+  EXPECT_LE((got.mean - want.mean).abs().max().item<double>(), 1e-12 * 1e4);
+  // Negative control: the one-pass formula on the same data misses the bound by orders.
+  const at::Tensor s = x.sum(0), so = x.t().mm(x), mu = s / 1000.0;
+  const at::Tensor one_pass = (so - 1000.0 * torch::outer(mu, mu)) / 999.0;
+  EXPECT_GT((one_pass - want.cov).abs().max().item<double>(), 1e-9 * cmax) << "the one-pass formula did not cancel";
 }
 
 TEST(Frechet, BadInputsThrow) {

@@ -8,12 +8,19 @@
 // - Adam, float64: max|a - b| / max|b| <= 1e-12 (about 5e-16 is reached). Only summation
 //   order differs (per-rank partial gradient and SyncBatchNorm sums), ~1e-16 per
 //   reduction, amplified by Adam's m / sqrt(v).
-// - Adam, bfloat16 compute (float32 master and Adam state): max|a - b| <= 2e-2. bfloat16
-//   keeps 8 significant bits, so a rank-partial sum can differ from the full-batch one by
-//   ~2^-8 relative, and Adam turns a gradient of the wrong sign into an update of the wrong
-//   sign: 3 steps x 2 x lr (1e-3) = 6e-3, plus bfloat16 rounding of the activations
-//   feeding the gradients. Adam normalizes the gradient's scale away, so this row cannot
-//   see a wrong reduction factor (issue 10): the SGD rows below can.
+// - Adam, bfloat16 compute (float32 master and Adam state): the updates d = p_final -
+//   p_init are compared in the L2 norm, ||d_a - d_b|| / ||d_b|| <= ADAM_BF16_TOL (below).
+//   Adam's first update is lr * sign(g) per element, so an element whose gradient is near
+//   zero can flip sign under bfloat16 rounding (8 significant bits; a rank-partial sum
+//   differs from the full-batch one by ~2^-8 relative) and move by 2 lr the other way: a
+//   max-norm bound must allow a whole update (the old absolute 2e-2 allowed 7 whole
+//   updates and could fail only on a NaN, issue 22). Bound: kAdamBf16Tol below. Such flips are confined to the few
+//   elements with |g| within ~2^-8 |g|max of zero, so in the L2 norm they are a small
+//   fraction of the update, while a wrong reduction changes the direction of every
+//   element's update. Adam normalizes a uniform scale away (a sum where an average
+//   belongs is invisible to it; the SGD rows catch that, issue 10), but not a rank's
+//   gradient weighted wrongly: the negative control doubles rank 1's loss, as the SGD rows
+//   do, and must fail the same bound.
 // - Plain SGD (no momentum, lr 0.05): the update d = p_final - p_init is linear in the
 //   gradient, so a gradient scaled by s scales d by s. We compare updates:
 //   max|d_a - d_b| / max|d_b|. float64: 1e-12, as for Adam. bfloat16: 0.5. The runs differ
@@ -149,8 +156,13 @@ double worst_error(const TrainResult& a, const TrainResult& b, const Case& c, bo
       x = x - a.init[i].second.to(at::kDouble);
       y = y - b.init[i].second.to(at::kDouble);
     }
+    if (!f64 && !c.sgd) {  // bfloat16 Adam: relative L2 of the updates (see the header)
+      x = x - a.init[i].second.to(at::kDouble);
+      y = y - b.init[i].second.to(at::kDouble);
+    }
     const double diff = (x - y).abs().max().item<double>();
-    const double err = f64 || c.sgd ? diff / std::max(y.abs().max().item<double>(), 1e-300) : diff;
+    const double err = f64 || c.sgd ? diff / std::max(y.abs().max().item<double>(), 1e-300)
+                                    : (x - y).norm().item<double>() / std::max(y.norm().item<double>(), 1e-300);
     if (expect_within) {
       EXPECT_LE(err, tol) << a.params[i].first;
     }
@@ -158,6 +170,14 @@ double worst_error(const TrainResult& a, const TrainResult& b, const Case& c, bo
   }
   return worst;
 }
+
+// bfloat16 Adam rows, relative L2 norm of the update difference (header). Measured on the
+// 2-core AVX2 machine, every stage, 1 and 2 micro-batches: clean runs 0.050-0.221 (N = 2-4),
+// the negative control (rank 1's gradient doubled) 0.89-4.74. No closed form bounds the
+// rounding term here (it depends on how many gradients sit near zero), so the bound is set
+// between the two, a factor of 2 from each: 0.45 (the geometric mean of 0.221 and 0.89).
+// Every run prints both numbers, so a machine whose rounding lands closer can be seen.
+constexpr double kAdamBf16Tol = 0.45;
 
 class Matrix : public ::testing::TestWithParam<Case> {};
 
@@ -168,13 +188,13 @@ TEST_P(Matrix, MatchesOneRankStage0) {
   TrainResult sharded = train(world, world_bn, c);
   TrainResult ref = train(self, self_bn, c, /*stage=*/0);
   const bool f64 = c.compute == at::kDouble;
-  const double tol = f64 ? 1e-12 : (c.sgd ? 0.5 : 2e-2);
+  const double tol = f64 ? 1e-12 : (c.sgd ? 0.5 : kAdamBf16Tol);
   const double worst = worst_error(sharded, ref, c, true, tol);
   if (world.rank() == 0) {
     std::printf("[matrix] N=%d %s: worst %s diff %.3g (tolerance %.0e)\n", world.world_size(),
-                name_of(c).c_str(), f64 || c.sgd ? "relative" : "absolute", worst, tol);
+                name_of(c).c_str(), f64 || c.sgd ? "relative" : "L2 update", worst, tol);
   }
-  if (c.sgd && world.world_size() >= 2) {
+  if ((c.sgd || !f64) && world.world_size() >= 2) {
     // Negative control: the same case with rank 1's gradient doubled must fail the bound.
     TrainResult broken = train(world, world_bn, c, -1, /*rank1_loss_scale=*/2.0);
     const double err = worst_error(broken, ref, c, false, tol);

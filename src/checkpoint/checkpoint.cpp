@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -414,6 +415,48 @@ std::string resolve_checkpoint_dir(const std::string& path) {
   throw CheckpointError("--resume '" + path +
                         "': no checkpoint there (expected a directory with index.h5, or step-* "
                         "checkpoints in it or in its checkpoints/ folder)");
+}
+
+std::string agree_checkpoint_dir(const std::string& path, Communicator& comm, bool none_is_fresh) {
+  // Rank 0 alone lists the folder: ranks listing it separately can see different steps
+  // (a stale network-filesystem view), or one can start fresh while another loads.
+  enum : int64_t { kFound = 0, kFresh = 1, kError = 2 };
+  int64_t status = kFound;
+  std::string text;
+  if (comm.rank() == 0) {
+    try {
+      text = resolve_checkpoint_dir(path);
+    } catch (const CheckpointError& e) {
+      status = none_is_fresh ? kFresh : kError;
+      text = e.what();
+    }
+  }
+  at::Tensor head = torch::tensor({status, static_cast<int64_t>(text.size())}, torch::kLong);
+  comm.broadcast(head, 0);
+  status = head[0].item<int64_t>();
+  at::Tensor bytes = torch::empty({head[1].item<int64_t>()}, torch::kByte);
+  if (comm.rank() == 0 && !text.empty()) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  if (bytes.numel() > 0) comm.broadcast(bytes, 0);
+  text.assign(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+  if (status == kFresh) return {};
+  if (status == kError) throw CheckpointError(text);
+  // Every rank confirms that it sees rank 0's choice; any that does not is named.
+  const bool visible = fs::is_regular_file(text + "/" + ckpt::kIndexFile) ||
+                       fs::is_regular_file(text + "/" + ckpt::rank_file_name(0));
+  at::Tensor blind = torch::zeros({comm.world_size()}, torch::kDouble);
+  blind[comm.rank()] = visible ? 0.0 : 1.0;
+  comm.all_reduce(blind, ReduceOp::kSum);
+  std::string ranks;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (blind[r].item<double>() != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!ranks.empty()) {
+    throw CheckpointError("--resume '" + path + "': rank 0 chose checkpoint '" + text + "', which rank(s) " + ranks +
+                          " cannot see (no " + ckpt::kIndexFile + " there from their side: a stale network-filesystem "
+                          "view, or a relative path from another working directory). Make the run directory the "
+                          "same on every rank (an absolute path on a shared filesystem), then resume again");
+  }
+  return text;
 }
 
 void load_checkpoint(const std::string& ckpt_dir, TrainCounters& counters,

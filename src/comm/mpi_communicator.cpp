@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
+#include <exception>
 #include <functional>
 #include <sstream>
 #include <thread>
@@ -64,11 +66,20 @@ class MpiWork final : public Work {
           std::function<void()> on_done = nullptr)
       : comm_(comm), req_(req), what_(std::move(what)), on_done_(std::move(on_done)) {}
   ~MpiWork() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {  // never throw from a destructor; the error surfaces elsewhere
-      }
+    if (done_) return;
+    if (std::uncaught_exceptions() > 0) {
+      // The error path: this rank is unwinding to its top-level handler, which ends the job
+      // with MPI_Abort. Waiting here could take dist.timeout_s (the peers may be blocked on
+      // this very rank), so leave the request in flight. Its buffers are kept (leaked) in
+      // case MPI progresses it before the abort; the caller's buffers are not ours to keep,
+      // but nothing calls MPI again on this rank except MPI_Abort.
+      std::fprintf(stderr, "shardgan: rank %d leaves %s in flight on an error path\n", comm_.rank(), what_.c_str());
+      new std::function<void()>(std::move(on_done_));  // NOLINT: deliberate leak
+      return;
+    }
+    try {
+      wait();
+    } catch (...) {  // never throw from a destructor; the error surfaces elsewhere
     }
   }
   void wait() override {
@@ -160,23 +171,55 @@ void MpiCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
   wait(req, describe("all_gather", rank_, world_size_, full));
 }
 
+namespace {
+
+// A committed datatype of `n` elements of `base` (n may exceed INT_MAX): q blocks of `chunk`
+// elements (chunk <= INT_MAX) then the remainder, as one struct whose extent is exactly n
+// elements. The large-count technique of BigMPI (Hammond et al., "To INT_MAX... and
+// beyond!", ExaMPI 2014): the counts stay ints, no buffer is copied.
+MPI_Datatype large_contiguous(int64_t n, int64_t chunk, MPI_Datatype base, int64_t elem_bytes) {
+  const int64_t q = n / chunk, r = n % chunk;
+  MPI_Datatype block, body, rest, out;
+  MPI_Type_contiguous(static_cast<int>(chunk), base, &block);
+  MPI_Type_contiguous(static_cast<int>(q), block, &body);
+  int lens[2] = {1, 1};
+  MPI_Aint disp[2] = {0, static_cast<MPI_Aint>(q * chunk * elem_bytes)};
+  MPI_Datatype types[2] = {body, base};
+  if (r > 0) {
+    MPI_Type_contiguous(static_cast<int>(r), base, &rest);
+    types[1] = rest;
+  }
+  MPI_Type_create_struct(r > 0 ? 2 : 1, lens, disp, types, &out);
+  MPI_Type_commit(&out);
+  MPI_Type_free(&block);
+  MPI_Type_free(&body);
+  if (r > 0) MPI_Type_free(&rest);
+  return out;
+}
+
+}  // namespace
+
 void MpiCommunicator::all_gather_split(at::Tensor& full, const at::Tensor& shard) {
   check_cpu_contiguous(full, "all_gather", "full", rank_);
   check_cpu_contiguous(shard, "all_gather", "shard", rank_);
   check_block_sizes("all_gather", full, shard);
-  // Block r of `full` is rank r's shard; gather column range [a, a + len) of every block
-  // through a staging buffer of world_size * len elements, then scatter it into place.
-  // The staging copy of our own range is taken first, since `shard` may alias `full`.
-  const int64_t s = shard.numel();
-  at::Tensor rows = full.view({world_size_, s});
-  for (int64_t a = 0; a < s; a += max_count_) {
-    const int64_t len = std::min(max_count_, s - a);
-    at::Tensor part = shard.narrow(0, a, len).clone();
-    at::Tensor staged = at::empty({world_size_ * len}, full.options());
-    MPI_Request req = start_all_gather(staged, part);
-    wait(req, describe("all_gather (split)", rank_, world_size_, staged));
-    rows.narrow(1, a, len).copy_(staged.view({world_size_, len}));
+  // One call with one element per rank of a derived type as large as the shard: no staging
+  // copy (the old split staged world_size x max_count elements per call, as much as the
+  // tensor itself at exactly the sizes where memory is tight).
+  stats_.all_gather_calls++;
+  stats_.all_gather_bytes += full.numel() * full.element_size();
+  MPI_Datatype big = large_contiguous(shard.numel(), max_count_, mpi_type(shard.scalar_type()), shard.element_size());
+  const bool in_place = static_cast<const char*>(shard.data_ptr()) ==
+                        static_cast<const char*>(full.data_ptr()) + rank_ * shard.numel() * shard.element_size();
+  MPI_Request req;
+  MPI_Iallgather(in_place ? MPI_IN_PLACE : shard.data_ptr(), 1, big, full.data_ptr(), 1, big, comm_, &req);
+  try {
+    wait(req, describe("all_gather (large count)", rank_, world_size_, full));
+  } catch (...) {
+    MPI_Type_free(&big);
+    throw;
   }
+  MPI_Type_free(&big);
 }
 
 std::unique_ptr<Work> MpiCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
@@ -195,11 +238,14 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(at::Tensor& shard, c
   check_block_sizes("reduce_scatter", full, shard);
   if (shard.numel() > max_count_) {
     // Column range [a, a + len) of every rank's block, staged contiguously (world_size * len
-    // elements), reduce-scattered into shard[a, a + len). Split calls run blocking.
-    const int64_t s = shard.numel();
+    // elements), reduce-scattered into shard[a, a + len). Split calls run blocking. MPI's
+    // predefined reductions take predefined datatypes only, so no derived type here (as in
+    // all_gather_split); the staging is bounded instead: at most 2^26 elements per rank
+    // and call (world_size x 256 MiB of float32), not a tensor-sized copy.
+    const int64_t s = shard.numel(), chunk = std::min<int64_t>(max_count_, int64_t{1} << 26);
     at::Tensor rows = full.view({world_size_, s});
-    for (int64_t a = 0; a < s; a += max_count_) {
-      const int64_t len = std::min(max_count_, s - a);
+    for (int64_t a = 0; a < s; a += chunk) {
+      const int64_t len = std::min(chunk, s - a);
       at::Tensor staged = rows.narrow(1, a, len).contiguous().view({-1});
       at::Tensor part = at::empty({len}, shard.options());
       reduce_scatter_async(part, staged, op)->wait();

@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <hdf5.h>
+
 namespace shardgan::data {
 
 Hdf5Loader::Hdf5Loader(const Hdf5Dataset& dataset, const DistributedSampler& sampler, int64_t micro_batches,
@@ -10,6 +12,18 @@ Hdf5Loader::Hdf5Loader(const Hdf5Dataset& dataset, const DistributedSampler& sam
     : dataset_(dataset), sampler_(sampler), micro_batches_(micro_batches),
       queue_micro_batches_(queue_micro_batches), dtype_(dtype), with_labels_(with_labels) {
   if (micro_batches < 1) throw std::invalid_argument("Hdf5Loader: micro_batches must be >= 1");
+  // The read-ahead thread calls HDF5 while the main thread may write a checkpoint with it.
+  // A library built without --enable-threadsafe has no global lock and corrupts its state.
+  hbool_t threadsafe = false;
+  if (H5is_library_threadsafe(&threadsafe) < 0 || !threadsafe) {
+    unsigned major = 0, minor = 0, release = 0;
+    H5get_libversion(&major, &minor, &release);
+    throw std::runtime_error("data.source hdf5: the HDF5 library in use (" + std::to_string(major) + "." +
+                             std::to_string(minor) + "." + std::to_string(release) +
+                             ") is not thread-safe, and the data read-ahead thread shares it with checkpoint "
+                             "writes on the main thread. Use a thread-safe HDF5 build (Debian's libhdf5-dev is one; "
+                             "check that LD_LIBRARY_PATH does not put another libhdf5 first)");
+  }
   start(0);
 }
 

@@ -65,28 +65,46 @@ FeatureStats feature_stats(const at::Tensor& features) {
 
 void FeatureMoments::add(const at::Tensor& features) {
   const at::Tensor x = checked_features(features, "FeatureMoments::add");
-  if (!sum.defined()) {
-    sum = torch::zeros({x.size(1)}, torch::kDouble);
-    sum_outer = torch::zeros({x.size(1), x.size(1)}, torch::kDouble);
-  } else if (x.size(1) != sum.size(0)) {
+  if (mean.defined() && x.size(1) != mean.size(0)) {
     throw std::invalid_argument("FeatureMoments::add: features " + shape_str(x.sizes()) + " after ones of width " +
-                                std::to_string(sum.size(0)));
+                                std::to_string(mean.size(0)));
   }
-  n += x.size(0);
-  sum += x.sum(0);
-  sum_outer += x.t().mm(x);
+  FeatureMoments batch;
+  batch.n = x.size(0);
+  batch.mean = batch.n > 0 ? x.mean(0) : torch::zeros({x.size(1)}, torch::kDouble);
+  const at::Tensor c = x - batch.mean;
+  batch.m2 = c.t().mm(c);
+  merge(batch);
+}
+
+void FeatureMoments::merge(const FeatureMoments& o) {
+  if (!o.mean.defined()) return;
+  if (!mean.defined()) {
+    n = o.n;
+    mean = o.mean.to(torch::kCPU, torch::kDouble).clone();
+    m2 = o.m2.to(torch::kCPU, torch::kDouble).clone();
+    return;
+  }
+  if (o.mean.size(0) != mean.size(0)) {
+    throw std::invalid_argument("FeatureMoments::merge: width " + std::to_string(o.mean.size(0)) + " into width " +
+                                std::to_string(mean.size(0)));
+  }
+  if (o.n == 0) return;
+  const double na = static_cast<double>(n), nb = static_cast<double>(o.n), nt = na + nb;
+  const at::Tensor delta = o.mean.to(torch::kCPU, torch::kDouble) - mean;
+  mean = mean + delta * (nb / nt);
+  m2 = m2 + o.m2.to(torch::kCPU, torch::kDouble) + torch::outer(delta, delta) * (na * nb / nt);
+  n += o.n;
 }
 
 FeatureStats FeatureMoments::stats() const {
-  if (n < 2 || !sum.defined()) {
+  if (n < 2 || !mean.defined()) {
     throw std::invalid_argument("FeatureMoments::stats: need at least 2 feature vectors, got " + std::to_string(n));
   }
   FeatureStats s;
   s.n = n;
-  const at::Tensor sum64 = sum.to(torch::kCPU, torch::kDouble);
-  const at::Tensor outer64 = sum_outer.to(torch::kCPU, torch::kDouble);
-  s.mean = sum64 / static_cast<double>(n);
-  at::Tensor cov = (outer64 - static_cast<double>(n) * torch::outer(s.mean, s.mean)) / static_cast<double>(n - 1);
+  s.mean = mean.clone();
+  const at::Tensor cov = m2 / static_cast<double>(n - 1);
   s.cov = 0.5 * (cov + cov.t());
   return s;
 }

@@ -5,8 +5,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <map>
+#include <set>
+#include <mutex>
 
 #include <liburing.h>
 
@@ -14,8 +18,106 @@ namespace shardgan {
 
 namespace {
 
-struct Request {
+std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
+
+constexpr int kMaxRetries = 64;  // EAGAIN / no-progress retries of one request
+
+// The process-wide fault plan (direct_file.h, IoFaultPlan) and its operation counters.
+struct FaultState {
+  std::mutex mu;
+  bool env_read = false;
+  IoFaultPlan plan;
+  int64_t completions = 0, submits = 0;
+};
+FaultState& faults() {
+  static FaultState f;
+  return f;
+}
+
+void load_env_faults() {
+  FaultState& f = faults();
+  std::lock_guard<std::mutex> lk(f.mu);
+  if (f.env_read) return;
+  f.env_read = true;
+  if (const char* e = std::getenv("SHARDGAN_TEST_IO_FAULTS")) {
+    f.plan = parse_io_faults(e);
+    f.completions = f.submits = 0;
+  }
+}
+
+// The fault planned for the next completion ("" for none).
+std::string next_completion_fault() {
+  FaultState& f = faults();
+  std::lock_guard<std::mutex> lk(f.mu);
+  const int64_t i = f.completions++;
+  auto it = f.plan.completion.find(i);
+  if (it == f.plan.completion.end()) return {};
+  std::fprintf(stderr, "shardgan: injected I/O fault '%s' at completion %lld (SHARDGAN_TEST_IO_FAULTS)\n",
+               it->second.c_str(), static_cast<long long>(i));
+  return it->second;
+}
+
+// io_uring_submit, or the error planned for this call.
+int submit_or_fault(io_uring* ring) {
+  std::string kind;
+  {
+    FaultState& f = faults();
+    std::lock_guard<std::mutex> lk(f.mu);
+    auto it = f.plan.submit.find(f.submits++);
+    if (it != f.plan.submit.end()) kind = it->second;
+  }
+  if (!kind.empty()) std::fprintf(stderr, "shardgan: injected I/O fault '%s' at a submit (SHARDGAN_TEST_IO_FAULTS)\n", kind.c_str());
+  if (kind == "ebusy") return -EBUSY;
+  if (kind == "eio") return -EIO;
+  return io_uring_submit(ring);
+}
+
+}  // namespace
+
+IoFaultPlan parse_io_faults(const std::string& text) {
+  IoFaultPlan plan;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    const bool ok_shape = eq != std::string::npos && eq >= 2 && (item[0] == 'c' || item[0] == 's');
+    int64_t index = -1;
+    if (ok_shape) {
+      try {
+        index = std::stoll(item.substr(1, eq - 1));
+      } catch (...) {
+      }
+    }
+    const std::string kind = ok_shape ? item.substr(eq + 1) : "";
+    const bool completion_kind = kind == "short" || kind == "eagain" || kind == "eio" || kind == "enospc" || kind == "einval";
+    const bool submit_kind = kind == "ebusy" || kind == "eio";
+    if (index < 0 || (item[0] == 'c' && !completion_kind) || (item[0] == 's' && !submit_kind)) {
+      throw std::invalid_argument("SHARDGAN_TEST_IO_FAULTS: bad item '" + item +
+                                  "' (want c<index>=short|eagain|eio|enospc|einval or s<index>=ebusy|eio)");
+    }
+    (item[0] == 'c' ? plan.completion : plan.submit)[index] = kind;
+  }
+  return plan;
+}
+
+void set_io_faults(const IoFaultPlan& plan) {
+  for (auto* m : {&plan.completion, &plan.submit}) {
+    for (auto& [i, kind] : *m) parse_io_faults((m == &plan.completion ? "c" : "s") + std::to_string(i) + "=" + kind);
+  }
+  FaultState& f = faults();
+  std::lock_guard<std::mutex> lk(f.mu);
+  f.env_read = true;
+  f.plan = plan;
+  f.completions = f.submits = 0;
+}
+
+struct DirectFile::Request {
   bool write = false;
+  int retries = 0;      // EAGAIN / no-progress retries so far
   int64_t offset = 0;   // next byte to transfer
   char* buf = nullptr;  // next buffer byte
   int64_t left = 0;     // bytes still to transfer
@@ -23,22 +125,20 @@ struct Request {
   int64_t failed_at = 0;
 };
 
-std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
-
-}  // namespace
-
 struct DirectFile::Ring {
   io_uring ring{};
   bool ready = false;
   uint64_t next_ticket = 1;
   std::map<uint64_t, Request> pending;  // in flight or resubmitted
   std::map<uint64_t, Request> done;     // completed, not yet waited for
+  std::set<uint64_t> orphans;           // reported failed, still queued: their completion is dropped
   unsigned in_flight = 0;
   unsigned depth = 0;
 };
 
 DirectFile::DirectFile(std::string path, int64_t bytes, int queue_depth)
     : path_(std::move(path)), bytes_(bytes), ring_(std::make_unique<Ring>()) {
+  load_env_faults();
   if (bytes < 0 || bytes % kAlign != 0) {
     throw std::invalid_argument("offload file '" + path_ + "': size " + std::to_string(bytes) +
                                 " is not a multiple of " + std::to_string(kAlign));
@@ -93,17 +193,21 @@ DirectFile::DirectFile(std::string path, int64_t bytes, int queue_depth)
 
 DirectFile::~DirectFile() {
   if (ring_ && ring_->ready) {
+    io_uring_submit(&ring_->ring);  // entries queued by a failed submit complete too
     while (ring_->in_flight > 0) {
       io_uring_cqe* cqe = nullptr;
-      if (io_uring_wait_cqe(&ring_->ring, &cqe) < 0) break;
+      __kernel_timespec ts{30, 0};
+      if (io_uring_wait_cqe_timeout(&ring_->ring, &cqe, &ts) < 0) break;
       io_uring_cqe_seen(&ring_->ring, cqe);
       --ring_->in_flight;
     }
     io_uring_queue_exit(&ring_->ring);
   }
   if (fd_ >= 0) {
-    ::close(fd_);
+    // Unlink while the flock is held: closing first would let another run lock the file
+    // between the close and the unlink, and then lose it to our unlink.
     ::unlink(path_.c_str());
+    ::close(fd_);
   }
 }
 
@@ -134,24 +238,50 @@ uint64_t DirectFile::submit(bool write, int64_t offset, void* buf, int64_t bytes
   r.offset = offset;
   r.buf = static_cast<char*>(buf);
   r.left = bytes;
-  auto& ring = ring_->ring;
   while (ring_->in_flight >= ring_->depth) reap_one();
+  const int err = enqueue(t, r);
+  if (err != 0) {
+    ring_->done.erase(t);  // reported here, to the caller, not again to wait_all()
+    fail(write ? "io_uring_submit (write)" : "io_uring_submit (read)", err, offset);
+  }
+  return t;
+}
+
+int DirectFile::enqueue(uint64_t ticket, const Request& r) {
+  auto& ring = ring_->ring;
   io_uring_sqe* sqe = io_uring_get_sqe(&ring);
   if (!sqe) {  // the submission queue is full of unsubmitted entries
-    io_uring_submit(&ring);
+    submit_or_fault(&ring);
     sqe = io_uring_get_sqe(&ring);
-    if (!sqe) fail("io_uring_get_sqe", EBUSY, offset);
+    if (!sqe) return EBUSY;
   }
   // One request moves at most 1 GiB; longer ones continue on resubmission.
   const unsigned len = static_cast<unsigned>(std::min<int64_t>(r.left, int64_t{1} << 30));
-  if (write) io_uring_prep_write(sqe, fd_, r.buf, len, static_cast<uint64_t>(r.offset));
+  if (r.write) io_uring_prep_write(sqe, fd_, r.buf, len, static_cast<uint64_t>(r.offset));
   else io_uring_prep_read(sqe, fd_, r.buf, len, static_cast<uint64_t>(r.offset));
-  io_uring_sqe_set_data64(sqe, t);
-  const int e = io_uring_submit(&ring);
-  if (e < 0) fail(write ? "io_uring_submit (write)" : "io_uring_submit (read)", -e, offset);
+  io_uring_sqe_set_data64(sqe, ticket);
+  // Booked before the submit: the entry is in the queue now and completes once any later
+  // io_uring_submit sends it, even if this one fails (it used to be booked after, so a
+  // failed submit left a completion with no ticket and the unsigned count underflowed).
   ++ring_->in_flight;
-  ring_->pending.emplace(t, r);
-  return t;
+  ring_->pending[ticket] = r;
+  for (int attempt = 0;; ++attempt) {
+    const int e = submit_or_fault(&ring);
+    if (e >= 0) return 0;
+    const bool transient = e == -EBUSY || e == -EAGAIN || e == -EINTR;
+    if (!transient || attempt >= kMaxRetries) {
+      // The entry stays queued (and counted) until a later submit or the destructor; the
+      // request is reported failed to its waiter.
+      Request failed = r;
+      failed.error = -e;
+      failed.failed_at = r.offset;
+      ring_->pending.erase(ticket);
+      ring_->orphans.insert(ticket);
+      ring_->done[ticket] = failed;
+      return -e;
+    }
+    if (ring_->in_flight > 1) reap_one();  // make room: completions free kernel resources
+  }
 }
 
 void DirectFile::reap_one() {
@@ -162,50 +292,52 @@ void DirectFile::reap_one() {
   } while (e == -EINTR);
   if (e < 0) fail("io_uring_wait_cqe", -e, 0);
   const uint64_t t = io_uring_cqe_get_data64(cqe);
-  const int res = cqe->res;
+  int res = cqe->res;
   io_uring_cqe_seen(&ring_->ring, cqe);
-  --ring_->in_flight;
+  if (ring_->in_flight > 0) --ring_->in_flight;
+  if (ring_->orphans.erase(t)) return;  // its waiter has its error already
   auto it = ring_->pending.find(t);
   if (it == ring_->pending.end()) return;
   Request r = it->second;
   ring_->pending.erase(it);
+  const std::string fault = next_completion_fault();
+  if (fault == "short" && res > 512) res -= 512;
+  else if (fault == "eagain") res = -EAGAIN;
+  else if (fault == "eio") res = -EIO;
+  else if (fault == "enospc") res = -ENOSPC;
+  else if (fault == "einval") res = -EINVAL;
+  auto finish = [&](int err) {
+    r.error = err;
+    r.failed_at = r.offset;
+    ring_->done[t] = r;
+  };
   if (res == -EAGAIN || res == -EINTR) {
-    // Retry the same range.
+    if (++r.retries > kMaxRetries) return finish(-res);  // retry the same range, boundedly
+  } else if (res == -EINVAL && direct_) {
+    // The filesystem took O_DIRECT at open but refuses it on I/O: go buffered and retry.
+    const int flags = ::fcntl(fd_, F_GETFL);
+    if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) return finish(EINVAL);
+    direct_ = false;
   } else if (res < 0) {
-    r.error = -res;
-    r.failed_at = r.offset;
-    ring_->done.emplace(t, r);
-    return;
+    return finish(-res);
   } else if (res == 0) {  // nothing moved: past the end of the file
-    r.error = r.write ? ENOSPC : EIO;
-    r.failed_at = r.offset;
-    ring_->done.emplace(t, r);
-    return;
+    return finish(r.write ? ENOSPC : EIO);
   } else {
-    (r.write ? bytes_written_ : bytes_read_) += res;
-    r.offset += res;
-    r.buf += res;
-    r.left -= res;
+    // O_DIRECT needs aligned offsets: count only whole kAlign blocks of a short transfer
+    // and move the partial block again (same bytes, so harmless for reads and writes).
+    const int64_t done = res >= r.left || !direct_ ? res : (res / kAlign) * kAlign;
+    if (done == 0 && ++r.retries > kMaxRetries) return finish(EIO);
+    (r.write ? bytes_written_ : bytes_read_) += done;
+    r.offset += done;
+    r.buf += done;
+    r.left -= done;
   }
   if (r.left == 0) {
-    ring_->done.emplace(t, r);
+    ring_->done[t] = r;
     return;
   }
-  // A short transfer: submit the rest under the same ticket.
-  io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
-  if (!sqe) {
-    io_uring_submit(&ring_->ring);
-    sqe = io_uring_get_sqe(&ring_->ring);
-    if (!sqe) fail("io_uring_get_sqe", EBUSY, r.offset);
-  }
-  const unsigned len = static_cast<unsigned>(std::min<int64_t>(r.left, int64_t{1} << 30));
-  if (r.write) io_uring_prep_write(sqe, fd_, r.buf, len, static_cast<uint64_t>(r.offset));
-  else io_uring_prep_read(sqe, fd_, r.buf, len, static_cast<uint64_t>(r.offset));
-  io_uring_sqe_set_data64(sqe, t);
-  const int s = io_uring_submit(&ring_->ring);
-  if (s < 0) fail("io_uring_submit", -s, r.offset);
-  ++ring_->in_flight;
-  ring_->pending.emplace(t, r);
+  // The rest, under the same ticket (a failed enqueue reports the error to its waiter).
+  enqueue(t, r);
 }
 
 void DirectFile::wait(uint64_t ticket) {

@@ -1,16 +1,91 @@
 #include "shardgan/optim/optimizer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <map>
+
+#include <torch/torch.h>
 
 #include "shardgan/sharding/sharded_model.h"
 
 namespace shardgan {
+namespace {
+
+// Ranges [lo, hi) of unit u's shard (shard-local elements) that belong to parameters with
+// requires_grad off at this step.
+std::vector<std::pair<int64_t, int64_t>> frozen_ranges(const ShardedUnit& u) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int64_t s0 = u.shard_offset(), s1 = s0 + u.shard_numel();
+  for (const auto& s : u.slots()) {
+    if (s.param.requires_grad()) continue;
+    const int64_t lo = std::max(s.offset, s0), hi = std::min(s.offset + s.numel, s1);
+    if (lo < hi) out.emplace_back(lo - s0, hi - s0);
+  }
+  return out;
+}
+
+// The values of `t` in `ranges`, cloned (1-D, concatenated).
+at::Tensor take(const at::Tensor& t, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  std::vector<at::Tensor> parts;
+  for (auto [lo, hi] : ranges) parts.push_back(t.narrow(0, lo, hi - lo));
+  return torch::cat(parts).clone();
+}
+
+// Writes `saved` (from take) back into `t` at `ranges`.
+void put(at::Tensor& t, const at::Tensor& saved, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  int64_t k = 0;
+  for (auto [lo, hi] : ranges) {
+    t.narrow(0, lo, hi - lo).copy_(saved.narrow(0, k, hi - lo));
+    k += hi - lo;
+  }
+}
+
+}  // namespace
 
 void ShardedOptimizer::step() {
   if (schedule_) lr_ = schedule_->lr_at(step_);
   ++step_;
   const auto t0 = std::chrono::steady_clock::now();
+  // Frozen elements inside a flat parameter (a unit with mixed requires_grad): torch::optim
+  // skips a parameter without a gradient, leaving its value and its state untouched, but
+  // the kernels below step whole shards (weight decay, Adam's moments and SGD's momentum
+  // would move the frozen elements). So every optimizer, offloaded ones included, steps
+  // through this mask: the frozen ranges of value and state are kept and put back.
+  struct Kept {
+    size_t unit;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    at::Tensor value;
+    std::map<std::string, at::Tensor> state;
+  };
+  std::vector<Kept> kept;
+  torch::NoGradGuard no_grad;
+  auto& units = model_.units();
+  for (size_t i = 0; i < units.size(); ++i) {
+    auto ranges = frozen_ranges(*units[i]);
+    if (ranges.empty()) continue;
+    Kept k{i, ranges, take(units[i]->master_shard(), ranges), {}};
+    read_unit_state(i, [&](const std::string& name, at::Tensor& st) { k.state[name] = take(st, ranges); });
+    kept.push_back(std::move(k));
+  }
   update();
+  for (Kept& k : kept) {
+    ShardedUnit& u = *units[k.unit];
+    if (u.shard_offloaded()) {
+      at::Tensor v = u.master_shard();
+      put(v, k.value, k.ranges);
+      u.set_master_shard(v);
+    } else {
+      put(u.shard(), k.value, k.ranges);
+    }
+    std::map<std::string, at::Tensor> now;  // full copies: a tier's write needs every element
+    read_unit_state(k.unit, [&](const std::string& name, at::Tensor& st) { now[name] = st.clone(); });
+    write_unit_state(k.unit, [&](const std::string& name, at::Tensor& st) {
+      at::Tensor& v = now.at(name);
+      put(v, k.state.at(name), k.ranges);
+      st.copy_(v);
+    });
+    after_frozen_restore(k.unit);
+  }
   update_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

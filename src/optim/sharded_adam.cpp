@@ -87,6 +87,10 @@ void adam_torch_step(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tens
   p.addcdiv_(m, denom, -lr / bc1);
 }
 
+void ShardedAdam::after_frozen_restore(size_t unit) {
+  if (copies_.at(unit).defined()) copies_[unit].copy_(model_.units().at(unit)->shard());
+}
+
 void ShardedAdam::set_param_copy(size_t unit, at::Tensor out) {
   if (cfg_.param_copy == ParamCopy::kNone) throw std::invalid_argument("set_param_copy: param_copy is off");
   const at::Tensor& s = model_.units().at(unit)->shard();

@@ -159,9 +159,20 @@ void ShardedModel::end_higher_order() {
     (*it)->set_plain(false);
     (*it)->reduce_gradients();
   }
+  next_reduce_ = 0;
   finish_reduces();
   for (auto& u : units_) u->free_full();
   higher_order_ = false;
+}
+
+void ShardedModel::abandon_step() {
+  for (auto& u : units_) u->set_plain(false);
+  higher_order_ = false;
+  recording_ = false;
+  for (auto& u : units_) u->abandon();
+  reducing_.clear();
+  next_reduce_ = 0;
+  callback_queued_ = false;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardedModel::gather_full_parameters() {
@@ -218,6 +229,33 @@ void ShardedModel::on_reduce_started(ShardedUnit& u) {
   max_in_flight_ = std::max(max_in_flight_, reducing_.size());
 }
 
+std::vector<size_t> ShardedModel::reduction_order() const {
+  std::vector<size_t> seq;
+  seq.reserve(units_.size());
+  if (recorded_) {
+    for (size_t i = order_.size(); i-- > 0;) {
+      if (order_pos_[order_[i]] == static_cast<ptrdiff_t>(i)) seq.push_back(order_[i]);  // first run only
+    }
+  }
+  for (size_t i = units_.size(); i-- > 0;) {
+    if (!recorded_ || order_pos_[i] < 0) seq.push_back(i);
+  }
+  return seq;
+}
+
+void ShardedModel::start_reduces(bool flush) {
+  const std::vector<size_t> seq = reduction_order();
+  while (next_reduce_ < seq.size()) {
+    ShardedUnit& u = *units_[seq[next_reduce_]];
+    if (u.expects_reduce()) {
+      if (!flush && !u.gradients_staged()) return;  // later units wait for this one
+      u.start_reduce();
+    }
+    ++next_reduce_;
+  }
+  if (flush) next_reduce_ = 0;
+}
+
 void ShardedModel::finish_reduces() {
   for (ShardedUnit* u : reducing_) u->finish_reduce();
   reducing_.clear();
@@ -230,6 +268,7 @@ void ShardedModel::ensure_backward_callback() {
   // in reverse forward order, which is the same on every rank.
   detail::queue_backward_callback([this] {
     for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->finish_backward();
+    start_reduces(/*flush=*/true);
     finish_reduces();
     callback_queued_ = false;
   });

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
+#include <unordered_map>
 #include <stdexcept>
 
 #include <torch/torch.h>
@@ -14,18 +16,60 @@
 namespace shardgan {
 namespace {
 
+// Live units, each with a generation number: autograd nodes and tensor hooks that a unit
+// puts into a graph hold (address, generation), never a bare `this`. A graph can outlive
+// its unit (a user keeps a loss and destroys the model): its backward then finds the pair
+// gone and throws std::logic_error instead of calling into freed memory (an address may be
+// reused by a new unit, hence the generation).
+std::mutex g_live_mu;
+std::unordered_map<const ShardedUnit*, uint64_t> g_live;
+uint64_t g_next_generation = 1;
+
+uint64_t register_live(const ShardedUnit* u) {
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  g_live[u] = g_next_generation;
+  return g_next_generation++;
+}
+
+void unregister_live(const ShardedUnit* u) {
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  g_live.erase(u);
+}
+
+uint64_t generation_of(const ShardedUnit* u) {
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  auto it = g_live.find(u);
+  return it == g_live.end() ? 0 : it->second;
+}
+
+// The unit behind (address, generation), or a std::logic_error naming `name`.
+ShardedUnit* live_unit(int64_t addr, int64_t gen, const std::string& name) {
+  auto* u = reinterpret_cast<ShardedUnit*>(addr);
+  {
+    std::lock_guard<std::mutex> lk(g_live_mu);
+    auto it = g_live.find(u);
+    if (it != g_live.end() && it->second == static_cast<uint64_t>(gen)) return u;
+  }
+  throw std::logic_error("sharding unit '" + name + "' was destroyed before the backward of a graph it built; "
+                         "run backward (or drop the graph) before destroying the model");
+}
+
 // Identity on one unit input that requires grad. Its backward runs once the gradient of
 // that input (for this use of it) is complete, i.e. once the unit's own backward is done
 // with it; the unit counts these to know when its gathered parameters are no longer needed.
 struct InputGradReady : torch::autograd::Function<InputGradReady> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x, int64_t unit) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x, int64_t unit, int64_t gen,
+                            std::string name) {
     ctx->saved_data["unit"] = unit;
+    ctx->saved_data["gen"] = gen;
+    ctx->saved_data["name"] = name;
     return x;  // returned as a view of x with this node as its grad_fn
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    reinterpret_cast<ShardedUnit*>(ctx->saved_data["unit"].toInt())->on_input_grad_ready();
-    return {grads[0], at::Tensor()};
+    live_unit(ctx->saved_data["unit"].toInt(), ctx->saved_data["gen"].toInt(),
+              ctx->saved_data["name"].toStringRef())->on_input_grad_ready();
+    return {grads[0], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -134,9 +178,11 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
     // and FSDP1 detect gradient readiness.
     accumulators_.push_back(detail::add_grad_ready_hook(s.param, [this] { on_param_grad_ready(); }));
   }
+  register_live(this);
 }
 
 ShardedUnit::~ShardedUnit() {
+  unregister_live(this);
   // The accumulators may outlive us inside a graph that is still alive; drop our hooks.
   accumulators_.clear();
   for (auto& s : slots_) detail::release_parameter(s.param);
@@ -252,6 +298,7 @@ TensorList ShardedUnit::forward(const TensorList& inputs) {
                            "call ShardedModel::begin_higher_order() first");
   }
   if (!plain_) {
+    if (owner_) owner_->before_unit_forward();  // may throw (an abandoned step): nothing gathered yet
     gather();
     if (owner_) owner_->on_unit_forward(*this);  // records the order, or prefetches the next
   }
@@ -262,18 +309,22 @@ TensorList ShardedUnit::forward(const TensorList& inputs) {
     at::Tensor t = x.defined() && x.is_floating_point() && x.scalar_type() != compute_dtype_
                        ? x.to(compute_dtype_) : x;
     if (!plain_ && t.defined() && t.requires_grad() && at::GradMode::is_enabled()) {
-      t = InputGradReady::apply(t, reinterpret_cast<int64_t>(this));
+      t = InputGradReady::apply(t, reinterpret_cast<int64_t>(this), static_cast<int64_t>(generation_of(this)), name_);
       ++input_grads_expected_;
     }
     in.push_back(std::move(t));
   }
   TensorList out = forward_(in);
   if (plain_) return out;
+  // Every rank runs the same unit forwards, so this, unlike which parameters got a
+  // gradient, is the same on every rank: the unit takes part in the next reduction.
+  if (at::GradMode::is_enabled() && trainable()) expects_reduce_ = true;
   bool any = false;
   for (at::Tensor& y : out) {
     if (!y.defined() || !y.requires_grad()) continue;
     any = true;
-    y.register_hook([this](const at::Tensor&) { on_pre_backward(); });
+    y.register_hook([addr = reinterpret_cast<int64_t>(this), gen = static_cast<int64_t>(generation_of(this)),
+                     name = name_](const at::Tensor&) { live_unit(addr, gen, name)->on_pre_backward(); });
   }
   expects_backward_ = expects_backward_ || any;
   if (cfg_.reshard_after_forward) free_full();
@@ -304,8 +355,14 @@ void ShardedUnit::on_input_grad_ready() { on_backward_part_done(); }
 void ShardedUnit::on_backward_part_done() {
   if (!backward_armed_) return;
   if (--pending_grads_ > 0) return;
-  reduce_gradients();
-  free_full();
+  if (owner_) {
+    stage_gradients();  // local; the owner starts reductions in an order every rank shares
+    free_full();
+    owner_->on_unit_grads_staged();
+  } else {
+    reduce_gradients();
+    free_full();
+  }
   backward_armed_ = false;
   input_grads_expected_ = 0;
   expects_backward_ = false;
@@ -318,25 +375,50 @@ void ShardedUnit::finish_backward() {
     free_full();  // a prefetch for a backward that did not reach this unit
     return;
   }
-  reduce_gradients();
+  stage_gradients();  // the owner's end-of-backward callback starts the reduction
   free_full();
   backward_armed_ = false;
 }
 
+bool ShardedUnit::trainable() const {
+  for (auto& s : slots_) {
+    if (s.param.requires_grad() || s.param.grad().defined()) return true;
+  }
+  return false;
+}
+
 void ShardedUnit::reduce_gradients() {
-  bool any = false;
-  for (auto& s : slots_) any = any || s.param.grad().defined();
-  if (!any) return;
+  if (!trainable()) return;  // frozen on every rank alike (set_requires_grad is symmetric)
+  stage_gradients();
+  start_reduce();
+}
+
+void ShardedUnit::stage_gradients() {
+  if (!trainable()) return;
   const bool persistent = cfg_.stage <= 1;
-  at::Tensor flat = persistent ? grad_flat_
-                               : torch::zeros({padded_numel_}, torch::TensorOptions().dtype(reduce_dtype_));
-  if (!persistent) peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(flat));
+  if (!staged_) {
+    staged_flat_ = persistent ? grad_flat_
+                              : torch::zeros({padded_numel_}, torch::TensorOptions().dtype(reduce_dtype_));
+    if (!persistent) peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(staged_flat_));
+    staged_ = true;
+    expects_reduce_ = true;  // a staged gradient is always reduced
+  }
   for (auto& s : slots_) {
     at::Tensor& g = s.param.mutable_grad();
-    if (!g.defined()) continue;
-    flat.narrow(0, s.offset, s.numel).add_(g.reshape({-1}));
+    if (!g.defined()) continue;  // unused on this rank: its part stays zero, as in FSDP
+    staged_flat_.narrow(0, s.offset, s.numel).add_(g.reshape({-1}));
     g.reset();
   }
+}
+
+void ShardedUnit::start_reduce() {
+  if (!staged_) stage_gradients();  // nothing arrived on this rank: reduce zeros
+  if (!staged_) return;             // no trainable parameter
+  at::Tensor flat = std::move(staged_flat_);
+  staged_flat_ = at::Tensor();
+  staged_ = false;
+  expects_reduce_ = false;
+  const bool persistent = cfg_.stage <= 1;
   if (persistent && !sync_) return;  // accumulate locally until the boundary (DDP no_sync)
   if (cfg_.stage == 0) {
     {
@@ -390,6 +472,20 @@ void ShardedUnit::zero_grad() {
   finish_reduce();
   if (grad_flat_.defined()) grad_flat_.zero_();
   grad_shard_.zero_();
+}
+
+void ShardedUnit::abandon() {
+  finish_reduce();
+  free_full();  // waits for a prefetch in flight
+  backward_armed_ = false;
+  expects_backward_ = false;
+  expects_reduce_ = false;
+  pending_grads_ = 0;
+  input_grads_expected_ = 0;
+  staged_ = false;
+  staged_flat_ = at::Tensor();
+  for (auto& s : slots_) s.param.mutable_grad().reset();
+  zero_grad();
 }
 
 void ShardedUnit::set_requires_grad(bool on) {

@@ -256,6 +256,8 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
           "must be skip or abort");
   c.max_nonfinite_steps = r.get<int64_t>("train.max_nonfinite_steps", c.max_nonfinite_steps);
   require(c.max_nonfinite_steps >= 1, r, "train.max_nonfinite_steps", "must be >= 1");
+  c.preempt_grace_s = r.get<double>("train.preempt_grace_s", c.preempt_grace_s);
+  require(c.preempt_grace_s >= 0, r, "train.preempt_grace_s", "must be >= 0 (seconds; 0 = off)");
   c.eval_enabled = r.get<bool>("eval.enabled", c.eval_enabled);
   c.eval_every = r.get<int64_t>("train.eval_every", c.eval_every);
   require(c.eval_every >= 0, r, "train.eval_every", "must be >= 0 (0 = only at the end)");

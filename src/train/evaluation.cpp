@@ -18,23 +18,32 @@ namespace {
 
 constexpr int64_t kChunk = 64;  // generated images per rank per G forward
 
-// Sums n, sum, sum_outer and `extra` (float64, any length) over ranks: one all-reduce of a
-// packed float64 buffer.
+// Collective (one all-gather): merges every rank's moments in rank order, so that every
+// rank gets the same bits, and sums `extra` (float64, any length, same on every rank).
 eval::FeatureMoments all_reduce_moments(eval::FeatureMoments m, at::Tensor& extra, Communicator& comm) {
   const int64_t F = eval::kClassifierFeatureDim;
-  if (!m.sum.defined()) {
-    m.sum = torch::zeros({F}, torch::kDouble);
-    m.sum_outer = torch::zeros({F, F}, torch::kDouble);
+  if (!m.mean.defined()) {
+    m.mean = torch::zeros({F}, torch::kDouble);
+    m.m2 = torch::zeros({F, F}, torch::kDouble);
   }
-  const int64_t E = extra.numel();
-  at::Tensor packed = torch::cat({torch::tensor({static_cast<double>(m.n)}, torch::kDouble), extra, m.sum,
-                                  m.sum_outer.reshape({-1})});
-  comm.all_reduce(packed, ReduceOp::kSum);
-  m.n = static_cast<int64_t>(packed[0].item<double>());
-  extra = packed.narrow(0, 1, E).clone();
-  m.sum = packed.narrow(0, 1 + E, F).clone();
-  m.sum_outer = packed.narrow(0, 1 + E + F, F * F).reshape({F, F}).clone();
-  return m;
+  const int64_t E = extra.numel(), len = 1 + E + F + F * F, W = comm.world_size();
+  const at::Tensor mine = torch::cat({torch::tensor({static_cast<double>(m.n)}, torch::kDouble), extra, m.mean,
+                                      m.m2.reshape({-1})});
+  at::Tensor all = torch::empty({W * len}, torch::kDouble);
+  comm.all_gather(all, mine);
+  eval::FeatureMoments merged;
+  at::Tensor sum_extra = torch::zeros({E}, torch::kDouble);
+  for (int64_t r = 0; r < W; ++r) {
+    const at::Tensor p = all.narrow(0, r * len, len);
+    eval::FeatureMoments part;
+    part.n = static_cast<int64_t>(p[0].item<double>());
+    part.mean = p.narrow(0, 1 + E, F);
+    part.m2 = p.narrow(0, 1 + E + F, F * F).reshape({F, F});
+    sum_extra += p.narrow(0, 1, E);
+    merged.merge(part);
+  }
+  extra = sum_extra;
+  return merged;
 }
 
 }  // namespace

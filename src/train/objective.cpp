@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "shardgan/comm/communicator.h"
+#include "shardgan/nn/power_iteration.h"
 #include "shardgan/optim/clip_grad.h"
 #include "shardgan/optim/loss_scaler.h"
 #include "shardgan/optim/optimizer.h"
@@ -67,7 +68,13 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
       at::Tensor loss_real = d_loss_real(d_real) / k;
       r.r1 += r1 / d_steps_;
       d.model->set_gradient_sync(j == k - 1);
-      at::Tensor d_fake = d.model->forward(TensorList{fake, y_fake}).at(0).reshape({-1}).to(md);
+      at::Tensor d_fake;
+      {
+        // BigGAN-PyTorch's D sees real and fake in one forward, so spectral norm advances
+        // u once per D forward of a D step: the real pass did it.
+        PowerIterationPause once;
+        d_fake = d.model->forward(TensorList{fake, y_fake}).at(0).reshape({-1}).to(md);
+      }
       at::Tensor loss_fake = d_loss_fake(d_fake) / k;
       d.scaler->scale_loss(loss_fake).backward();
       const at::Tensor loss_d = (loss_real.detach() + loss_fake.detach()).to(at::kDouble);
@@ -78,6 +85,7 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
     }
     double norm = 0;
     bool nonfinite = false;
+    if (before_update_) before_update_();
     if (!finish_update(d, norm, s, loss_finite, nonfinite)) r.skipped_d = true;
     r.nonfinite_d = r.nonfinite_d || nonfinite;
     r.grad_norm_d = norm;
@@ -100,6 +108,7 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
     stats[1] += loss_g;
   }
   d.model->set_requires_grad(true);
+  if (before_update_) before_update_();
   r.skipped_g = !finish_update(g, r.grad_norm_g, 0, g_loss_finite, r.nonfinite_g);
   r.loss_scale_d = d.scaler->scale();
   r.loss_scale_g = g.scaler->scale();

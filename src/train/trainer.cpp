@@ -92,13 +92,34 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   if (cfg_.ema_enabled) ema_ = std::make_unique<ShardedEma>(*g_, cfg_.ema);
   objective_ = std::make_unique<GanObjective>(cfg_.loss, cfg_.d_steps, cfg_.micro_batches, cfg_.grad_clip, comm_,
                                               cfg_.r1_gamma, cfg_.r1_every);
+  if (cfg_.preempt_grace_s > 0) {
+    g_->set_unit_hook([this] { grace_vote(); });
+    d_->set_unit_hook([this] { grace_vote(); });
+    objective_->set_before_update([this] { abandonable_ = false; });
+  }
   periodic_ = std::make_unique<PeriodicActions>(cfg_, comm_);
   if (cfg_.eval_enabled) evaluator_ = std::make_unique<Evaluator>(cfg_, comm_, family_);
   noise_gen_ = at::detail::createCPUGenerator(cfg_.seed + 3);
   fixed_inputs_ = fixed_sample_inputs(cfg_, &sample_nrow_);
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // Explicit order (issue 22). The evaluator, periodic actions, objective and EMA refer to
+  // the models and optimizers. The models go before the optimizers: with parameter offload
+  // their units read the master shards from the optimizer (ShardSource), so the source
+  // must outlive them; an optimizer's destructor does not touch its model. The data
+  // loader's read-ahead thread stops before the dataset it reads.
+  evaluator_.reset();
+  periodic_.reset();
+  objective_.reset();
+  ema_.reset();
+  g_.reset();
+  d_.reset();
+  opt_g_.reset();
+  opt_d_.reset();
+  loader_.reset();
+  dataset_.reset();
+}
 
 void Trainer::load_images(const ImageShape& shape, int64_t classes) {
   if (!images_.defined()) {
@@ -155,6 +176,19 @@ TensorList Trainer::real_micro(int64_t micro) {
 
 StepMetrics Trainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
+  step_t0_ = t0;
+  if (cfg_.preempt_grace_s > 0) {
+    torch::NoGradGuard no_grad;
+    step_start_.counters = counters_;
+    step_start_.noise_state = noise_gen_.get_state();
+    step_start_.batch_epoch = batch_epoch_;
+    step_start_.batch_index = batch_index_;
+    step_start_.buffers.clear();
+    for (ShardedModel* m : {g_.get(), d_.get()}) {
+      for (auto& kv : m->named_buffers()) step_start_.buffers.push_back(kv.second.clone());
+    }
+    abandonable_ = true;
+  }
   StepInputs in;
   in.real = [this](int64_t micro) { return real_micro(micro); };
   in.latents = [this] { return draw_latents(); };
@@ -169,6 +203,7 @@ StepMetrics Trainer::train_step() {
   const std::array<double, 4> before = times();
   StepMetrics r = objective_->step({g_.get(), opt_g_.get(), scaler_g_.get()},
                                    {d_.get(), opt_d_.get(), scaler_d_.get()}, in);
+  abandonable_ = false;
   const std::array<double, 4> after = times();
   r.time_collective_s = after[0] - before[0];
   r.time_offload_read_s = after[1] - before[1];
@@ -179,7 +214,57 @@ StepMetrics Trainer::train_step() {
   r.step = counters_.step;
   check_nonfinite(r);
   r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  last_step_s_ = r.step_time_s;
   return r;
+}
+
+namespace {
+
+// Thrown on every rank at the same unit boundary to abandon a step (train.preempt_grace_s).
+struct StepAbandoned : std::runtime_error {
+  StepAbandoned() : std::runtime_error("step abandoned for preemption") {}
+};
+
+}  // namespace
+
+void Trainer::grace_vote() {
+  if (!abandonable_) return;
+  const double age = preemption_signal_age_s();
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0_).count();
+  double save_s = last_save_s_;
+  if (save_s <= 0) {  // no save yet: the model state at an assumed 200 MB/s
+    save_s = static_cast<double>(memory_stats(*g_).model_state_bytes() + memory_stats(*d_).model_state_bytes()) / 200e6;
+  }
+  const bool want = must_abandon_step(cfg_.preempt_grace_s, age, last_step_s_, elapsed, save_s);
+  at::Tensor v = torch::tensor({age >= 0 ? 1.0 : 0.0, want ? 1.0 : 0.0}, torch::kDouble);
+  comm_.all_reduce(v, ReduceOp::kMax);
+  if (v[1].item<double>() == 0) return;
+  abandonable_ = false;
+  abandoning_ = true;
+  throw StepAbandoned();
+}
+
+std::string Trainer::abandon_step_and_save() {
+  torch::NoGradGuard no_grad;
+  const int64_t abandoned = counters_.step + 1;
+  const double into = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0_).count();
+  counters_ = step_start_.counters;
+  noise_gen_.set_state(step_start_.noise_state);
+  batch_epoch_ = step_start_.batch_epoch;
+  batch_index_ = step_start_.batch_index;
+  size_t i = 0;
+  for (ShardedModel* m : {g_.get(), d_.get()}) {
+    m->abandon_step();
+    for (auto& kv : m->named_buffers()) kv.second.copy_(step_start_.buffers.at(i++));
+  }
+  const std::string dir = save();
+  ProgressLine::finish();
+  if (comm_.rank() == 0) {
+    spdlog::warn("preemption: abandoned step {} ({:.1f} s into it; a step takes {:.1f} s, train.preempt_grace_s is {}), "
+                 "saved step {} in {:.1f} s, {:.1f} s after the signal: {}. Continue with --resume auto",
+                 abandoned, into, last_step_s_, cfg_.preempt_grace_s, counters_.step, last_save_s_, preemption_signal_age_s(), dir);
+  }
+  return dir;
 }
 
 void Trainer::check_nonfinite(StepMetrics& r) {
@@ -232,8 +317,10 @@ std::string Trainer::save() {
   counters_.scalars["nonfinite_steps"] = static_cast<double>(nonfinite_steps_);
   counters_.scalars["nonfinite_in_a_row"] = static_cast<double>(nonfinite_in_a_row_);
   SaveStats st;
+  const auto t0 = std::chrono::steady_clock::now();
   std::string dir = save_checkpoint(cfg_.run_dir, counters_, checkpoint_models(),
                                     cfg_.resolved_yaml, comm_, static_cast<int>(cfg_.keep_checkpoints), &st);
+  last_save_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (comm_.rank() == 0) {
     spdlog::info("saved step {}: {:.2f} MB on rank 0, training stalled {:.3f} s", counters_.step,
                  st.bytes / 1e6, st.total_s);
@@ -242,7 +329,10 @@ std::string Trainer::save() {
 }
 
 void Trainer::resume(const std::string& path) {
-  const std::string dir = resolve_checkpoint_dir(path);
+  load_resolved(agree_checkpoint_dir(path, comm_, /*none_is_fresh=*/false));
+}
+
+void Trainer::load_resolved(const std::string& dir) {
   load_checkpoint(dir, counters_, checkpoint_models(), comm_);
   for (auto [prefix, scaler] : {std::pair{"g.", scaler_g_.get()}, std::pair{"d.", scaler_d_.get()}}) {
     std::vector<std::pair<std::string, double>> st;
@@ -263,14 +353,12 @@ void Trainer::resume(const std::string& path) {
 }
 
 bool Trainer::resume_auto() {
-  std::string dir;
-  try {
-    dir = resolve_checkpoint_dir(cfg_.run_dir);
-  } catch (const CheckpointError&) {  // nothing committed there: a first start
+  const std::string dir = agree_checkpoint_dir(cfg_.run_dir, comm_, /*none_is_fresh=*/true);
+  if (dir.empty()) {  // nothing committed there (as rank 0 sees it): a first start on every rank
     if (comm_.rank() == 0) spdlog::info("--resume auto: no committed checkpoint under {}; starting fresh", cfg_.run_dir);
     return false;
   }
-  resume(dir);
+  load_resolved(dir);
   return true;
 }
 
@@ -317,7 +405,14 @@ void Trainer::run(const nlohmann::json& preflight) {
   std::string last_ckpt, last_samples;
   double avg_step_s = 0;
   while (counters_.step < cfg_.steps) {
-    StepMetrics m = train_step();
+    StepMetrics m;
+    try {
+      m = train_step();
+    } catch (...) {
+      if (!abandoning_) throw;
+      abandon_step_and_save();
+      return;
+    }
     avg_step_s = avg_step_s == 0 ? m.step_time_s : 0.9 * avg_step_s + 0.1 * m.step_time_s;
     ProgressLine::show(progress_text(m, cfg_.steps, cfg_.global_batch, avg_step_s, summary));
     if (periodic_->log_due(m.step)) {

@@ -93,4 +93,13 @@ void wait_for_checkpoint_cleanup();
 /// between the rename and its update). Throws CheckpointError.
 std::string resolve_checkpoint_dir(const std::string& path);
 
+/// Collective (every rank, same order: two broadcasts from rank 0 and one all-reduce of
+/// world_size() doubles). Rank 0 alone resolves `path` (resolve_checkpoint_dir) and
+/// broadcasts its choice; every rank then confirms that it sees that checkpoint's index,
+/// so that all ranks load the same step or none does. Returns the directory, or "" when
+/// there is nothing to resume and `none_is_fresh` (--resume auto on a first start).
+/// Throws CheckpointError on every rank: rank 0's resolution error, or, naming the ranks,
+/// when some rank cannot see the chosen checkpoint.
+std::string agree_checkpoint_dir(const std::string& path, Communicator& comm, bool none_is_fresh);
+
 }  // namespace shardgan

@@ -39,10 +39,11 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm() const { return comm_; }
 
   /// Largest element count passed to one MPI call: INT_MAX by default, since MPI counts
-  /// are `int`. A collective above it is split into several calls of at most this many
-  /// elements per rank (all-gather and reduce-scatter stage each column range through a
-  /// buffer of world_size() * count elements), and an async one then completes before it
-  /// returns. Tests lower it to exercise the split with small tensors. `n` >= 1.
+  /// are `int`. Above it, an all-gather is one call on a derived datatype as large as the
+  /// shard (no copy); reduce-scatter, all-reduce and broadcast are split into calls of at
+  /// most this many elements per rank (reduce-scatter stages each column range through a
+  /// buffer of world_size() * min(count, 2^26) elements). An async one then completes
+  /// before it returns. Tests lower it to exercise these paths with small tensors. `n` >= 1.
   void set_max_count(int64_t n) { max_count_ = n; }
   int64_t max_count() const { return max_count_; }
 
@@ -51,7 +52,7 @@ class MpiCommunicator final : public Communicator {
   void wait(MPI_Request& req, const std::string& what);
   /// Checks arguments, counts traffic and starts the all-gather.
   MPI_Request start_all_gather(at::Tensor& full, const at::Tensor& shard);
-  /// all_gather in calls of at most max_count_ elements per rank (blocking).
+  /// all_gather of more than max_count_ elements per rank, on a derived datatype (blocking).
   void all_gather_split(at::Tensor& full, const at::Tensor& shard);
   friend class MpiWork;
 

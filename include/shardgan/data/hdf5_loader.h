@@ -22,7 +22,9 @@ class Hdf5Loader {
  public:
   /// `dataset` and `sampler` must outlive the loader; `sampler` must have been built with
   /// N = dataset.size() and `micro_batches`. Labels are returned only if `with_labels`.
-  /// Starts prefetching at (0, 0, 0); call restart() for another position.
+  /// Starts prefetching at (0, 0, 0); call restart() for another position. Throws
+  /// std::runtime_error, naming the HDF5 version, if the HDF5 library is not thread-safe
+  /// (H5is_library_threadsafe): the read-ahead thread shares it with checkpoint writes.
   Hdf5Loader(const Hdf5Dataset& dataset, const DistributedSampler& sampler, int64_t micro_batches,
              at::ScalarType dtype, int64_t queue_micro_batches, bool with_labels);
   ~Hdf5Loader();

@@ -26,24 +26,29 @@ struct FeatureStats {
 /// or it is not a float dtype.
 FeatureStats feature_stats(const at::Tensor& features);
 
-/// Running sums of feature vectors, for statistics over data that arrives in batches or is
-/// spread over ranks: `n`, `sum` and `sum_outer` of several accumulators add up to those of
-/// the union of their data, so ranks may all-reduce (sum) the three fields (n as a tensor
-/// or an integer) and call stats() on the result. The accumulator itself is local.
-/// One-pass formula: cov = (sum_outer - n mean mean^T) / (n - 1), which loses about
-/// log10(max_i mean_i^2 / var_i) of float64's 16 significant digits to cancellation (for
-/// the classifier's ReLU features, whose means are of the order of their standard
-/// deviations, about one digit).
+/// Centred moments of feature vectors, for statistics over data that arrives in batches or is
+/// spread over ranks. Each batch is centred on its own mean (two-pass) and merged with
+/// Chan, Golub and LeVeque's pairwise update ("Algorithms for computing the sample
+/// variance", 1983; the parallel form of Welford's method):
+///   delta = mean_b - mean_a,  n = n_a + n_b,  mean = mean_a + delta n_b / n,
+///   m2 = m2_a + m2_b + delta delta^T n_a n_b / n.
+/// Unlike the one-pass sum of x x^T minus n mean mean^T, which loses log10(mean^2 / var)
+/// digits to cancellation (8 of float64's 16 for features shifted by 1e4), this keeps the
+/// accuracy of a two-pass covariance. Ranks merge their moments in rank order
+/// (evaluation.cpp all-gathers them), so every rank gets the same bits. Local.
 struct FeatureMoments {
-  int64_t n = 0;         ///< feature vectors added so far
-  at::Tensor sum;        ///< float64 CPU [F]: sum of the vectors (undefined until the first add)
-  at::Tensor sum_outer;  ///< float64 CPU [F, F]: sum of x x^T (undefined until the first add)
+  int64_t n = 0;    ///< feature vectors added so far
+  at::Tensor mean;  ///< float64 CPU [F]: their mean (undefined until the first add)
+  at::Tensor m2;    ///< float64 CPU [F, F]: sum of (x - mean)(x - mean)^T (undefined until the first add)
 
   /// Adds `features` [N, F] (any float dtype and device; N may be 0). Throws
   /// std::invalid_argument naming the shape if it is not 2-D or F differs from earlier adds.
   void add(const at::Tensor& features);
-  /// Mean and unbiased covariance of everything added (cov symmetrized exactly). Throws
-  /// std::invalid_argument if n < 2.
+  /// Adds the moments of another set of vectors (same F; either may be empty). Throws
+  /// std::invalid_argument if the widths differ.
+  void merge(const FeatureMoments& other);
+  /// Mean and unbiased covariance (m2 / (n - 1), symmetrized exactly) of everything added.
+  /// Throws std::invalid_argument if n < 2.
   FeatureStats stats() const;
 };
 

@@ -3,6 +3,7 @@
 /// io_uring (Debian's liburing), the way DeepSpeed's async I/O library drives NVMe for
 /// ZeRO-Infinity (Rajbhandari et al. 2021, Sec. 6.3). Local: no communication. No torch.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -15,6 +16,25 @@ class OffloadError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+/// Test hook: I/O faults to inject into every DirectFile of this process, keyed by the
+/// 0-based index of the operation (counted process-wide from set_io_faults()): a
+/// completion ("c<i>") or an io_uring_submit call ("s<i>"). Tests set it directly or
+/// through the environment variable SHARDGAN_TEST_IO_FAULTS, read when the first
+/// DirectFile is made, e.g. "c3=short,c5=eagain,c9=eio,s2=ebusy,s4=eio". Kinds:
+/// short (the transfer reports 512 bytes fewer than it moved, leaving a misaligned
+/// remainder), eagain, eio, enospc, einval (the filesystem refuses O_DIRECT on I/O) at a
+/// completion; ebusy (transient) or eio (fatal) at a submit. Never set in production.
+struct IoFaultPlan {
+  std::map<int64_t, std::string> completion;  ///< completion index -> kind
+  std::map<int64_t, std::string> submit;      ///< submit call index -> kind
+};
+/// Replaces the process-wide plan and restarts the operation counters. Throws
+/// std::invalid_argument for an unknown kind.
+void set_io_faults(const IoFaultPlan& plan);
+/// Parses "c3=short,s2=ebusy" (the environment variable's format); throws
+/// std::invalid_argument naming the bad item.
+IoFaultPlan parse_io_faults(const std::string& text);
 
 class DirectFile {
  public:
@@ -29,8 +49,10 @@ class DirectFile {
   /// direct() is false (the caller logs a warning). `queue_depth`: io_uring entries, 1-4096.
   /// Throws OffloadError naming the path for every failure.
   DirectFile(std::string path, int64_t bytes, int queue_depth);
-  /// Waits for requests in flight, closes and removes the file (its contents are scratch:
-  /// the checkpoint is the only durable state).
+  /// Waits for requests in flight (at most 30 s: a request that never completes is left
+  /// to the kernel), removes the file, then closes it: the flock is held until the name is
+  /// gone, so another run cannot take the file in between. Its contents are scratch: the
+  /// checkpoint is the only durable state.
   ~DirectFile();
   DirectFile(const DirectFile&) = delete;
   DirectFile& operator=(const DirectFile&) = delete;
@@ -41,8 +63,12 @@ class DirectFile {
   uint64_t submit_read(int64_t offset, void* buf, int64_t bytes);
   /// Starts writing; as submit_read.
   uint64_t submit_write(int64_t offset, const void* buf, int64_t bytes);
-  /// Blocks until request `ticket` has completed (short transfers are resubmitted).
-  /// Throws OffloadError naming the path, the offset and the error (ENOSPC: disk full).
+  /// Blocks until request `ticket` has completed. Short transfers are resubmitted from the
+  /// last kAlign boundary reached (O_DIRECT needs aligned offsets), EAGAIN and EINTR are
+  /// retried (up to 64 times without progress), and an EINVAL from a filesystem that
+  /// accepted O_DIRECT at open but refuses it on I/O switches the file to buffered I/O and
+  /// retries. Throws OffloadError naming the path, the offset and the error (ENOSPC: disk
+  /// full); the other requests stay valid.
   void wait(uint64_t ticket);
   /// Waits for every request in flight; throws as wait() for the first failure.
   void wait_all();
@@ -56,7 +82,11 @@ class DirectFile {
 
  private:
   struct Ring;
+  struct Request;
   uint64_t submit(bool write, int64_t offset, void* buf, int64_t bytes);
+  /// Queues request `r` under `ticket` and submits it (retrying transient submit errors);
+  /// returns 0, or the errno with which it was reported failed (in the done map).
+  int enqueue(uint64_t ticket, const Request& r);
   void reap_one();
   [[noreturn]] void fail(const std::string& what, int err, int64_t offset) const;
 

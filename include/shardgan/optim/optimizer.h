@@ -30,6 +30,9 @@ class ShardedOptimizer {
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
   /// Local (no communication): one update of every unit's shard() from its grad_shard().
+  /// Elements of parameters whose requires_grad is off (frozen inside a unit) keep their
+  /// value and their state, as torch::optim leaves a parameter without a gradient: every
+  /// optimizer steps through that mask, offloaded ones included.
   /// If a schedule is set, first sets lr() to schedule().lr_at(step_count()); then
   /// increments step_count() and updates. Does not zero the gradients. The model then
   /// needs ShardedModel::after_optimizer_step() (all-gather at stages 1-2, compute-dtype
@@ -89,6 +92,9 @@ class ShardedOptimizer {
   /// The update itself: step_count() is already the 1-based index of this step and lr() its
   /// learning rate.
   virtual void update() = 0;
+  /// Called after the frozen elements of unit `unit`'s shard were put back: an optimizer
+  /// that keeps a derived copy of the shard (Adam's 16-bit param_copy) refreshes it.
+  virtual void after_frozen_restore(size_t unit) {}
 
   ShardedModel& model_;
   int64_t step_ = 0;

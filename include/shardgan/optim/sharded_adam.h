@@ -71,6 +71,7 @@ class ShardedAdam final : public ShardedOptimizer {
 
  protected:
   void update() override;
+  void after_frozen_restore(size_t unit) override;
 
  private:
   AdamConfig cfg_;

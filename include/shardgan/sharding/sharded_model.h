@@ -1,6 +1,7 @@
 #pragma once
 /// A model split into sharding units that run in sequence (FSDP-style explicit wrapping:
 /// the LibTorch C++ frontend has no module forward hooks, so units are wrapped by hand).
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -86,6 +87,16 @@ class ShardedModel {
   /// Collective at stages 1 and 2 (one all-gather per unit). Call after every optimizer
   /// step so that every rank's full parameters hold the updated values.
   void after_optimizer_step();
+  /// Local. Called at the start of every unit forward (not in plain, higher-order mode),
+  /// identically on every rank: the trainer votes there on preemption (it may throw to
+  /// abandon the step; see abandon_step). Empty: nothing.
+  void set_unit_hook(std::function<void()> hook) { unit_hook_ = std::move(hook); }
+  /// Collective only in completing the reductions and all-gathers already in flight,
+  /// which every rank started alike. After an exception left a step half done (before any
+  /// optimizer update): waits for them, frees every gathered unit, drops staged and
+  /// accumulated gradients and the backward bookkeeping, so that the model is as after
+  /// zero_grad() at a step boundary.
+  void abandon_step();
   /// Local: train or eval mode on every unit's module.
   void train(bool on);
 
@@ -129,12 +140,21 @@ class ShardedModel {
 
   // Called by units from autograd hooks. Not for users.
   void on_unit_gathered();
+  /// A unit forward (not plain) is about to run: calls the unit hook.
+  void before_unit_forward() {
+    if (unit_hook_) unit_hook_();
+  }
   /// A unit's forward is starting: records the order (first pass) or prefetches the next.
   void on_unit_forward(ShardedUnit& u);
   /// The unit that ran before `u` in the recorded order, or nullptr.
   ShardedUnit* previous_in_order(const ShardedUnit& u);
   void ensure_backward_callback();
   void before_reduce_start(ShardedUnit& u);
+  /// A unit's gradients are staged: starts every staged reduction that is next in the
+  /// reduction order (reverse of the recorded forward order, over units that expect a
+  /// reduction), so that every rank issues its collectives in the same order even when
+  /// their backward graphs differ (a data-dependent branch).
+  void on_unit_grads_staged() { start_reduces(false); }
   void on_reduce_started(ShardedUnit& u);
   /// Waits for every reduce-scatter in flight, oldest first (the end-of-backward callback
   /// does this, so gradients are complete when backward() returns).
@@ -155,6 +175,13 @@ class ShardedModel {
   bool recording_ = false, recorded_ = false, ownership_checked_ = false;
   bool callback_queued_ = false;
   bool higher_order_ = false;  // between begin_higher_order() and end_higher_order()
+  std::function<void()> unit_hook_;
+  size_t next_reduce_ = 0;  // position in reduction_order() of the next unit to reduce
+  /// Reverse of the first-forward order; units the recorded forward did not run come last.
+  std::vector<size_t> reduction_order() const;
+  /// Starts reductions in reduction_order() while the next one is staged; with `flush`,
+  /// also those not staged (zeros on this rank), then starts the next backward afresh.
+  void start_reduces(bool flush);
   std::vector<ShardedUnit*> reducing_;  // units with a reduce-scatter in flight, oldest first
   size_t max_in_flight_ = 0;
   int64_t peak_full_bytes_ = 0;

@@ -109,8 +109,24 @@ class ShardedUnit {
   /// reduce dtype and releases them. Stages 2 and 3 then reduce-scatter (average) it into
   /// grad_shard() right away; stages 0 and 1 keep accumulating locally until a backward
   /// with gradient sync on (the accumulation boundary), then all-reduce (0) or
-  /// reduce-scatter (1). Skipped, on every rank alike, when no parameter got a gradient.
+  /// reduce-scatter (1). A parameter that got no gradient on this rank (a data-dependent
+  /// branch) contributes zeros: the unit always takes part in the collective, as FSDP
+  /// does. Skipped only when no parameter requires grad (a frozen unit: the same on
+  /// every rank, since freezing is a local call every rank makes).
   void reduce_gradients();
+  /// Local: adds the parameters' .grad into the flat gradient buffer and releases them
+  /// (a no-op for a frozen unit). start_reduce() then sends it.
+  void stage_gradients();
+  /// Collective (see reduce_gradients): reduces what stage_gradients() staged, or zeros
+  /// when nothing was staged on this rank.
+  void start_reduce();
+  /// Whether the unit's parameters take part in the next reduction: a forward with
+  /// autograd on reached a trainable parameter of it, or a gradient was staged.
+  bool expects_reduce() const { return expects_reduce_; }
+  /// Whether stage_gradients() staged a gradient that start_reduce() has not sent yet.
+  bool gradients_staged() const { return staged_; }
+  /// Whether some parameter of the unit requires grad or holds one.
+  bool trainable() const;
   /// Waits for this unit's reduce-scatter in flight, if any, and adds its result into
   /// grad_shard(). Local apart from the MPI wait.
   void finish_reduce();
@@ -125,6 +141,9 @@ class ShardedUnit {
   void after_optimizer_step();
   /// Local: zeroes the gradient shard and any accumulated flat gradient.
   void zero_grad();
+  /// See ShardedModel::abandon_step: completes collectives in flight, frees the gathered
+  /// parameters, drops gradients and backward state.
+  void abandon();
 
   /// Toggles requires_grad on every parameter (a frozen unit yields input gradients only).
   void set_requires_grad(bool on);
@@ -218,6 +237,9 @@ class ShardedUnit {
   bool gathered_ = false;
   bool sync_ = true;
   bool expects_backward_ = false;     // last forward's output required grad
+  bool expects_reduce_ = false;       // see expects_reduce()
+  bool staged_ = false;               // staged_flat_ holds this step's flat gradient
+  at::Tensor staged_flat_;            // P elements, reduce dtype (grad_flat_ at stages 0-1)
   std::unique_ptr<Work> prefetch_work_;  // all-gather in flight into full_
   std::unique_ptr<Work> reduce_work_;    // reduce-scatter in flight
   at::Tensor reduce_in_, reduce_out_;    // its buffers (flat gradient, reduced slice)

@@ -76,6 +76,9 @@ class GanObjective {
   /// (Mescheder et al. 2018, Eq. 9) to D's loss on every `r1_every`-th D update, scaled by
   /// r1_every (StyleGAN2's lazy regularization, Karras et al. 2020, Sec. 3.1), through
   /// ShardedModel::begin_higher_order (D is gathered whole for that real pass).
+  /// Called before every optimizer update of a step (the trainer ends there the part of
+  /// the step that a preemption may abandon). Local.
+  void set_before_update(std::function<void()> f) { before_update_ = std::move(f); }
   GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches, double grad_clip,
                Communicator& comm, double r1_gamma = 0.0, int64_t r1_every = 1);
 
@@ -94,6 +97,7 @@ class GanObjective {
   StepMetrics step(TrainedModel g, TrainedModel d, const StepInputs& in);
 
  private:
+  std::function<void()> before_update_;
   /// Collective: unscale and vote (float16), or vote on finite loss and gradients (other
   /// dtypes: one all-reduce of one element), clip, then step, post-step all-gather and zero
   /// the gradients. Returns whether the optimizer stepped; sets `nonfinite` when the vote

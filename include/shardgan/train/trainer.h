@@ -2,6 +2,7 @@
 /// The training loop: builds G and D of the configured model family (deferred sharded
 /// initialization), runs GAN steps (objective.h), and the periodic actions (periodic.h):
 /// metrics, samples, checkpoints. Both models are sharded on their own.
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -55,11 +56,14 @@ class Trainer {
 
   /// Collective. Saves a checkpoint of the current state; returns its directory.
   std::string save();
-  /// Collective. Restores from what `--resume` names (see resolve_checkpoint_dir); with
-  /// data.source hdf5 the read-ahead restarts at the restored epoch and batch.
+  /// Collective. Restores from what `--resume` names (see resolve_checkpoint_dir): rank 0
+  /// picks the checkpoint and every rank confirms it sees it (agree_checkpoint_dir), so
+  /// all ranks load the same step; with data.source hdf5 the read-ahead restarts at the
+  /// restored epoch and batch. Throws CheckpointError on every rank.
   void resume(const std::string& path);
   /// Collective. `--resume auto`: resumes from the newest committed checkpoint under
-  /// cfg.run_dir and returns true, or returns false (a fresh start) when there is none.
+  /// cfg.run_dir, as rank 0 sees it, and returns true, or returns false on every rank (a
+  /// fresh start) when rank 0 sees none.
   bool resume_auto();
   /// Collective (G forward). Writes PNG grids from the fixed sample batch (rank 0 writes):
   /// 8x8 for an unconditional family, one class per row for a conditional one, and the
@@ -80,12 +84,33 @@ class Trainer {
   const TrainConfig& config() const { return cfg_; }
 
  private:
+  /// Collective: loads checkpoint directory `dir`, agreed on by every rank.
+  void load_resolved(const std::string& dir);
   std::vector<ModelAndOptimizer> checkpoint_models();
   /// Counts a step whose update was skipped for a NaN or Inf, and throws NonFiniteError
   /// when the policy says so (identically on every rank: the flags were voted).
   void check_nonfinite(StepMetrics& r);
   /// Collective (one all-reduce): the largest preemption signal any rank received, or 0.
   int preemption_vote();
+  /// Collective at every unit forward while the step may still be abandoned (before its
+  /// first optimizer update), with train.preempt_grace_s > 0: one all-reduce of 2 doubles;
+  /// throws StepAbandoned on every rank when any rank must abandon (must_abandon_step).
+  void grace_vote();
+  /// Collective: puts back the state of the step's start (counters, noise RNG, the models'
+  /// buffers), clears the models' half-done step, saves, and logs. Returns the checkpoint.
+  std::string abandon_step_and_save();
+  /// The state that an abandoned step must give back (train.preempt_grace_s > 0).
+  struct StepStart {
+    TrainCounters counters;
+    at::Tensor noise_state;
+    std::vector<at::Tensor> buffers;  // G's then D's named_buffers()
+    int64_t batch_epoch = 0, batch_index = 0;
+  };
+  StepStart step_start_;
+  bool abandonable_ = false;   // inside a step, before its first optimizer update
+  bool abandoning_ = false;    // grace_vote threw
+  double last_step_s_ = 0, last_save_s_ = 0;
+  std::chrono::steady_clock::time_point step_t0_;
   TensorList draw_latents();  // a whole global batch {z, y} (same on every rank)
   at::Tensor local_micro(const at::Tensor& global, int64_t micro) const;  // this rank's part
   TensorList real_micro(int64_t micro);

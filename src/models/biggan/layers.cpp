@@ -1,5 +1,7 @@
 #include "models/biggan/layers.h"
 
+#include "shardgan/nn/power_iteration.h"
+
 #include <cmath>
 
 #include <torch/torch.h>
@@ -50,8 +52,12 @@ at::Tensor spectral_sigma(const at::Tensor& weight, at::Tensor& u, bool update, 
     u_new = normalize_row(at::mm(v, wm.t()), eps);    // [1, out]
     if (update) u.copy_(u_new);
   }
-  const auto dt = weight.scalar_type();
-  return at::mm(at::mm(v.to(dt), w.t()), u_new.to(dt).t()).squeeze();
+  // sigma in at least float32: a bfloat16 product keeps 8 bits of the sum over `in`, and
+  // every output is divided by it. Differentiable in W through the cast; the float32 copy
+  // of a 16-bit W is transient (the product's backward keeps v, not W).
+  const auto dt = at::promote_types(weight.scalar_type(), at::kFloat);
+  const at::Tensor wd = w.scalar_type() == dt ? w : w.to(dt);
+  return at::mm(at::mm(v.to(dt), wd.t()), u_new.to(dt).t()).squeeze();
 }
 
 }  // namespace
@@ -63,7 +69,9 @@ std::pair<at::Tensor, at::Tensor> spectral_normalize(const at::Tensor& weight, a
 }
 
 at::Tensor SNBase::sigma() {
-  at::Tensor s = spectral_sigma(weight, u, is_training(), kSnEps);
+  const bool advance = is_training() && !power_iteration_paused();
+  at::Tensor s = spectral_sigma(weight, u, advance, kSnEps);
+  if (advance) ++advances_;
   last_sigma_ = s.detach();
   return s;
 }

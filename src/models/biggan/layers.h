@@ -36,15 +36,16 @@ constexpr double kBnMomentum = 0.1;
 /// `power_iteration` with num_svs = 1). With W the weight viewed as [out, in] (rows = dim 0,
 /// so an embedding [n, d] has out = n):
 ///   v = normalize(u W), u' = normalize(v W^T)  (no grad, in u's dtype; W converted to it)
-///   sigma = v W^T u'^T                          (in W's dtype, differentiable in W)
+///   sigma = v W^T u'^T                          (float32 or W's dtype if wider; differentiable in W)
 /// normalize(x) = x / max(||x||, eps). When `update`, u' is written into `u` in place.
 /// `u`: [1, out], float32 or float64. Returns {W / sigma (W's shape and dtype), sigma (0-dim,
-/// W's dtype)}. Local.
+/// float32, or float64 for a float64 W)}. Local.
 std::pair<at::Tensor, at::Tensor> spectral_normalize(const at::Tensor& weight, at::Tensor& u,
                                                      bool update, double eps = kSnEps);
 
 /// Base of the SN layers: parameter "weight", buffer "u" [1, weight.size(0)] (randn).
-/// One power iteration per training-mode forward updates u; eval mode leaves it.
+/// One power iteration per training-mode forward updates u; eval mode, and a forward under
+/// a PowerIterationPause (shardgan/nn/power_iteration.h), leave it.
 ///
 /// The layers compute op(x, W) / sigma (+ bias) rather than op(x, W / sigma): the ops are
 /// linear in W, so the result is the same, but autograd then saves W itself, a view of the
@@ -54,13 +55,16 @@ std::pair<at::Tensor, at::Tensor> spectral_normalize(const at::Tensor& weight, a
 class SNBase : public torch::nn::Module {
  public:
   at::Tensor weight, u;
-  /// sigma of the last forward (detached, 0-dim, the weight's dtype); undefined before.
+  /// sigma of the last forward (detached, 0-dim, float32 or float64); undefined before.
   const at::Tensor& last_sigma() const { return last_sigma_; }
+  /// How many times u was advanced (training-mode forwards outside a pause). Local.
+  int64_t advances() const { return advances_; }
 
  protected:
   /// sigma (differentiable in W), updating u in training mode; remembers it.
   at::Tensor sigma();
   at::Tensor last_sigma_;
+  int64_t advances_ = 0;
 };
 
 /// Conv2d with spectral norm (BigGAN-PyTorch SNConv2d): stride 1, "weight"
