@@ -270,8 +270,11 @@ int DirectFile::enqueue(uint64_t ticket, const Request& r) {
     if (e >= 0) return 0;
     const bool transient = e == -EBUSY || e == -EAGAIN || e == -EINTR;
     if (!transient || attempt >= kMaxRetries) {
-      // The entry stays queued (and counted) until a later submit or the destructor; the
-      // request is reported failed to its waiter.
+      // The entry stays queued (and counted) until a later submit or the destructor sends
+      // it, but as a no-op: the caller is told the request failed and may free its buffer,
+      // which the kernel must then never touch. (A failed io_uring_enter consumed nothing.)
+      io_uring_prep_nop(sqe);
+      io_uring_sqe_set_data64(sqe, ticket);
       Request failed = r;
       failed.error = -e;
       failed.failed_at = r.offset;
