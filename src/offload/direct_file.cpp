@@ -253,7 +253,13 @@ int DirectFile::enqueue(uint64_t ticket, const Request& r) {
   if (!sqe) {  // the submission queue is full of unsubmitted entries
     submit_or_fault(&ring);
     sqe = io_uring_get_sqe(&ring);
-    if (!sqe) return EBUSY;
+    if (!sqe) {  // reported to the waiter (a resubmission) or, by submit(), to the caller
+      Request failed = r;
+      failed.error = EBUSY;
+      failed.failed_at = r.offset;
+      ring_->done[ticket] = failed;
+      return EBUSY;
+    }
   }
   // One request moves at most 1 GiB; longer ones continue on resubmission.
   const unsigned len = static_cast<unsigned>(std::min<int64_t>(r.left, int64_t{1} << 30));
