@@ -148,29 +148,6 @@ void MpiCommunicator::wait(MPI_Request& req, const std::string& what) {
   }
 }
 
-MPI_Request MpiCommunicator::start_all_gather(at::Tensor& full, const at::Tensor& shard) {
-  check_cpu_contiguous(full, "all_gather", "full", rank_);
-  check_cpu_contiguous(shard, "all_gather", "shard", rank_);
-  check_block_sizes("all_gather", full, shard);
-  stats_.all_gather_calls++;
-  stats_.all_gather_bytes += full.numel() * full.element_size();
-  MPI_Datatype dt = mpi_type(shard.scalar_type());
-  // `shard` may be this rank's block of `full` itself (ZeRO-1/2 keep the owned partition
-  // inside the full parameter); MPI forbids overlapping buffers, so use MPI_IN_PLACE.
-  const bool in_place = static_cast<const char*>(shard.data_ptr()) ==
-                        static_cast<const char*>(full.data_ptr()) + rank_ * shard.numel() * shard.element_size();
-  MPI_Request req;
-  MPI_Iallgather(in_place ? MPI_IN_PLACE : shard.data_ptr(), static_cast<int>(shard.numel()), dt,
-                 full.data_ptr(), static_cast<int>(shard.numel()), dt, comm_, &req);
-  return req;
-}
-
-void MpiCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
-  if (shard.numel() > max_count_) return all_gather_split(full, shard);
-  MPI_Request req = start_all_gather(full, shard);
-  wait(req, describe("all_gather", rank_, world_size_, full));
-}
-
 namespace {
 
 // A committed datatype of `n` elements of `base` (n may exceed INT_MAX): q blocks of `chunk`
@@ -199,34 +176,37 @@ MPI_Datatype large_contiguous(int64_t n, int64_t chunk, MPI_Datatype base, int64
 
 }  // namespace
 
-void MpiCommunicator::all_gather_split(at::Tensor& full, const at::Tensor& shard) {
+MPI_Request MpiCommunicator::start_all_gather(at::Tensor& full, const at::Tensor& shard) {
   check_cpu_contiguous(full, "all_gather", "full", rank_);
   check_cpu_contiguous(shard, "all_gather", "shard", rank_);
   check_block_sizes("all_gather", full, shard);
-  // One call with one element per rank of a derived type as large as the shard: no staging
-  // copy (the old split staged world_size x max_count elements per call, as much as the
-  // tensor itself at exactly the sizes where memory is tight).
   stats_.all_gather_calls++;
   stats_.all_gather_bytes += full.numel() * full.element_size();
-  MPI_Datatype big = large_contiguous(shard.numel(), max_count_, mpi_type(shard.scalar_type()), shard.element_size());
+  MPI_Datatype dt = mpi_type(shard.scalar_type());
+  // `shard` may be this rank's block of `full` itself (ZeRO-1/2 keep the owned partition
+  // inside the full parameter); MPI forbids overlapping buffers, so use MPI_IN_PLACE.
   const bool in_place = static_cast<const char*>(shard.data_ptr()) ==
                         static_cast<const char*>(full.data_ptr()) + rank_ * shard.numel() * shard.element_size();
+  // Above max_count_ elements per rank: one element per rank of a derived type as large
+  // as the shard, no staging copy (a split used to stage world_size x max_count elements
+  // per call, as much as the tensor itself at exactly the sizes where memory is tight).
+  // MPI lets the type be freed once the operation has started.
+  const bool large = shard.numel() > max_count_;
+  const int count = large ? 1 : static_cast<int>(shard.numel());
+  if (large) dt = large_contiguous(shard.numel(), max_count_, dt, shard.element_size());
   MPI_Request req;
-  MPI_Iallgather(in_place ? MPI_IN_PLACE : shard.data_ptr(), 1, big, full.data_ptr(), 1, big, comm_, &req);
-  try {
-    wait(req, describe("all_gather (large count)", rank_, world_size_, full));
-  } catch (...) {
-    MPI_Type_free(&big);
-    throw;
-  }
-  MPI_Type_free(&big);
+  MPI_Iallgather(in_place ? MPI_IN_PLACE : shard.data_ptr(), count, dt, full.data_ptr(), count, dt, comm_, &req);
+  if (large) MPI_Type_free(&dt);
+  return req;
 }
 
+void MpiCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
+  MPI_Request req = start_all_gather(full, shard);
+  wait(req, describe("all_gather", rank_, world_size_, full));
+}
+
+
 std::unique_ptr<Work> MpiCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
-  if (shard.numel() > max_count_) {  // split calls run blocking; the handle is complete
-    all_gather_split(full, shard);
-    return std::make_unique<DoneWork>();
-  }
   MPI_Request req = start_all_gather(full, shard);
   return std::make_unique<MpiWork>(*this, req, describe("all_gather (prefetch)", rank_, world_size_, full));
 }
@@ -240,7 +220,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(at::Tensor& shard, c
     // Column range [a, a + len) of every rank's block, staged contiguously (world_size * len
     // elements), reduce-scattered into shard[a, a + len). Split calls run blocking. MPI's
     // predefined reductions take predefined datatypes only, so no derived type here (as in
-    // all_gather_split); the staging is bounded instead: at most 2^26 elements per rank
+    // start_all_gather); the staging is bounded instead: at most 2^26 elements per rank
     // and call (world_size x 256 MiB of float32), not a tensor-sized copy.
     const int64_t s = shard.numel(), chunk = std::min<int64_t>(max_count_, int64_t{1} << 26);
     at::Tensor rows = full.view({world_size_, s});

@@ -72,6 +72,12 @@ int submit_or_fault(io_uring* ring) {
   return io_uring_submit(ring);
 }
 
+// Whether `kind` is a fault of operation `op` ('c': completion, 's': submit).
+bool known_fault(char op, const std::string& kind) {
+  if (op == 'c') return kind == "short" || kind == "eagain" || kind == "eio" || kind == "enospc" || kind == "einval";
+  return op == 's' && (kind == "ebusy" || kind == "eio");
+}
+
 }  // namespace
 
 IoFaultPlan parse_io_faults(const std::string& text) {
@@ -93,9 +99,7 @@ IoFaultPlan parse_io_faults(const std::string& text) {
       }
     }
     const std::string kind = ok_shape ? item.substr(eq + 1) : "";
-    const bool completion_kind = kind == "short" || kind == "eagain" || kind == "eio" || kind == "enospc" || kind == "einval";
-    const bool submit_kind = kind == "ebusy" || kind == "eio";
-    if (index < 0 || (item[0] == 'c' && !completion_kind) || (item[0] == 's' && !submit_kind)) {
+    if (index < 0 || !known_fault(item[0], kind)) {
       throw std::invalid_argument("SHARDGAN_TEST_IO_FAULTS: bad item '" + item +
                                   "' (want c<index>=short|eagain|eio|enospc|einval or s<index>=ebusy|eio)");
     }
@@ -105,8 +109,12 @@ IoFaultPlan parse_io_faults(const std::string& text) {
 }
 
 void set_io_faults(const IoFaultPlan& plan) {
-  for (auto* m : {&plan.completion, &plan.submit}) {
-    for (auto& [i, kind] : *m) parse_io_faults((m == &plan.completion ? "c" : "s") + std::to_string(i) + "=" + kind);
+  for (auto [op, m] : {std::pair{'c', &plan.completion}, std::pair{'s', &plan.submit}}) {
+    for (auto& [i, kind] : *m) {
+      if (i < 0 || !known_fault(op, kind)) {
+        throw std::invalid_argument(std::string("set_io_faults: bad fault '") + op + std::to_string(i) + "=" + kind + "'");
+      }
+    }
   }
   FaultState& f = faults();
   std::lock_guard<std::mutex> lk(f.mu);
@@ -248,18 +256,20 @@ uint64_t DirectFile::submit(bool write, int64_t offset, void* buf, int64_t bytes
 }
 
 int DirectFile::enqueue(uint64_t ticket, const Request& r) {
+  // A failure is reported to the waiter (a resubmission) or, by submit(), to the caller.
+  auto report = [&](int err) {
+    Request failed = r;
+    failed.error = err;
+    failed.failed_at = r.offset;
+    ring_->done[ticket] = failed;
+    return err;
+  };
   auto& ring = ring_->ring;
   io_uring_sqe* sqe = io_uring_get_sqe(&ring);
   if (!sqe) {  // the submission queue is full of unsubmitted entries
     submit_or_fault(&ring);
     sqe = io_uring_get_sqe(&ring);
-    if (!sqe) {  // reported to the waiter (a resubmission) or, by submit(), to the caller
-      Request failed = r;
-      failed.error = EBUSY;
-      failed.failed_at = r.offset;
-      ring_->done[ticket] = failed;
-      return EBUSY;
-    }
+    if (!sqe) return report(EBUSY);
   }
   // One request moves at most 1 GiB; longer ones continue on resubmission.
   const unsigned len = static_cast<unsigned>(std::min<int64_t>(r.left, int64_t{1} << 30));
@@ -281,13 +291,9 @@ int DirectFile::enqueue(uint64_t ticket, const Request& r) {
       // which the kernel must then never touch. (A failed io_uring_enter consumed nothing.)
       io_uring_prep_nop(sqe);
       io_uring_sqe_set_data64(sqe, ticket);
-      Request failed = r;
-      failed.error = -e;
-      failed.failed_at = r.offset;
       ring_->pending.erase(ticket);
       ring_->orphans.insert(ticket);
-      ring_->done[ticket] = failed;
-      return -e;
+      return report(-e);
     }
     if (ring_->in_flight > 1) reap_one();  // make room: completions free kernel resources
   }

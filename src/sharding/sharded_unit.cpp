@@ -25,10 +25,9 @@ std::mutex g_live_mu;
 std::unordered_map<const ShardedUnit*, uint64_t> g_live;
 uint64_t g_next_generation = 1;
 
-uint64_t register_live(const ShardedUnit* u) {
+void register_live(const ShardedUnit* u) {
   std::lock_guard<std::mutex> lk(g_live_mu);
-  g_live[u] = g_next_generation;
-  return g_next_generation++;
+  g_live[u] = g_next_generation++;
 }
 
 void unregister_live(const ShardedUnit* u) {
@@ -302,6 +301,8 @@ TensorList ShardedUnit::forward(const TensorList& inputs) {
     gather();
     if (owner_) owner_->on_unit_forward(*this);  // records the order, or prefetches the next
   }
+  // This unit's registry generation, for the autograd hooks below (one lookup per forward).
+  const int64_t gen = plain_ ? 0 : static_cast<int64_t>(generation_of(this));
   TensorList in;
   in.reserve(inputs.size());
   for (const at::Tensor& x : inputs) {
@@ -309,7 +310,7 @@ TensorList ShardedUnit::forward(const TensorList& inputs) {
     at::Tensor t = x.defined() && x.is_floating_point() && x.scalar_type() != compute_dtype_
                        ? x.to(compute_dtype_) : x;
     if (!plain_ && t.defined() && t.requires_grad() && at::GradMode::is_enabled()) {
-      t = InputGradReady::apply(t, reinterpret_cast<int64_t>(this), static_cast<int64_t>(generation_of(this)), name_);
+      t = InputGradReady::apply(t, reinterpret_cast<int64_t>(this), gen, name_);
       ++input_grads_expected_;
     }
     in.push_back(std::move(t));
@@ -323,8 +324,9 @@ TensorList ShardedUnit::forward(const TensorList& inputs) {
   for (at::Tensor& y : out) {
     if (!y.defined() || !y.requires_grad()) continue;
     any = true;
-    y.register_hook([addr = reinterpret_cast<int64_t>(this), gen = static_cast<int64_t>(generation_of(this)),
-                     name = name_](const at::Tensor&) { live_unit(addr, gen, name)->on_pre_backward(); });
+    y.register_hook([addr = reinterpret_cast<int64_t>(this), gen, name = name_](const at::Tensor&) {
+      live_unit(addr, gen, name)->on_pre_backward();
+    });
   }
   expects_backward_ = expects_backward_ || any;
   if (cfg_.reshard_after_forward) free_full();
@@ -475,7 +477,6 @@ void ShardedUnit::zero_grad() {
 }
 
 void ShardedUnit::abandon() {
-  finish_reduce();
   free_full();  // waits for a prefetch in flight
   backward_armed_ = false;
   expects_backward_ = false;
@@ -485,7 +486,7 @@ void ShardedUnit::abandon() {
   staged_ = false;
   staged_flat_ = at::Tensor();
   for (auto& s : slots_) s.param.mutable_grad().reset();
-  zero_grad();
+  zero_grad();  // completes a reduce-scatter in flight first
 }
 
 void ShardedUnit::set_requires_grad(bool on) {

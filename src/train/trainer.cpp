@@ -230,12 +230,15 @@ struct StepAbandoned : std::runtime_error {
 void Trainer::grace_vote() {
   if (!abandonable_) return;
   const double age = preemption_signal_age_s();
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0_).count();
-  double save_s = last_save_s_;
-  if (save_s <= 0) {  // no save yet: the model state at an assumed 200 MB/s
-    save_s = static_cast<double>(memory_stats(*g_).model_state_bytes() + memory_stats(*d_).model_state_bytes()) / 200e6;
+  bool want = false;
+  if (age >= 0) {  // the estimates are needed only once a signal came
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0_).count();
+    double save_s = last_save_s_;
+    if (save_s <= 0) {  // no save yet: the model state at an assumed 200 MB/s
+      save_s = static_cast<double>(memory_stats(*g_).model_state_bytes() + memory_stats(*d_).model_state_bytes()) / 200e6;
+    }
+    want = must_abandon_step(cfg_.preempt_grace_s, age, last_step_s_, elapsed, save_s);
   }
-  const bool want = must_abandon_step(cfg_.preempt_grace_s, age, last_step_s_, elapsed, save_s);
   at::Tensor v = torch::tensor({age >= 0 ? 1.0 : 0.0, want ? 1.0 : 0.0}, torch::kDouble);
   comm_.all_reduce(v, ReduceOp::kMax);
   if (v[1].item<double>() == 0) return;

@@ -42,18 +42,17 @@ class MpiCommunicator final : public Communicator {
   /// are `int`. Above it, an all-gather is one call on a derived datatype as large as the
   /// shard (no copy); reduce-scatter, all-reduce and broadcast are split into calls of at
   /// most this many elements per rank (reduce-scatter stages each column range through a
-  /// buffer of world_size() * min(count, 2^26) elements). An async one then completes
-  /// before it returns. Tests lower it to exercise these paths with small tensors. `n` >= 1.
+  /// buffer of world_size() * min(count, 2^26) elements; an async split one completes
+  /// before it returns). Tests lower it to exercise these paths with small tensors. `n` >= 1.
   void set_max_count(int64_t n) { max_count_ = n; }
   int64_t max_count() const { return max_count_; }
 
  private:
   /// Waits for `req`; throws CollectiveTimeout naming `what` after timeout_s().
   void wait(MPI_Request& req, const std::string& what);
-  /// Checks arguments, counts traffic and starts the all-gather.
+  /// Checks arguments, counts traffic and starts the all-gather (above max_count_ elements
+  /// per rank on a derived datatype).
   MPI_Request start_all_gather(at::Tensor& full, const at::Tensor& shard);
-  /// all_gather of more than max_count_ elements per rank, on a derived datatype (blocking).
-  void all_gather_split(at::Tensor& full, const at::Tensor& shard);
   friend class MpiWork;
 
   MPI_Comm comm_;

@@ -58,12 +58,12 @@ struct TrainConfig {
   std::string eval_reference = "/usr/share/datasets/fashion-mnist";
   bool plots = true;              ///< train.plots: write plots/*.png with gnuplot (warns once if missing)
   int64_t max_nonfinite_steps = 10; ///< train.max_nonfinite_steps: skipped steps in a row
+                                    ///<   before the job ends anyway (>= 1)
   /// train.preempt_grace_s: seconds between a preemption signal and the kill (Slurm's
   /// --signal=USR1@<s>); 0 = finish the step, then save. Above 0 the ranks also vote at
   /// every unit forward until the step's first optimizer update, and abandon the step
   /// (saving the last completed one) when the rest of the step plus a save would not fit.
   double preempt_grace_s = 0;
-                                    ///<   before the job ends anyway (>= 1)
 
   at::ScalarType model_dtype = at::kFloat;  ///< model.dtype: float32 | float64 (masters)
   /// model.arch (dcgan | biggan) and that family's model.* keys.
