@@ -38,3 +38,8 @@ shardgan_mpi_filtered(reduce_always test_hardening "Stages/RankBranch.*" 120 1 2
 shardgan_mpi_filtered(frozen_mask test_hardening "Stages/FrozenMask.*" 120 1 2 3)
 shardgan_mpi_filtered(preempt_grace_rule test_hardening "PreemptGrace.*" 60 1)
 shardgan_mpi_filtered(lifetime test_hardening "Lifetime.*" 60 1)
+
+# Hybrid sharding (issue 23): R replica groups, sharded inside and replicated across, equal
+# stage 0 on one rank; checkpoints move between R and N; groups follow the nodes (ctest -R hsdp).
+shardgan_test(test_hsdp)
+shardgan_mpi_test(test_hsdp 300 2 3 4)

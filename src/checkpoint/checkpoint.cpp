@@ -262,8 +262,9 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
       ShardedModel& m = *mo.model;
       ckpt::ModelEntry me;
       me.name = m.name();
-      // At stage 0 every rank holds every element: rank 0 writes them once.
-      const bool writes_units = m.config().stage != 0 || rank == 0;
+      // At stage 0 every rank holds every element: rank 0 writes them once. Under hybrid
+      // sharding every replica group holds the same shards: group 0 writes them.
+      const bool writes_units = m.config().stage != 0 ? m.comm().replica_rank() == 0 : rank == 0;
       for (size_t i = 0; i < m.units().size(); ++i) {
         ShardedUnit& u = *m.units()[i];
         ckpt::UnitEntry ue;

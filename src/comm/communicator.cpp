@@ -1,6 +1,7 @@
 #include "shardgan/comm/communicator.h"
 
 #include <sstream>
+#include <string>
 
 namespace shardgan {
 namespace {
@@ -18,6 +19,12 @@ void Communicator::check_block_sizes(const char* op, const at::Tensor& full,
   s << op << " on rank " << rank() << ": full numel " << full.numel() << " must be shard numel "
     << shard.numel() << " x world size " << world_size() << " with equal dtypes";
   throw CollectiveError(s.str());
+}
+
+std::unique_ptr<Communicator> Communicator::split(int, int) {
+  throw CollectiveError("split on rank " + std::to_string(rank()) + ": the " + backend() +
+                        " backend cannot split its communicator (needed for hybrid sharding, "
+                        "sharding.<model>.replicate_degree > 1); use dist.backend=mpi");
 }
 
 std::unique_ptr<Work> Communicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {

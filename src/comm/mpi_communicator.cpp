@@ -117,6 +117,27 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s) : comm_(comm) 
   MPI_Comm_size(comm_, &world_size_);
 }
 
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns_comm_ && !finalized) MPI_Comm_free(&comm_);
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  if (color < 0) throw CollectiveError("split on rank " + std::to_string(rank_) + ": color " + std::to_string(color) + " < 0");
+  barrier();
+  MPI_Comm sub = MPI_COMM_NULL;
+  const int rc = MPI_Comm_split(comm_, color, key, &sub);
+  if (rc != MPI_SUCCESS || sub == MPI_COMM_NULL) {
+    throw CollectiveError("MPI_Comm_split on rank " + std::to_string(rank_) + " (color " + std::to_string(color) +
+                          ") failed");
+  }
+  auto c = std::make_unique<MpiCommunicator>(sub, timeout_s_);
+  c->owns_comm_ = true;
+  c->max_count_ = max_count_;
+  return c;
+}
+
 void MpiCommunicator::wait(MPI_Request& req, const std::string& what) {
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s_);

@@ -18,6 +18,7 @@ double local_sum_of_squares(const std::vector<ShardedModel*>& models, int rank) 
   for (ShardedModel* m : models) {
     for (auto& u : m->units()) {
       if (u->stage() == 0 && rank != 0) continue;  // replicated: counted once, on rank 0
+      if (m->comm().replica_rank() != 0) continue;  // HSDP: replica group 0 counts the shards
       const at::Tensor& g = u->grad_shard();
       if (g.scalar_type() == at::kFloat && g.device().is_cpu() && g.is_contiguous()) {
         s += sum_of_squares(g.data_ptr<float>(), g.numel());

@@ -52,7 +52,10 @@ OffloadedAdam::OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadC
     param_array_ = 0;
     moment_array_ = 1;
   }
-  const std::string stem = model.name() + ".rank" + std::to_string(model.comm().rank());
+  // Under HSDP ranks of different replica groups share a shard index: the group tells them apart.
+  const Communicator& c = model.comm();
+  const std::string stem = model.name() + ".rank" + std::to_string(c.rank()) +
+                           (c.replicate_degree() > 1 ? ".replica" + std::to_string(c.replica_rank()) : "");
   // Arrays: exp_avg, exp_avg_sq (after the master shard with parameter offload). Staging
   // slices: the gradient, and the parameters unless they are an array of the store.
   const bool params = params_offloaded();

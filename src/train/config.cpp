@@ -1,5 +1,6 @@
 #include "shardgan/train/config.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
@@ -86,6 +87,23 @@ ShardingConfig read_sharding(Reader& r, const std::string& who) {
     (std::string(what) == "compute_dtype" ? c.compute_dtype : c.reduce_dtype) = t;
   }
   return c;
+}
+
+// sharding.<who>.replicate_degree: an integer >= 1, or auto (0: one group per node).
+int read_replicate_degree(Reader& r, const std::string& who, const ShardingConfig& sc) {
+  const std::string key = "sharding." + who + ".replicate_degree";
+  const std::string v = r.get<std::string>(key, "1");
+  int R = 0;
+  if (v != "auto") {
+    char* end = nullptr;
+    const long x = std::strtol(v.c_str(), &end, 10);
+    require(!v.empty() && *end == '\0' && x >= 1 && x <= 1 << 20, r, key,
+            "must be auto (one replica group per node) or an integer >= 1 (the number of replica groups)");
+    R = static_cast<int>(x);
+  }
+  require(R == 1 || sc.stage >= 1, r, key,
+          "needs sharding." + who + ".stage 1, 2 or 3: stage 0 already replicates everything on every rank");
+  return R;
 }
 
 OptimizerConfig read_optim(Reader& r, const std::string& who, int64_t steps) {
@@ -268,6 +286,8 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   c.plots = r.get<bool>("train.plots", c.plots);
   c.g_sharding = read_sharding(r, "generator");
   c.d_sharding = read_sharding(r, "discriminator");
+  c.g_replicate_degree = read_replicate_degree(r, "generator", c.g_sharding);
+  c.d_replicate_degree = read_replicate_degree(r, "discriminator", c.d_sharding);
   c.g_optim = read_optim(r, "generator", c.steps);
   c.d_optim = read_optim(r, "discriminator", c.steps);
   read_offload(r, c);
@@ -292,6 +312,10 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   c.timeout_s = r.get<double>("dist.timeout_s", c.timeout_s);
   // At most about 31 years: longer ones overflow the clock's deadline arithmetic.
   require(c.timeout_s > 0 && c.timeout_s <= 1e9, r, "dist.timeout_s", "must be > 0 and at most 1e9 (seconds)");
+  for (auto [who, R] : {std::pair{"generator", c.g_replicate_degree}, std::pair{"discriminator", c.d_replicate_degree}}) {
+    require(R == 1 || c.backend == "mpi", r, std::string("sharding.") + who + ".replicate_degree",
+            "> 1 needs dist.backend mpi: the NCCL communicator cannot split into replica groups yet");
+  }
   r.check_all_known();
   c.resolved_yaml = r.resolved();
   return c;

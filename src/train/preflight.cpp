@@ -59,8 +59,13 @@ std::string gib(int64_t b) {
 }  // namespace
 
 nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int world_size, int local_ranks) {
-  ModelMemorySpec g = spec_for(cfg, cfg.family->generator(comm), cfg.g_sharding, cfg.g_optim, cfg.ema_enabled, world_size);
-  ModelMemorySpec d = spec_for(cfg, cfg.family->discriminator(comm), cfg.d_sharding, cfg.d_optim, false, world_size);
+  // Under HSDP a model is sharded over its replica group only (world size / R ranks; with
+  // R = auto, one node's ranks).
+  auto shard_ways = [&](int R) { return R == 1 ? world_size : R == 0 ? std::max(local_ranks, 1) : std::max(world_size / R, 1); };
+  ModelMemorySpec g = spec_for(cfg, cfg.family->generator(comm), cfg.g_sharding, cfg.g_optim, cfg.ema_enabled,
+                               shard_ways(cfg.g_replicate_degree));
+  ModelMemorySpec d = spec_for(cfg, cfg.family->discriminator(comm), cfg.d_sharding, cfg.d_optim, false,
+                               shard_ways(cfg.d_replicate_degree));
   auto ge = estimate_all_stages(g), de = estimate_all_stages(d);
   auto sum = [](const std::vector<int64_t>& v) {
     int64_t n = 0;

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "shardgan/comm/hybrid_communicator.h"
 #include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/data/hdf5_loader.h"
 #include "shardgan/optim/factory.h"
@@ -77,8 +78,12 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
     load_images(shape, classes);
   }
   // Deferred sharded initialization: each unit is built, initialized and sharded in turn.
-  g_ = build_sharded_model(family_.generator(comm_), comm_, cfg_.g_sharding, cfg_.seed + 1, cfg_.model_dtype);
-  d_ = build_sharded_model(family_.discriminator(comm_), comm_, cfg_.d_sharding, cfg_.seed + 2, cfg_.model_dtype);
+  // SyncBatchNorm and the data stay on the world communicator; a model shards over its own
+  // (the replica group's under HSDP).
+  g_comm_ = model_communicator(cfg_.g_replicate_degree, "generator");
+  d_comm_ = model_communicator(cfg_.d_replicate_degree, "discriminator");
+  g_ = build_sharded_model(family_.generator(comm_), g_comm(), cfg_.g_sharding, cfg_.seed + 1, cfg_.model_dtype);
+  d_ = build_sharded_model(family_.discriminator(comm_), d_comm(), cfg_.d_sharding, cfg_.seed + 2, cfg_.model_dtype);
   for (OptimizerConfig* oc : {&cfg_.g_optim, &cfg_.d_optim}) {
     if (oc->offload.optimizer != OffloadDevice::kDisk || !oc->offload.path.empty()) continue;
     oc->offload.path = cfg_.run_dir + "/offload";  // the default; an explicit path must exist
@@ -119,6 +124,37 @@ Trainer::~Trainer() {
   opt_d_.reset();
   loader_.reset();
   dataset_.reset();
+}
+
+std::unique_ptr<Communicator> Trainer::model_communicator(int replicate_degree, const std::string& who) {
+  if (replicate_degree == 1) return nullptr;
+  const std::string key = "sharding." + who + ".replicate_degree";
+  HsdpLayout l;
+  try {
+    l = hsdp_layout(comm_, replicate_degree, launcher_local_rank_and_size(), key);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(cfg_.source + ": " + e.what());
+  }
+  if (comm_.rank() == 0) {
+    spdlog::info("{}: hybrid sharding, {} replica groups of {} ranks ({})", who, l.replicate_degree, l.group_size,
+                 l.by_node ? "one per node" : "blocks of consecutive ranks");
+  }
+  if (l.replicate_degree == 1) return nullptr;
+  return make_hybrid_communicator(comm_, l);
+}
+
+std::array<int64_t, 3> Trainer::comm_bytes() {
+  auto bytes = [](const CommStats& s) {
+    return s.all_gather_bytes + s.reduce_scatter_bytes + s.all_reduce_bytes + s.broadcast_bytes;
+  };
+  std::array<int64_t, 3> b{bytes(comm_.stats()), 0, 0};
+  for (Communicator* c : {g_comm_.get(), d_comm_.get()}) {
+    if (!c) continue;
+    auto& h = static_cast<HybridCommunicator&>(*c);
+    b[1] += bytes(h.stats());
+    b[2] += bytes(h.replicate_group().stats());
+  }
+  return b;
 }
 
 void Trainer::load_images(const ImageShape& shape, int64_t classes) {
@@ -201,6 +237,7 @@ StepMetrics Trainer::train_step() {
                                  opt_g_->update_io_seconds() + opt_d_->update_io_seconds()};
   };
   const std::array<double, 4> before = times();
+  const std::array<int64_t, 3> bytes_before = comm_bytes();
   StepMetrics r = objective_->step({g_.get(), opt_g_.get(), scaler_g_.get()},
                                    {d_.get(), opt_d_.get(), scaler_d_.get()}, in);
   abandonable_ = false;
@@ -209,6 +246,10 @@ StepMetrics Trainer::train_step() {
   r.time_offload_read_s = after[1] - before[1];
   r.time_optimizer_s = after[2] - before[2];
   r.time_optimizer_io_s = after[3] - before[3];
+  const std::array<int64_t, 3> bytes_after = comm_bytes();
+  r.comm_bytes_world = bytes_after[0] - bytes_before[0];
+  r.comm_bytes_shard_group = bytes_after[1] - bytes_before[1];
+  r.comm_bytes_replicate = bytes_after[2] - bytes_before[2];
   if (ema_ && !r.skipped_g) ema_->update(opt_g_->step_count());
   ++counters_.step;
   r.step = counters_.step;

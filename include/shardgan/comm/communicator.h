@@ -100,6 +100,19 @@ class Communicator {
   /// Collective. Returns once every rank has entered it.
   virtual void barrier() = 0;
 
+  /// Collective over this communicator (MPI_Comm_split): the ranks that pass the same
+  /// `color` (>= 0) form a new communicator of the same backend and timeout, ordered by
+  /// `key` (then by rank here); returns this rank's, which must not outlive MPI. A barrier
+  /// with the timeout comes first, since MPI_Comm_split itself has none. The default (and
+  /// NCCL, for now) throws CollectiveError: the backend cannot split.
+  virtual std::unique_ptr<Communicator> split(int color, int key);
+
+  /// Hybrid sharding (HSDP, see hybrid_communicator.h): this rank's replica group, in
+  /// [0, replicate_degree()), and the number of groups that hold the same shards. A plain
+  /// communicator is one group: 0 and 1. Local.
+  virtual int replica_rank() const { return 0; }
+  virtual int replicate_degree() const { return 1; }
+
   /// Seconds a collective may take before it throws CollectiveTimeout.
   double timeout_s() const { return timeout_s_; }
   void set_timeout_s(double s) { timeout_s_ = s; }

@@ -20,6 +20,8 @@ class LocalCommunicator final : public Communicator {
   void all_reduce(at::Tensor& t, ReduceOp op) override;
   void broadcast(at::Tensor& t, int root) override;
   void barrier() override;
+  /// Another LocalCommunicator (the one rank is its own group, whatever the color).
+  std::unique_ptr<Communicator> split(int color, int key) override;
 };
 
 }  // namespace shardgan

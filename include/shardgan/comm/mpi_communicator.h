@@ -18,6 +18,10 @@ class MpiCommunicator final : public Communicator {
   /// `comm` is not duplicated or freed; it must outlive this object (MPI_COMM_WORLD,
   /// MPI_COMM_SELF, or a communicator the caller owns). MPI must be initialized.
   explicit MpiCommunicator(MPI_Comm comm, double timeout_s = kDefaultCollectiveTimeoutS);
+  /// Frees the MPI communicator if split() made it (MPI must still be initialized then).
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
@@ -35,6 +39,9 @@ class MpiCommunicator final : public Communicator {
   void all_reduce(at::Tensor& t, ReduceOp op) override;
   void broadcast(at::Tensor& t, int root) override;
   void barrier() override;
+  /// Ibarrier (with the timeout), then MPI_Comm_split; the result owns its MPI_Comm and
+  /// inherits max_count().
+  std::unique_ptr<Communicator> split(int color, int key) override;
 
   MPI_Comm comm() const { return comm_; }
 
@@ -59,6 +66,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int world_size_ = 1;
   int64_t max_count_ = INT_MAX;
+  bool owns_comm_ = false;  // made by split(): freed by the destructor
 };
 
 }  // namespace shardgan

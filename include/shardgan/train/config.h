@@ -71,6 +71,12 @@ struct TrainConfig {
   ShardingConfig g_sharding;      ///< sharding.generator.{stage,reshard_after_forward,
                                   ///<   compute_dtype,reduce_dtype}
   ShardingConfig d_sharding;      ///< sharding.discriminator.{...}
+  /// sharding.<model>.replicate_degree: hybrid sharding (HSDP, ZeRO++ hpZ). R >= 1 replica
+  /// groups of world size / R ranks; the model is sharded inside a group and replicated
+  /// across groups (hybrid_communicator.h). 1 = plain sharding over every rank; 0 (`auto`)
+  /// = one group per node, from the launcher's local ranks. Stages 1-3 only.
+  int g_replicate_degree = 1;
+  int d_replicate_degree = 1;
   OptimizerConfig g_optim;        ///< optim.generator.{type,lr,beta1,beta2,eps,weight_decay,
                                   ///<   momentum,dampening,nesterov,alpha,centered,schedule,
                                   ///<   warmup_steps,total_steps,min_lr,step_size,gamma}

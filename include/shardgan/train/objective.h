@@ -38,6 +38,11 @@ struct StepMetrics {
   /// waited for, master shards read from the offload tier for all-gathers, optimizer
   /// updates, and of those the offload tier's I/O. The rest is forward/backward compute.
   double time_collective_s = 0, time_offload_read_s = 0, time_optimizer_s = 0, time_optimizer_io_s = 0;
+  /// Rank 0's collective volume in this step (bytes, as CommStats counts them: the full
+  /// size of each all-gather, reduce-scatter and all-reduce): on the world communicator
+  /// (SyncBatchNorm, votes, and the models' collectives without HSDP), inside the models'
+  /// shard groups, and across replica groups (HSDP's gradient all-reduce).
+  int64_t comm_bytes_world = 0, comm_bytes_shard_group = 0, comm_bytes_replicate = 0;
 };
 
 /// Thrown on every rank when a NaN or Inf ends the job (train.on_nonfinite: abort, or more

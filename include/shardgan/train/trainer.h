@@ -2,6 +2,7 @@
 /// The training loop: builds G and D of the configured model family (deferred sharded
 /// initialization), runs GAN steps (objective.h), and the periodic actions (periodic.h):
 /// metrics, samples, checkpoints. Both models are sharded on their own.
+#include <array>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -38,7 +39,8 @@ class Trainer {
   /// validates it (DataError naming the file and dataset; ConfigError when its image shape
   /// or labels do not fit the model) and a background thread reads this rank's micro-batches
   /// ahead into a queue of data.prefetch_batches. Local (no collectives), but every rank
-  /// must construct it.
+  /// must construct it; with sharding.<model>.replicate_degree != 1 it is a collective (the
+  /// replica groups are split off `comm`, hybrid_communicator.h).
   Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images = {}, at::Tensor labels = {});
   ~Trainer();
 
@@ -117,8 +119,18 @@ class Trainer {
   /// The in-RAM sources (fashion-mnist, synthetic): images_, labels_ and the sampler.
   void load_images(const ImageShape& shape, int64_t classes);
 
+  /// The communicator a model shards over: `comm` itself, or the HSDP one built for
+  /// `replicate_degree` (R = 1: none, `comm` is used).
+  std::unique_ptr<Communicator> model_communicator(int replicate_degree, const std::string& who);
+  Communicator& g_comm() { return g_comm_ ? *g_comm_ : comm_; }
+  Communicator& d_comm() { return d_comm_ ? *d_comm_ : comm_; }
+  /// Rank 0's collective volume so far (CommStats bytes) on the world communicator, the
+  /// models' shard groups and their replica groups (the last two only under HSDP).
+  std::array<int64_t, 3> comm_bytes();
+
   TrainConfig cfg_;
   Communicator& comm_;
+  std::unique_ptr<Communicator> g_comm_, d_comm_;  // HSDP groups; destroyed after the models
   const ModelFamily& family_;
   at::Tensor images_, labels_;
   std::unique_ptr<DistributedSampler> sampler_;

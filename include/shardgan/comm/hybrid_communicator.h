@@ -1,0 +1,91 @@
+#pragma once
+/// Hybrid sharding (FSDP2's HSDP, DeepSpeed ZeRO++'s hpZ: Wang et al. 2023, "ZeRO++",
+/// Sec. 3.2): N ranks form R replica groups of G = N / R ranks. Parameters, gradients and
+/// optimizer state are sharded G ways inside a group (ZeRO stages 1-3 as usual) and
+/// replicated across the R groups, so that the all-gathers of forward and backward stay
+/// inside a group (a node, by default) and only one all-reduce of the gradient shard per
+/// step crosses groups.
+#include <memory>
+#include <string>
+
+#include "shardgan/comm/communicator.h"
+
+namespace shardgan {
+
+/// The communicator a sharded model sees under HSDP. Its rank() and world_size() are those
+/// of the shard group; all_gather, all_reduce, broadcast and barrier run inside the group.
+/// reduce_scatter(shard, full, op) reduce-scatters inside the group and then all-reduces
+/// the resulting shard (numel S) across the replica groups with the same `op`, so that
+/// every group ends with the same shard (kAvg: averaged over all N ranks, as group sizes are
+/// equal). The cross-group all-reduce runs when the reduce-scatter's Work is waited for.
+/// Dtypes and devices are those the wrapped communicators accept; a 16-bit reduction is
+/// rounded twice (after each of the two reductions).
+///
+/// stats() counts the shard group's traffic; replicate_stats() the cross-group all-reduces.
+class HybridCommunicator final : public Communicator {
+ public:
+  /// `shard_group`: the G ranks of this rank's replica group. `replicate_group`: the R ranks
+  /// (one per group) that hold the same shard as this one, ordered by group index.
+  HybridCommunicator(std::unique_ptr<Communicator> shard_group,
+                     std::unique_ptr<Communicator> replicate_group);
+
+  int rank() const override { return shard_->rank(); }
+  int world_size() const override { return shard_->world_size(); }
+  std::string backend() const override { return shard_->backend(); }
+  int replica_rank() const override { return replicate_->rank(); }
+  int replicate_degree() const override { return replicate_->world_size(); }
+
+  void all_gather(at::Tensor& full, const at::Tensor& shard) override;
+  std::unique_ptr<Work> all_gather_async(at::Tensor& full, const at::Tensor& shard) override;
+  /// Collective over all N ranks: reduce-scatter in the group, then all-reduce across groups.
+  void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
+  /// Starts the group's reduce-scatter; wait() finishes it and runs the cross-group
+  /// all-reduce (blocking, with the replica communicator's timeout).
+  std::unique_ptr<Work> reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
+                                             ReduceOp op) override;
+  /// Inside the shard group only (e.g. the sum of squares of shards for clipping, which
+  /// every group holds alike).
+  void all_reduce(at::Tensor& t, ReduceOp op) override;
+  void broadcast(at::Tensor& t, int root) override;
+  void barrier() override;
+
+  /// Traffic of the shard group (the same as stats(), which it updates after each call).
+  Communicator& shard_group() { return *shard_; }
+  /// The cross-group communicator; its stats() count what crossed groups.
+  Communicator& replicate_group() { return *replicate_; }
+
+ private:
+  void sync_stats() { stats_ = shard_->stats(); }
+  std::unique_ptr<Communicator> shard_;
+  std::unique_ptr<Communicator> replicate_;
+};
+
+/// How the ranks are put into replica groups.
+struct HsdpLayout {
+  int replicate_degree = 1;   ///< R
+  int group_size = 1;         ///< G = N / R
+  int group = 0;              ///< this rank's replica group, in [0, R)
+  int group_rank = 0;         ///< this rank's position in its group, in [0, G)
+  bool by_node = false;       ///< the groups are the launcher's nodes
+};
+
+/// This rank's position on its node as the launcher reports it: Open MPI's
+/// OMPI_COMM_WORLD_LOCAL_RANK and OMPI_COMM_WORLD_LOCAL_SIZE, else Slurm's SLURM_LOCALID
+/// with the local size left -1 (unknown), else {-1, -1}. Local; reads the environment only.
+std::pair<int, int> launcher_local_rank_and_size();
+
+/// Collective over `world` (one all-gather of 2 int64 per rank). Places the N ranks into R
+/// groups. `replicate_degree` R >= 1 must divide N; 0 means one group per node. When every
+/// node holds N / R consecutive ranks (as the launcher's local ranks and sizes show:
+/// `--map-by slot`, Slurm's block distribution), a group is a node's ranks (by_node). Else
+/// groups are blocks of N / R consecutive ranks. Throws std::invalid_argument, naming
+/// `key`, when R does not divide N, or R = 0 and the nodes are not uniform or unknown.
+HsdpLayout hsdp_layout(Communicator& world, int replicate_degree, std::pair<int, int> local,
+                       const std::string& key);
+
+/// Collective over `world` (two Communicator::split calls, so two barriers). Builds the
+/// HybridCommunicator of `layout` from `world`'s backend. Throws CollectiveError when the
+/// backend cannot split (NCCL here).
+std::unique_ptr<HybridCommunicator> make_hybrid_communicator(Communicator& world, const HsdpLayout& layout);
+
+}  // namespace shardgan

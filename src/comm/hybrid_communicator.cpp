@@ -1,0 +1,167 @@
+#include "shardgan/comm/hybrid_communicator.h"
+
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace shardgan {
+namespace {
+
+// stats += after - before, field by field.
+void add_delta(CommStats& stats, const CommStats& before, const CommStats& after) {
+  stats.all_gather_calls += after.all_gather_calls - before.all_gather_calls;
+  stats.reduce_scatter_calls += after.reduce_scatter_calls - before.reduce_scatter_calls;
+  stats.all_reduce_calls += after.all_reduce_calls - before.all_reduce_calls;
+  stats.broadcast_calls += after.broadcast_calls - before.broadcast_calls;
+  stats.barrier_calls += after.barrier_calls - before.barrier_calls;
+  stats.all_gather_bytes += after.all_gather_bytes - before.all_gather_bytes;
+  stats.reduce_scatter_bytes += after.reduce_scatter_bytes - before.reduce_scatter_bytes;
+  stats.all_reduce_bytes += after.all_reduce_bytes - before.all_reduce_bytes;
+  stats.broadcast_bytes += after.broadcast_bytes - before.broadcast_bytes;
+}
+
+// The group's reduce-scatter in flight; wait() completes it and then all-reduces the shard
+// across the replica groups.
+class HybridReduceWork final : public Work {
+ public:
+  HybridReduceWork(std::unique_ptr<Work> inner, at::Tensor shard, ReduceOp op, Communicator& replicate)
+      : inner_(std::move(inner)), shard_(std::move(shard)), op_(op), replicate_(replicate) {}
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    inner_->wait();
+    replicate_.all_reduce(shard_, op_);
+  }
+
+ private:
+  std::unique_ptr<Work> inner_;
+  at::Tensor shard_;
+  ReduceOp op_;
+  Communicator& replicate_;
+  bool done_ = false;
+};
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return (*end == '\0' && x >= 0) ? static_cast<int>(x) : -1;
+}
+
+}  // namespace
+
+HybridCommunicator::HybridCommunicator(std::unique_ptr<Communicator> shard_group,
+                                       std::unique_ptr<Communicator> replicate_group)
+    : shard_(std::move(shard_group)), replicate_(std::move(replicate_group)) {
+  timeout_s_ = shard_->timeout_s();
+}
+
+void HybridCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
+  const CommStats before = shard_->stats();
+  shard_->all_gather(full, shard);
+  add_delta(stats_, before, shard_->stats());
+}
+
+std::unique_ptr<Work> HybridCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
+  const CommStats before = shard_->stats();
+  auto w = shard_->all_gather_async(full, shard);
+  add_delta(stats_, before, shard_->stats());
+  return w;
+}
+
+void HybridCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {
+  reduce_scatter_async(shard, full, op)->wait();
+}
+
+std::unique_ptr<Work> HybridCommunicator::reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
+                                                               ReduceOp op) {
+  const CommStats before = shard_->stats();
+  auto w = shard_->reduce_scatter_async(shard, full, op);
+  add_delta(stats_, before, shard_->stats());
+  return std::make_unique<HybridReduceWork>(std::move(w), shard, op, *replicate_);
+}
+
+void HybridCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
+  const CommStats before = shard_->stats();
+  shard_->all_reduce(t, op);
+  add_delta(stats_, before, shard_->stats());
+}
+
+void HybridCommunicator::broadcast(at::Tensor& t, int root) {
+  const CommStats before = shard_->stats();
+  shard_->broadcast(t, root);
+  add_delta(stats_, before, shard_->stats());
+}
+
+void HybridCommunicator::barrier() {
+  const CommStats before = shard_->stats();
+  shard_->barrier();
+  add_delta(stats_, before, shard_->stats());
+}
+
+std::pair<int, int> launcher_local_rank_and_size() {
+  const int lr = env_int("OMPI_COMM_WORLD_LOCAL_RANK"), ls = env_int("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (lr >= 0 && ls > 0) return {lr, ls};
+  const int slurm = env_int("SLURM_LOCALID");
+  if (slurm >= 0) return {slurm, -1};
+  return {-1, -1};
+}
+
+HsdpLayout hsdp_layout(Communicator& world, int replicate_degree, std::pair<int, int> local,
+                       const std::string& key) {
+  const int n = world.world_size(), rank = world.rank();
+  // Every rank's (local rank, local size); a node is recognized as a run of consecutive
+  // ranks r0.. r0 + size - 1 whose local ranks are 0.. size - 1 and sizes all equal size.
+  at::Tensor mine = torch::tensor({static_cast<int64_t>(local.first), static_cast<int64_t>(local.second)});
+  at::Tensor all = torch::empty({2 * n}, torch::kLong);
+  world.all_gather(all, mine);
+  auto a = all.accessor<int64_t, 1>();
+  int nodes = 0, node_size = -1;
+  bool uniform = true;
+  for (int r = 0; r < n && uniform;) {
+    const int64_t size = a[2 * r + 1];
+    if (size <= 0 || r + size > n || (node_size >= 0 && size != node_size)) {
+      uniform = false;
+      break;
+    }
+    for (int64_t i = 0; i < size; ++i) {
+      if (a[2 * (r + i)] != i || a[2 * (r + i) + 1] != size) uniform = false;
+    }
+    node_size = static_cast<int>(size);
+    ++nodes;
+    r += static_cast<int>(size);
+  }
+  HsdpLayout l;
+  if (replicate_degree == 0) {
+    if (!uniform) {
+      throw std::invalid_argument(
+          key + "=auto (one replica group per node): the launcher's local ranks do not show " +
+          std::to_string(n) + " ranks in equal blocks of consecutive ranks per node (OMPI_COMM_WORLD_LOCAL_RANK/"
+          "LOCAL_SIZE; under srun, use mpirun or give an integer). Launch with --map-by slot, or set " + key +
+          " to the number of groups");
+    }
+    replicate_degree = nodes;
+  }
+  if (replicate_degree < 1 || n % replicate_degree != 0) {
+    throw std::invalid_argument(key + "=" + std::to_string(replicate_degree) + " must divide the world size " +
+                                std::to_string(n) + " (each replica group holds world size / " + key + " ranks)");
+  }
+  l.replicate_degree = replicate_degree;
+  l.group_size = n / replicate_degree;
+  l.group = rank / l.group_size;
+  l.group_rank = rank % l.group_size;
+  l.by_node = uniform && nodes == replicate_degree;
+  return l;
+}
+
+std::unique_ptr<HybridCommunicator> make_hybrid_communicator(Communicator& world, const HsdpLayout& l) {
+  auto shard = world.split(l.group, l.group_rank);
+  auto replicate = world.split(l.group_rank, l.group);
+  return std::make_unique<HybridCommunicator>(std::move(shard), std::move(replicate));
+}
+
+}  // namespace shardgan
