@@ -20,6 +20,7 @@ PKGS=(
   googletest libgtest-dev libbenchmark-dev
   dataset-fashion-mnist
   gnuplot-nox
+  slurmctld slurmd slurm-client munge   # tests/slurm_test.sh: scripts/slurm-local.sh cluster
 )
 missing=()
 for p in "${PKGS[@]}"; do

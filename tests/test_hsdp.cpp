@@ -189,6 +189,21 @@ TEST(HsdpLayoutTest, GroupsFollowNodesAndRefuseBadDegrees) {
   }
 }
 
+// srun's SLURM_STEP_TASKS_PER_NODE: "2(x3),1" = 2 tasks on nodes 0-2, 1 on node 3.
+TEST(HsdpLayoutTest, ReadsSlurmTasksPerNode) {
+  EXPECT_EQ(slurm_tasks_on_node("2", 0), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2", 1), -1);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 0), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 2), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3), 1);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 4), -1);
+  EXPECT_EQ(slurm_tasks_on_node("4,3(x2)", 2), 3);
+  EXPECT_EQ(slurm_tasks_on_node(nullptr, 0), -1);
+  EXPECT_EQ(slurm_tasks_on_node("2(x", 0), -1);
+  EXPECT_EQ(slurm_tasks_on_node("x", 0), -1);
+  EXPECT_EQ(slurm_tasks_on_node("2", -1), -1);
+}
+
 TEST(HsdpConfig, RefusesStageZeroAndNccl) {
   EXPECT_THROW(parse_config("sharding: {generator: {stage: 0, replicate_degree: 2}}\n", "t", {}), ConfigError);
   EXPECT_THROW(parse_config("sharding: {generator: {replicate_degree: 0.5}}\n", "t", {}), ConfigError);

@@ -34,7 +34,11 @@ std::string nccl_version() {
 
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
                                                 double timeout_s) {
-  if (backend == "mpi") return std::make_unique<MpiCommunicator>(comm, timeout_s);
+  if (backend == "mpi") {
+    auto c = std::make_unique<MpiCommunicator>(comm, timeout_s);
+    c->learn_hosts();
+    return c;
+  }
   if (backend == "nccl") {
 #ifdef SHARDGAN_HAVE_NCCL
     return std::make_unique<NcclCommunicator>(comm, local_rank_and_size(comm).first, timeout_s);

@@ -1,6 +1,7 @@
 #include "shardgan/comm/hybrid_communicator.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <stdexcept>
 #include <vector>
@@ -107,8 +108,30 @@ std::pair<int, int> launcher_local_rank_and_size() {
   const int lr = env_int("OMPI_COMM_WORLD_LOCAL_RANK"), ls = env_int("OMPI_COMM_WORLD_LOCAL_SIZE");
   if (lr >= 0 && ls > 0) return {lr, ls};
   const int slurm = env_int("SLURM_LOCALID");
-  if (slurm >= 0) return {slurm, -1};
+  if (slurm >= 0) return {slurm, slurm_tasks_on_node(std::getenv("SLURM_STEP_TASKS_PER_NODE"), env_int("SLURM_NODEID"))};
   return {-1, -1};
+}
+
+int slurm_tasks_on_node(const char* tasks_per_node, int node) {
+  if (!tasks_per_node || node < 0) return -1;
+  // Slurm's compressed list: "2(x3),1" = nodes 0-2 run 2 tasks each, node 3 runs 1.
+  const char* p = tasks_per_node;
+  for (int first = 0;;) {
+    char* end = nullptr;
+    const long tasks = std::strtol(p, &end, 10);
+    if (end == p || tasks <= 0) return -1;
+    long repeat = 1;
+    if (std::strncmp(end, "(x", 2) == 0) {
+      p = end + 2;
+      repeat = std::strtol(p, &end, 10);
+      if (end == p || *end != ')' || repeat <= 0) return -1;
+      ++end;
+    }
+    if (node < first + repeat) return static_cast<int>(tasks);
+    first += static_cast<int>(repeat);
+    if (*end != ',') return -1;
+    p = end + 1;
+  }
 }
 
 HsdpLayout hsdp_layout(Communicator& world, int replicate_degree, std::pair<int, int> local,
@@ -141,8 +164,8 @@ HsdpLayout hsdp_layout(Communicator& world, int replicate_degree, std::pair<int,
       throw std::invalid_argument(
           key + "=auto (one replica group per node): the launcher's local ranks do not show " +
           std::to_string(n) + " ranks in equal blocks of consecutive ranks per node (OMPI_COMM_WORLD_LOCAL_RANK/"
-          "LOCAL_SIZE; under srun, use mpirun or give an integer). Launch with --map-by slot, or set " + key +
-          " to the number of groups");
+          "LOCAL_SIZE under mpirun, SLURM_LOCALID/STEP_TASKS_PER_NODE/NODEID under srun). Launch with mpirun "
+          "--map-by slot or srun --distribution=block, or set " + key + " to the number of groups");
     }
     replicate_degree = nodes;
   }

@@ -4,10 +4,12 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -135,7 +137,44 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   auto c = std::make_unique<MpiCommunicator>(sub, timeout_s_);
   c->owns_comm_ = true;
   c->max_count_ = max_count_;
+  c->learn_hosts();
   return c;
+}
+
+void MpiCommunicator::learn_hosts() {
+  // One record per rank: its MPI_COMM_WORLD rank (decimal) and its host name.
+  constexpr int kRank = 16, kRecord = kRank + MPI_MAX_PROCESSOR_NAME;
+  std::vector<char> all(static_cast<size_t>(world_size_) * kRecord, '\0');
+  char mine[kRecord] = {};
+  int world_rank = 0, len = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::snprintf(mine, kRank, "%d", world_rank);
+  MPI_Get_processor_name(mine + kRank, &len);
+  MPI_Request req;
+  MPI_Iallgather(mine, kRecord, MPI_CHAR, all.data(), kRecord, MPI_CHAR, comm_, &req);
+  wait(req, "host name all-gather");
+  host_ = "world rank " + std::to_string(world_rank) + " on " + std::string(mine + kRank);
+  // Ranks in a row on one host form one entry, their world ranks as ranges:
+  // "world ranks 0-1 on a, 2-3 on b" (or "world ranks 0 on a, 2 on b" for a split group).
+  auto world_of = [&](int r) { return std::atoi(&all[static_cast<size_t>(r) * kRecord]); };
+  auto host_of = [&](int r) { return std::string(&all[static_cast<size_t>(r) * kRecord + kRank]); };
+  std::ostringstream s;
+  s << "world ranks ";
+  for (int r = 0; r < world_size_;) {
+    const std::string h = host_of(r);
+    if (r > 0) s << ", ";
+    int e = r;
+    while (e < world_size_ && host_of(e) == h) {
+      int f = e;  // world ranks e..f consecutive
+      while (f + 1 < world_size_ && host_of(f + 1) == h && world_of(f + 1) == world_of(f) + 1) ++f;
+      s << (e > r ? "," : "") << world_of(e);
+      if (f > e) s << "-" << world_of(f);
+      e = f + 1;
+    }
+    s << " on " << h;
+    r = e;
+  }
+  hosts_ = s.str();
 }
 
 void MpiCommunicator::wait(MPI_Request& req, const std::string& what) {
@@ -155,9 +194,10 @@ void MpiCommunicator::wait(MPI_Request& req, const std::string& what) {
     if (done) return;
     if (clock::now() > deadline) {
       std::ostringstream s;
-      s << what << " timed out after " << timeout_s_
-        << " s: a peer rank never joined or died. HINT: check that every rank calls the "
-           "same collectives in the same order, or raise dist.timeout_s";
+      s << what << " timed out after " << timeout_s_ << " s: a peer rank never joined or died";
+      if (!hosts_.empty()) s << " (this is " << host_ << "; this collective's ranks: " << hosts_ << ")";
+      s << ". HINT: check that every rank calls the same collectives in the same order and that "
+           "the hosts reach each other, or raise dist.timeout_s";
       throw CollectiveTimeout(s.str());
     }
     if (polls > 64) {

@@ -70,9 +70,16 @@ struct HsdpLayout {
 };
 
 /// This rank's position on its node as the launcher reports it: Open MPI's
-/// OMPI_COMM_WORLD_LOCAL_RANK and OMPI_COMM_WORLD_LOCAL_SIZE, else Slurm's SLURM_LOCALID
-/// with the local size left -1 (unknown), else {-1, -1}. Local; reads the environment only.
+/// OMPI_COMM_WORLD_LOCAL_RANK and OMPI_COMM_WORLD_LOCAL_SIZE (mpirun, also inside an sbatch
+/// allocation, where the inherited SLURM_LOCALID is wrong), else Slurm's SLURM_LOCALID with
+/// the size from SLURM_STEP_TASKS_PER_NODE and SLURM_NODEID (srun; -1 if those are missing),
+/// else {-1, -1}. Local; reads the environment only.
 std::pair<int, int> launcher_local_rank_and_size();
+
+/// The task count of node `node` in Slurm's compressed list (SLURM_STEP_TASKS_PER_NODE,
+/// e.g. "2(x3),1": nodes 0-2 run 2 tasks, node 3 runs 1), or -1 if `tasks_per_node` is null
+/// or malformed, or `node` is negative or past its end. Local, pure.
+int slurm_tasks_on_node(const char* tasks_per_node, int node);
 
 /// Collective over `world` (one all-gather of 2 int64 per rank). Places the N ranks into R
 /// groups. `replicate_degree` R >= 1 must divide N; 0 means one group per node. When every

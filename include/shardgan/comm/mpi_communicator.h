@@ -4,6 +4,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <string>
 
 #include "shardgan/comm/communicator.h"
 
@@ -44,6 +45,14 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override;
 
   MPI_Comm comm() const { return comm_; }
+  /// Collective over comm() (with the timeout): all-gathers every rank's host name
+  /// (MPI_Get_processor_name) and MPI_COMM_WORLD rank, so that a timeout names the hosts
+  /// and ranks of the peers, e.g. "this is world rank 0 on node-a; this collective's ranks:
+  /// world ranks 0-1 on node-a, 2-3 on node-b". make_communicator()
+  /// and split() call it; throws CollectiveTimeout or CollectiveError as a collective does.
+  void learn_hosts();
+  /// "world ranks 0-1 on node-a, 2-3 on node-b" after learn_hosts(), else "".
+  const std::string& hosts() const { return hosts_; }
 
   /// Largest element count passed to one MPI call: INT_MAX by default, since MPI counts
   /// are `int`. Above it, an all-gather is one call on a derived datatype as large as the
@@ -67,6 +76,8 @@ class MpiCommunicator final : public Communicator {
   int world_size_ = 1;
   int64_t max_count_ = INT_MAX;
   bool owns_comm_ = false;  // made by split(): freed by the destructor
+  std::string host_;        // "world rank R on HOST", after learn_hosts()
+  std::string hosts_;       // every rank's host, grouped (see hosts())
 };
 
 }  // namespace shardgan
