@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sweeps ZeRO stages 0-3 over world sizes 1, 2, 4 and 8 (mpirun --oversubscribe) with
 # bench_memory_scaling, writes JSON lines and a PNG plot (gnuplot), and prints the
-# stage-3 / stage-0 step-time ratio per world size. Usage:
+# stage-3 / stage-0 step-time ratio per world size. The HSDP cells (issue 23) add stages 1-3
+# at N = 4 and 8 with 2 replica groups (replicate_degree=2: sharded over N/2 ranks). Usage:
 #   benchmarks/memory_scaling.sh [build dir] [out dir] [extra key=value overrides...]
 set -euo pipefail
 PY=${SHARDGAN_PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}   # made by scripts/setup.sh
@@ -15,10 +16,15 @@ for np in 1 2 4 8; do
     mpirun -np "$np" --oversubscribe "$BUILD/benchmarks/bench_memory_scaling" "$stage" "$@" | tee -a "$J"
   done
 done
+for np in 4 8; do
+  for stage in 1 2 3; do
+    mpirun -np "$np" --oversubscribe "$BUILD/benchmarks/bench_memory_scaling" "$stage" replicate_degree=2 "$@" | tee -a "$J"
+  done
+done
 "$PY" - "$J" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-by = {(r["world_size"], r["stage"]): r for r in rows}
+by = {(r["world_size"], r["stage"]): r for r in rows if r.get("replicate_degree", 1) == 1}
 for n in sorted({r["world_size"] for r in rows}):
     if (n, 0) in by and (n, 3) in by:
         print(json.dumps({"world_size": n, "stage3_over_stage0_step_time":
@@ -26,7 +32,7 @@ for n in sorted({r["world_size"] for r in rows}):
 PY
 if command -v gnuplot > /dev/null; then
   for stage in 0 1 2 3; do
-    "$PY" -c "import json,sys; [print(r['world_size'], r['model_state_bytes_per_rank']/2**20, r['formula_bytes_per_rank']/2**20, r['peak_rss_bytes']/2**20) for r in map(json.loads, open('$J')) if r['stage']==$stage]" > "$OUT/stage$stage.dat"
+    "$PY" -c "import json,sys; [print(r['world_size'], r['model_state_bytes_per_rank']/2**20, r['formula_bytes_per_rank']/2**20, r['peak_rss_bytes']/2**20) for r in map(json.loads, open('$J')) if r['stage']==$stage and r.get('replicate_degree', 1) == 1]" > "$OUT/stage$stage.dat"
   done
   gnuplot <<GP
 set terminal png size 900,560

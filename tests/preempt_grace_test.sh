@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Preemption within a grace period (issue 22). A step is made slow (a wide DCGAN on a large
-# batch: about 21 s per step on 2 ranks of the 2-core machine), so that finishing it and then saving would
-# overrun Slurm's grace period; train.preempt_grace_s = 20.
+# batch: about 21 s per step on 2 ranks of the AVX2 2-core machine, 5.7 s on the AVX-512
+# one), so that finishing it and then saving would overrun Slurm's grace period. The grace,
+# train.preempt_grace_s, is 0.8 x the uninterrupted run's mean step time (at least 3 s):
+# 1 s into a step, the rest of it (0.8 of a step and more) times the trainer's 1.25 safety
+# factor, plus 1 s, cannot fit in what is left of the grace, whatever the machine's speed.
 # 1. SIGUSR1 to mpirun (forwarded to every rank) 1 s into step 2: the ranks abandon step 2
-#    at a unit boundary, save step 1 and exit 0 within the 20 s. The checkpoint verifies.
+#    at a unit boundary, save step 1 and exit 0 within the grace. The checkpoint verifies.
 # 2. --resume auto from it to step 3 equals an uninterrupted 3-step run bit for bit
 #    (models, optimizer state, EMA, RNG: the abandoned step's latents, data position,
 #    BatchNorm statistics are given back).
@@ -21,9 +24,12 @@ ARGS=("$SRC/configs/fmnist-dcgan.yaml" --set data.source=synthetic --set data.sy
 timeout 400 "${MPIRUN[@]}" -np 2 "$TRAIN" "${ARGS[@]}" --set train.steps=3 --set run.dir="$T/a" > "$T/a.log" 2>&1 \
   && ok "uninterrupted 3 steps" || bad "uninterrupted run: $(tail -3 "$T/a.log")"
 grep -oE '"step_time_s": ?[0-9.]*' "$T/a/metrics.jsonl" | head -3 | tr '\n' ' '; echo
+GRACE=$(grep -oE '"step_time_s": ?[0-9.]*' "$T/a/metrics.jsonl" | sed 's/.*: *//' \
+        | awk '{ s += $1; n++ } END { g = 0.8 * s / n; if (g < 3) g = 3; printf "%.1f", g }')
+echo "grace: $GRACE s"
 
 # 1. The signal 1 s into step 2.
-"${MPIRUN[@]}" -np 2 "$TRAIN" "${ARGS[@]}" --set train.steps=3 --set train.preempt_grace_s=20 --set run.dir="$T/b" \
+"${MPIRUN[@]}" -np 2 "$TRAIN" "${ARGS[@]}" --set train.steps=3 --set train.preempt_grace_s=$GRACE --set run.dir="$T/b" \
   > "$T/b.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 600); do grep -qE '"step": ?1[,}]' "$T/b/metrics.jsonl" 2>/dev/null && break; sleep 0.2; done
@@ -33,8 +39,8 @@ kill -USR1 $pid
 wait $pid; rc=$?
 took=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }')
 [ $rc -eq 0 ] && ok "exit 0 after the signal" || bad "exit $rc after the signal: $(tail -3 "$T/b.log")"
-awk -v t="$took" 'BEGIN { exit !(t < 20) }' && ok "saved and exited ${took} s after the signal (grace 20 s)" \
-  || bad "took ${took} s, past the 20 s grace"
+awk -v t="$took" -v g="$GRACE" 'BEGIN { exit !(t < g) }' && ok "saved and exited ${took} s after the signal (grace $GRACE s)" \
+  || bad "took ${took} s, past the $GRACE s grace"
 grep -q "abandoned step 2" "$T/b.log" && ok "step 2 was abandoned" || bad "no abandoned step: $(grep -m3 -i preempt "$T/b.log")"
 "$CKPT" verify "$T/b/checkpoints/step-00000001" > "$T/v.txt" 2>&1 && ok "the step-1 checkpoint verifies" || bad "verify: $(tail -3 "$T/v.txt")"
 [ ! -e "$T/b/checkpoints/step-00000002" ] && ok "no step-2 checkpoint" || bad "a step-2 checkpoint exists"

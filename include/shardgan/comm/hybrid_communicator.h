@@ -1,10 +1,12 @@
 #pragma once
-/// Hybrid sharding (FSDP2's HSDP, DeepSpeed ZeRO++'s hpZ: Wang et al. 2023, "ZeRO++",
-/// Sec. 3.2): N ranks form R replica groups of G = N / R ranks. Parameters, gradients and
-/// optimizer state are sharded G ways inside a group (ZeRO stages 1-3 as usual) and
-/// replicated across the R groups, so that the all-gathers of forward and backward stay
-/// inside a group (a node, by default) and only one all-reduce of the gradient shard per
-/// step crosses groups.
+/// Hybrid sharding (FSDP's HYBRID_SHARD / FSDP2's HSDP, `fully_shard` on a 2-D device mesh):
+/// N ranks form R replica groups of G = N / R ranks. Parameters, gradients and optimizer
+/// state are sharded G ways inside a group (ZeRO stages 1-3 as usual) and replicated across
+/// the R groups, so that the all-gathers of forward and backward stay inside a group (a
+/// node, by default) and only the all-reduce of each gradient shard crosses groups: once per
+/// reduce-scatter, i.e. per backward that reduces (a stage-2/3 D reduces after its real and
+/// after its fake backward). DeepSpeed ZeRO++'s hpZ (Wang et al. 2023) is the related
+/// scheme that keeps the primary shards global and only a secondary copy per node.
 #include <memory>
 #include <string>
 
@@ -21,7 +23,8 @@ namespace shardgan {
 /// Dtypes and devices are those the wrapped communicators accept; a 16-bit reduction is
 /// rounded twice (after each of the two reductions).
 ///
-/// stats() counts the shard group's traffic; replicate_stats() the cross-group all-reduces.
+/// stats() counts the shard group's traffic; replicate_group().stats() the cross-group
+/// all-reduces.
 class HybridCommunicator final : public Communicator {
  public:
   /// `shard_group`: the G ranks of this rank's replica group. `replicate_group`: the R ranks
