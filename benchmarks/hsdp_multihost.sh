@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Full sharding against HSDP over two "hosts" (issue 23): 2 network namespaces x 2 ranks over
 # Open MPI's TCP btl (tests/multihost/netns.sh), the class-conditional BigGAN at ZeRO-3 for G
-# and D (configs/biggan-1b.yaml at width CH: bfloat16 compute, float32 masters and Adam). For each mode it trains STEPS steps and measures:
+# and D (configs/biggan-1b.yaml at width CH: bfloat16 compute, float32 masters and Adam).
+# For each mode it trains STEPS steps and measures:
 #  - bytes that crossed between the hosts, from the kernel's counters on host 0's veth (rx +
 #    tx: every byte between the hosts passes it once; mpirun's control traffic also does, and
 #    is measured in the idle seconds before the first step), per step after step 1;

@@ -13,12 +13,12 @@ J=$OUT/memory_scaling.jsonl
 : > "$J"
 for np in 1 2 4 8; do
   for stage in 0 1 2 3; do
-    mpirun -np "$np" --oversubscribe "$BUILD/benchmarks/bench_memory_scaling" "$stage" "$@" | tee -a "$J"
+    mpirun -np "$np" --oversubscribe "$BUILD/benchmarks/bench_memory_scaling" "$stage" "$@" | grep "^{" | tee -a "$J"
   done
 done
 for np in 4 8; do
   for stage in 1 2 3; do
-    mpirun -np "$np" --oversubscribe "$BUILD/benchmarks/bench_memory_scaling" "$stage" replicate_degree=2 "$@" | tee -a "$J"
+    mpirun -np "$np" --oversubscribe "$BUILD/benchmarks/bench_memory_scaling" "$stage" replicate_degree=2 "$@" | grep "^{" | tee -a "$J"
   done
 done
 "$PY" - "$J" <<'PY'
