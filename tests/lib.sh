@@ -7,3 +7,18 @@ ok()   { echo "PASS: $*"; PASSED=$((PASSED + 1)); }
 bad()  { echo "FAIL: $*"; FAILED=$((FAILED + 1)); }
 finish() { echo "$PASSED passed, $FAILED failed"; [ "$FAILED" -eq 0 ]; }
 MPIRUN=(mpirun --oversubscribe)
+# same_checkpoint A B [LABEL]: every rank file of checkpoint directory A equals B's bit for
+# bit (h5diff, no tolerance) in /generator, /discriminator (parameters, optimizer state,
+# EMA) and /rng; one ok/bad per rank and group, each naming LABEL.
+same_checkpoint() {
+  local a=$1 b=$2 label=${3:-} f r obj out
+  out=$(mktemp)
+  for f in "$a"/rank-*.h5; do
+    r=$(basename "$f" .h5); r=${r#rank-}
+    for obj in /generator /discriminator /rng; do
+      h5diff "$f" "$b/rank-$r.h5" $obj $obj > "$out" 2>&1 \
+        && ok "rank $r $obj bitwise equal${label:+ $label}" || bad "rank $r $obj differs${label:+ $label}: $(head -3 "$out")"
+    done
+  done
+  rm -f "$out"
+}
