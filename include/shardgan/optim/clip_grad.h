@@ -21,13 +21,15 @@ struct ClipResult {
 /// 2 or 3 its own grad_shard() (its partition; padding is zero); for a stage-0 unit, whose
 /// grad_shard() is the same full gradient on every rank, only rank 0 counts it, so nothing
 /// is counted twice. Under hybrid sharding (the model's comm() is a HybridCommunicator) only
-/// replica group 0 counts its shards, which every group holds alike. Call it after the gradients are reduced (the accumulation boundary).
+/// replica group 0 counts its shards, which every group holds alike. Call it after the
+/// gradients are reduced (the accumulation boundary).
 /// total_norm = sqrt(global sum). If total_norm is finite and
 /// clip_coef = max_norm / (total_norm + 1e-6) < 1, every grad_shard() of `models` is
 /// multiplied by clip_coef (torch's rule). A non-finite norm is returned with finite=false
 /// and the gradients untouched; the caller decides (skip the step, or throw).
 /// `models` must be the same list, in the same order, on every rank; `comm` spans every
-/// rank of the models (the world communicator, not an HSDP shard group). Throws std::invalid_argument for max_norm <= 0.
+/// rank of the models (the world communicator, not an HSDP shard group). Throws
+/// std::invalid_argument for max_norm <= 0.
 ClipResult clip_grad_norm(const std::vector<ShardedModel*>& models, double max_norm,
                           Communicator& comm);
 
