@@ -124,7 +124,14 @@ TEST(Accounting, ResidentMemoryMatchesTheAccounting) {
       const double got = static_cast<double>(vm_rss_bytes() - rss0);
       std::printf("[rss] rank %d stage %d N=%d: resident +%.1f MB, accounted model states %.1f MB\n", world.rank(), stage,
                   world.world_size(), got / 1e6, acc / 1e6);
-      EXPECT_NEAR(got, acc, 0.03 * acc + 16.0 * (1 << 20)) << "stage " << stage;
+      // scripts/sanitize.sh (SHARDGAN_SANITIZE): AddressSanitizer's quarantine keeps freed
+      // blocks resident and its allocator pads every block, so VmRSS is not the accounting
+      // there (+280 MB at stage 0 measured), as in test_offload's VmRSS bound.
+      if (std::getenv("SHARDGAN_SANITIZE") == nullptr) {
+        EXPECT_NEAR(got, acc, 0.03 * acc + 16.0 * (1 << 20)) << "stage " << stage;
+      } else if (world.rank() == 0) {
+        std::printf("[rss] SHARDGAN_SANITIZE: VmRSS bound not checked (ASan's quarantine holds freed memory)\n");
+      }
     }
   }
 }

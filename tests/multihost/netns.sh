@@ -162,6 +162,19 @@ cmd_link() {
     *) die "link side must be peer or ns" ;;
   esac
   log "host $i ($p$i) link $st ($side side) at $(date +%T.%N | cut -c1-12)"
+  # Back up: wait until the host reaches the mpirun side again (a TCP connect to a closed port
+  # answers "refused" once the path works), so that a daemon started right after can connect.
+  if [[ $st == up ]]; then
+    local sub t=0 out
+    sub=$(awk '{split($1,a,"."); print a[1]"."a[2]"."a[3]; exit}' "$(statedir "$p")/hostfile")
+    while :; do
+      out=$(ip netns exec "$p$i" timeout 2 bash -c "exec 3<>/dev/tcp/$sub.254/9" 2>&1 || true)
+      [[ $out == *refused* ]] && break
+      ((++t < 40)) || die "host $i cannot reach $sub.254 after link up"
+      sleep 0.25
+    done
+    log "host $i reaches $sub.254 again after $t retries"
+  fi
 }
 
 cmd_agent() {
