@@ -29,6 +29,9 @@ cleanup() { bash "$NETNS" down "$P" 2 2> /dev/null; pkill -KILL -f "run.dir=$T/"
 trap cleanup EXIT
 bash "$NETNS" up "$P" 2 > "$T/up.log" 2>&1 || { bad "network namespaces: $(tail -3 "$T/up.log")"; finish; exit 1; }
 mapfile -t HOSTS < <(bash "$NETNS" mpirun-args "$P")
+# The rsh agent starts each host's daemon with a clean environment, as ssh does: pass on what
+# the ranks need from ours (the sanitizers' settings under scripts/sanitize.sh).
+for v in ASAN_OPTIONS UBSAN_OPTIONS SHARDGAN_SANITIZE; do [ -n "${!v:-}" ] && HOSTS+=(-x "$v"); done
 COMMON=("$SRC/configs/fmnist-dcgan.yaml" --set data.source=synthetic --set data.synthetic_size=128
         --set train.global_batch=16 --set model.z_dim=16 --set model.g_width=8 --set model.d_width=8
         --set model.dtype=float64 --set train.log_every=1 --set train.sample_every=0 --set run.seed=5
