@@ -43,3 +43,9 @@ shardgan_mpi_filtered(lifetime test_hardening "Lifetime.*" 60 1)
 # stage 0 on one rank; checkpoints move between R and N; groups follow the nodes (ctest -R hsdp).
 shardgan_test(test_hsdp)
 shardgan_mpi_test(test_hsdp 300 2 3 4)
+
+# HSDP checkpoints resumed at another world size and replica degree (issue 23).
+add_test(NAME hsdp_resume_test
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/hsdp_resume_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(hsdp_resume_test PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
