@@ -33,7 +33,7 @@ TrainConfig small_config(int stage, int replicate, const std::string& optim, std
   TrainConfig c = parse_config(R"(
 run: {seed: 7, dir: ""}
 data: {source: synthetic, synthetic_size: 72}
-train: {steps: 5, global_batch: 12, grad_clip: 0.5}
+train: {steps: 5, global_batch: 24, micro_batches: 2, d_steps: 2, grad_clip: 0.5}
 model: {dtype: float64, z_dim: 8, g_width: 4, d_width: 4}
 )", "hsdp-test", overrides);
   c.g_sharding.stage = c.d_sharding.stage = stage;
@@ -77,23 +77,24 @@ TEST_P(Hsdp, MatchesOneRankStage0InFloat64) {
     const auto& u = *hsdp.generator().units()[0];
     EXPECT_EQ(u.shard_numel(), (u.numel() + gc.world_size() - 1) / gc.world_size()) << what;
     int64_t replicate_bytes = 0, world_bytes = 0;
+    // Gradient shards cross groups once per optimizer update, whatever the micro-batches
+    // and the D step's two backwards: G's shards once, D's once per D step (float64).
+    auto shard_numel = [](ShardedModel& mdl) {
+      int64_t s = 0;
+      for (auto& up : mdl.units()) s += up->shard_numel();
+      return s;
+    };
+    const int64_t per_step = 8 * (shard_numel(hsdp.generator()) + 2 * shard_numel(hsdp.discriminator()));
     for (int i = 0; i < 5; ++i) {
       StepMetrics m = hsdp.train_step();
+      EXPECT_EQ(m.comm_bytes_replicate, per_step) << what << " step " << i << ": one all-reduce per update";
       EXPECT_NEAR(m.loss_d, mr[i].loss_d, 1e-9 * std::abs(mr[i].loss_d)) << what << " step " << i;
       EXPECT_NEAR(m.loss_g, mr[i].loss_g, 1e-9 * std::abs(mr[i].loss_g)) << what << " step " << i;
       EXPECT_NEAR(m.grad_norm_d, mr[i].grad_norm_d, 1e-9 * mr[i].grad_norm_d) << what << " step " << i;
       replicate_bytes += m.comm_bytes_replicate;
       world_bytes += m.comm_bytes_world;
     }
-    // Gradients crossed groups once per step: at least G's and D's gradient shards, in float64.
-    const int64_t shard_elems = [&] {
-      int64_t s = 0;
-      for (ShardedModel* mdl : {&hsdp.generator(), &hsdp.discriminator()}) {
-        for (auto& up : mdl->units()) s += up->shard_numel();
-      }
-      return s;
-    }();
-    EXPECT_GE(replicate_bytes, 5 * shard_elems * 8) << what;
+    EXPECT_EQ(replicate_bytes, 5 * per_step) << what;
     EXPECT_GT(world_bytes, 0) << what << ": SyncBatchNorm runs over the world";
     expect_same_models(hsdp, reference, what);
     // Every replica group holds the same shard, bit for bit.

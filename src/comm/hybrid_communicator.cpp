@@ -24,27 +24,6 @@ void add_delta(CommStats& stats, const CommStats& before, const CommStats& after
   stats.broadcast_bytes += after.broadcast_bytes - before.broadcast_bytes;
 }
 
-// The group's reduce-scatter in flight; wait() completes it and then all-reduces the shard
-// across the replica groups.
-class HybridReduceWork final : public Work {
- public:
-  HybridReduceWork(std::unique_ptr<Work> inner, at::Tensor shard, ReduceOp op, Communicator& replicate)
-      : inner_(std::move(inner)), shard_(std::move(shard)), op_(op), replicate_(replicate) {}
-  void wait() override {
-    if (done_) return;
-    done_ = true;
-    inner_->wait();
-    replicate_.all_reduce(shard_, op_);
-  }
-
- private:
-  std::unique_ptr<Work> inner_;
-  at::Tensor shard_;
-  ReduceOp op_;
-  Communicator& replicate_;
-  bool done_ = false;
-};
-
 int env_int(const char* name) {
   const char* v = std::getenv(name);
   if (!v || !*v) return -1;
@@ -83,8 +62,10 @@ std::unique_ptr<Work> HybridCommunicator::reduce_scatter_async(at::Tensor& shard
   const CommStats before = shard_->stats();
   auto w = shard_->reduce_scatter_async(shard, full, op);
   add_delta(stats_, before, shard_->stats());
-  return std::make_unique<HybridReduceWork>(std::move(w), shard, op, *replicate_);
+  return w;
 }
+
+void HybridCommunicator::all_reduce_replicas(at::Tensor& t, ReduceOp op) { replicate_->all_reduce(t, op); }
 
 void HybridCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
   const CommStats before = shard_->stats();

@@ -1,6 +1,7 @@
 #include "shardgan/sharding/sharded_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -134,6 +135,17 @@ void ShardedModel::zero_grad() {
 
 void ShardedModel::set_gradient_sync(bool on) {
   for (auto& u : units_) u->set_gradient_sync(on);
+}
+
+void ShardedModel::reduce_across_replicas() {
+  if (comm_.replicate_degree() == 1) return;
+  finish_reduces();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& u : units_) {
+    if (u->stage() == 0 || !u->reduced()) continue;
+    comm_.all_reduce_replicas(u->grad_shard(), ReduceOp::kAvg);
+  }
+  times_.collective_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void ShardedModel::after_optimizer_step() {

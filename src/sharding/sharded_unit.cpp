@@ -450,6 +450,7 @@ void ShardedUnit::finish_reduce() {
     reduce_work_->wait();
   }
   reduce_work_.reset();
+  reduced_ = true;
   if (grad_shard_aliases_flat_) {
     grad_shard_.copy_(reduce_out_);  // stage 1: the owned slice of the accumulated flat gradient
   } else {
@@ -472,6 +473,7 @@ void ShardedUnit::after_optimizer_step() {
 
 void ShardedUnit::zero_grad() {
   finish_reduce();
+  reduced_ = false;
   if (grad_flat_.defined()) grad_flat_.zero_();
   grad_shard_.zero_();
 }

@@ -163,6 +163,7 @@ std::pair<at::Tensor, double> GanObjective::d_real_pass(TrainedModel d, const Te
 
 bool GanObjective::finish_update(TrainedModel m, double& norm, int64_t step_index, bool loss_finite,
                                  bool& nonfinite) {
+  m.model->reduce_across_replicas();  // HSDP: the gradient shards cross groups once per update
   bool ok = m.scaler->unscale_and_vote({m.model}, comm_);  // float16 only; else no collective
   if (!m.scaler->enabled()) {
     // Every rank's verdict, so that all of them skip (or abort) together. Gradient shards

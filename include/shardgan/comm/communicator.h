@@ -112,6 +112,11 @@ class Communicator {
   /// communicator is one group: 0 and 1. Local.
   virtual int replica_rank() const { return 0; }
   virtual int replicate_degree() const { return 1; }
+  /// Hybrid sharding: all-reduces `t` (this rank's shard of a reduced gradient) with the
+  /// ranks of the other replica groups that hold the same shard, in place. Collective over
+  /// every rank of every group when replicate_degree() > 1; a no-op otherwise (the
+  /// default). Same dtypes, devices and throws as all_reduce.
+  virtual void all_reduce_replicas(at::Tensor& t, ReduceOp op) {}
 
   /// Seconds a collective may take before it throws CollectiveTimeout.
   double timeout_s() const { return timeout_s_; }

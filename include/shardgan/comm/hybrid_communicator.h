@@ -3,10 +3,12 @@
 /// N ranks form R replica groups of G = N / R ranks. Parameters, gradients and optimizer
 /// state are sharded G ways inside a group (ZeRO stages 1-3 as usual) and replicated across
 /// the R groups, so that the all-gathers of forward and backward stay inside a group (a
-/// node, by default) and only the all-reduce of each gradient shard crosses groups: once per
-/// reduce-scatter, i.e. per backward that reduces (a stage-2/3 D reduces after its real and
-/// after its fake backward). DeepSpeed ZeRO++'s hpZ (Wang et al. 2023) is the related
-/// scheme that keeps the primary shards global and only a secondary copy per node.
+/// node, by default) and only the all-reduce of each gradient shard crosses groups, once
+/// per optimizer update (ShardedModel::reduce_across_replicas, as FSDP2 all-reduces only at
+/// the last micro-batch): a stage-2/3 D that reduces after its real and after its fake
+/// backward, or over several micro-batches, accumulates its shard inside the group first.
+/// DeepSpeed ZeRO++'s hpZ (Wang et al. 2023) is the related scheme that keeps the primary
+/// shards global and only a secondary copy per node.
 #include <memory>
 #include <string>
 
@@ -15,13 +17,11 @@
 namespace shardgan {
 
 /// The communicator a sharded model sees under HSDP. Its rank() and world_size() are those
-/// of the shard group; all_gather, all_reduce, broadcast and barrier run inside the group.
-/// reduce_scatter(shard, full, op) reduce-scatters inside the group and then all-reduces
-/// the resulting shard (numel S) across the replica groups with the same `op`, so that
-/// every group ends with the same shard (kAvg: averaged over all N ranks, as group sizes are
-/// equal). The cross-group all-reduce runs when the reduce-scatter's Work is waited for.
-/// Dtypes and devices are those the wrapped communicators accept; a 16-bit reduction is
-/// rounded twice (after each of the two reductions).
+/// of the shard group; all_gather, reduce_scatter, all_reduce, broadcast and barrier run
+/// inside the group. all_reduce_replicas(shard, op) then all-reduces a reduced shard
+/// (numel S) across the replica groups with the same `op`, so that every group ends with
+/// the same shard (kAvg: averaged over all N ranks, as group sizes are equal). Dtypes and
+/// devices are those the wrapped communicators accept.
 ///
 /// stats() counts the shard group's traffic; replicate_group().stats() the cross-group
 /// all-reduces.
@@ -40,12 +40,13 @@ class HybridCommunicator final : public Communicator {
 
   void all_gather(at::Tensor& full, const at::Tensor& shard) override;
   std::unique_ptr<Work> all_gather_async(at::Tensor& full, const at::Tensor& shard) override;
-  /// Collective over all N ranks: reduce-scatter in the group, then all-reduce across groups.
+  /// Inside the shard group only; all_reduce_replicas completes the reduction over N.
   void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
-  /// Starts the group's reduce-scatter; wait() finishes it and runs the cross-group
-  /// all-reduce (blocking, with the replica communicator's timeout).
   std::unique_ptr<Work> reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
                                              ReduceOp op) override;
+  /// Collective over all N ranks: all-reduce of `t` with the same shard of the other
+  /// groups (the replicate group; blocking, with its timeout).
+  void all_reduce_replicas(at::Tensor& t, ReduceOp op) override;
   /// Inside the shard group only (e.g. the sum of squares of shards for clipping, which
   /// every group holds alike).
   void all_reduce(at::Tensor& t, ReduceOp op) override;

@@ -87,6 +87,12 @@ class ShardedModel {
   /// Collective at stages 1 and 2 (one all-gather per unit). Call after every optimizer
   /// step so that every rank's full parameters hold the updated values.
   void after_optimizer_step();
+  /// Hybrid sharding (comm().replicate_degree() > 1): finishes the reductions in flight,
+  /// then all-reduces (average) the gradient shard of every unit that reduced since
+  /// zero_grad() across the replica groups, in unit order. Collective over all ranks of
+  /// all groups; call once per optimizer update, after the last backward and before the
+  /// gradients are read (vote, clipping, step). A no-op without replica groups.
+  void reduce_across_replicas();
   /// Local. Called at the start of every unit forward (not in plain, higher-order mode),
   /// identically on every rank: the trainer votes there on preemption (it may throw to
   /// abandon the step; see abandon_step). Empty: nothing.

@@ -132,6 +132,9 @@ class ShardedUnit {
   void finish_reduce();
   /// Whether a reduce-scatter of this unit is in flight.
   bool reduce_in_flight() const { return static_cast<bool>(reduce_work_); }
+  /// Whether a reduction completed into grad_shard() since the last zero_grad() (the same
+  /// on every rank: units reduce alike, see reduce_gradients). Local.
+  bool reduced() const { return reduced_; }
   /// Whether the next backward ends a gradient-accumulation step (stages 0 and 1 reduce
   /// only then; like DDP's no_sync). Local.
   void set_gradient_sync(bool on) { sync_ = on; }
@@ -236,6 +239,7 @@ class ShardedUnit {
   bool shard_aliases_full_ = false, grad_shard_aliases_flat_ = false;
   bool gathered_ = false;
   bool sync_ = true;
+  bool reduced_ = false;              // see reduced()
   bool expects_backward_ = false;     // last forward's output required grad
   bool expects_reduce_ = false;       // see expects_reduce()
   bool staged_ = false;               // staged_flat_ holds this step's flat gradient
