@@ -47,19 +47,17 @@ class HybridCommunicator final : public Communicator {
   /// Collective over all N ranks: all-reduce of `t` with the same shard of the other
   /// groups (the replicate group; blocking, with its timeout).
   void all_reduce_replicas(at::Tensor& t, ReduceOp op) override;
-  /// Inside the shard group only (e.g. the sum of squares of shards for clipping, which
-  /// every group holds alike).
+  /// Inside the shard group only.
   void all_reduce(at::Tensor& t, ReduceOp op) override;
   void broadcast(at::Tensor& t, int root) override;
   void barrier() override;
 
-  /// Traffic of the shard group (the same as stats(), which it updates after each call).
+  /// The shard group's communicator (this object's stats() count what went through it).
   Communicator& shard_group() { return *shard_; }
   /// The cross-group communicator; its stats() count what crossed groups.
   Communicator& replicate_group() { return *replicate_; }
 
  private:
-  void sync_stats() { stats_ = shard_->stats(); }
   std::unique_ptr<Communicator> shard_;
   std::unique_ptr<Communicator> replicate_;
 };
