@@ -22,3 +22,12 @@ same_checkpoint() {
   done
   rm -f "$out"
 }
+# checkpoints_within A B RTOL LABEL: `$CKPT diff A B --rtol RTOL` (every tensor's max|a - b| /
+# max|b|, parameters, optimizer state and EMA) passes; one ok/bad naming LABEL.
+checkpoints_within() {
+  local out
+  out=$(mktemp)
+  "$CKPT" diff "$1" "$2" --rtol "$3" > "$out" 2>&1 \
+    && ok "$4 within $3: $(grep -m1 "max rel difference" "$out")" || bad "$4: $(tail -5 "$out")"
+  rm -f "$out"
+}

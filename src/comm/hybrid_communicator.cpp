@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include <torch/torch.h>
@@ -24,6 +25,20 @@ void add_delta(CommStats& stats, const CommStats& before, const CommStats& after
   stats.broadcast_bytes += after.broadcast_bytes - before.broadcast_bytes;
 }
 
+// Runs `call` (a collective on `group`) and adds the traffic it counted there to `stats`.
+template <class Call>
+auto counted(CommStats& stats, Communicator& group, Call&& call) {
+  const CommStats before = group.stats();
+  if constexpr (std::is_void_v<decltype(call())>) {
+    call();
+    add_delta(stats, before, group.stats());
+  } else {
+    auto r = call();
+    add_delta(stats, before, group.stats());
+    return r;
+  }
+}
+
 int env_int(const char* name) {
   const char* v = std::getenv(name);
   if (!v || !*v) return -1;
@@ -41,16 +56,11 @@ HybridCommunicator::HybridCommunicator(std::unique_ptr<Communicator> shard_group
 }
 
 void HybridCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
-  const CommStats before = shard_->stats();
-  shard_->all_gather(full, shard);
-  add_delta(stats_, before, shard_->stats());
+  counted(stats_, *shard_, [&] { shard_->all_gather(full, shard); });
 }
 
 std::unique_ptr<Work> HybridCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
-  const CommStats before = shard_->stats();
-  auto w = shard_->all_gather_async(full, shard);
-  add_delta(stats_, before, shard_->stats());
-  return w;
+  return counted(stats_, *shard_, [&] { return shard_->all_gather_async(full, shard); });
 }
 
 void HybridCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {
@@ -59,30 +69,21 @@ void HybridCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& ful
 
 std::unique_ptr<Work> HybridCommunicator::reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
                                                                ReduceOp op) {
-  const CommStats before = shard_->stats();
-  auto w = shard_->reduce_scatter_async(shard, full, op);
-  add_delta(stats_, before, shard_->stats());
-  return w;
+  return counted(stats_, *shard_, [&] { return shard_->reduce_scatter_async(shard, full, op); });
 }
 
 void HybridCommunicator::all_reduce_replicas(at::Tensor& t, ReduceOp op) { replicate_->all_reduce(t, op); }
 
 void HybridCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
-  const CommStats before = shard_->stats();
-  shard_->all_reduce(t, op);
-  add_delta(stats_, before, shard_->stats());
+  counted(stats_, *shard_, [&] { shard_->all_reduce(t, op); });
 }
 
 void HybridCommunicator::broadcast(at::Tensor& t, int root) {
-  const CommStats before = shard_->stats();
-  shard_->broadcast(t, root);
-  add_delta(stats_, before, shard_->stats());
+  counted(stats_, *shard_, [&] { shard_->broadcast(t, root); });
 }
 
 void HybridCommunicator::barrier() {
-  const CommStats before = shard_->stats();
-  shard_->barrier();
-  add_delta(stats_, before, shard_->stats());
+  counted(stats_, *shard_, [&] { shard_->barrier(); });
 }
 
 std::pair<int, int> launcher_local_rank_and_size() {

@@ -41,6 +41,14 @@ log() { echo "netns.sh: $*" >&2; }
 
 statedir() { echo "/tmp/netns-$1"; }
 
+# reaches NS ADDR: whether namespace NS has a path to ADDR (a TCP connect to a closed port
+# answers "refused" once the path works, and times out while it does not).
+reaches() {
+  local out
+  out=$(ip netns exec "$1" timeout 2 bash -c "exec 3<>/dev/tcp/$2/9" 2>&1 || true)
+  [[ $out == *refused* ]]
+}
+
 check_prefix() {
   [[ $1 =~ ^[A-Za-z][A-Za-z0-9]{0,8}$ ]] || die "prefix must be 1-9 alphanumerics starting with a letter (interface names are limited to 15 chars): '$1'"
 }
@@ -119,15 +127,13 @@ cmd_up() {
 NETNS_HOSTS='$d/hosts' exec '$SELF' agent "\$@"
 EOF
   chmod +x "$d/rsh-agent"
-  # Wait until every namespace reaches every other one and the root-side bridge address
-  # (TCP connect to a closed port answers "refused" once the path works).
-  local t=0 ok out dst
+  # Wait until every namespace reaches every other one and the root-side bridge address.
+  local t=0 ok dst
   while :; do
     ok=1
     for ((i = 0; i < n; i++)); do
       for dst in "$sub.254" "$sub.$(((i + 1) % n + 1))"; do
-        out=$(ip netns exec "$p$i" timeout 2 bash -c "exec 3<>/dev/tcp/$dst/9" 2>&1 || true)
-        [[ $out == *refused* ]] || ok=0
+        reaches "$p$i" "$dst" || ok=0
       done
     done
     ((ok)) && break
@@ -162,14 +168,12 @@ cmd_link() {
     *) die "link side must be peer or ns" ;;
   esac
   log "host $i ($p$i) link $st ($side side) at $(date +%T.%N | cut -c1-12)"
-  # Back up: wait until the host reaches the mpirun side again (a TCP connect to a closed port
-  # answers "refused" once the path works), so that a daemon started right after can connect.
+  # Back up: wait until the host reaches the mpirun side again, so that a daemon started
+  # right after can connect.
   if [[ $st == up ]]; then
-    local sub t=0 out
+    local sub t=0
     sub=$(awk '{split($1,a,"."); print a[1]"."a[2]"."a[3]; exit}' "$(statedir "$p")/hostfile")
-    while :; do
-      out=$(ip netns exec "$p$i" timeout 2 bash -c "exec 3<>/dev/tcp/$sub.254/9" 2>&1 || true)
-      [[ $out == *refused* ]] && break
+    while ! reaches "$p$i" "$sub.254"; do
       ((++t < 40)) || die "host $i cannot reach $sub.254 after link up"
       sleep 0.25
     done
