@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# The PyTorch peer benchmark (issue 21; docs/benchmarks-peers.md): shardgan, FSDP2 and DDP
+# trained from the same step-0 checkpoint, one after the other, at N = 1, 2, 4 ranks.
+#
+#   benchmarks/peers/run.sh                         # every size in MODELS, N in NS
+#   MODELS=dcgan NS="1 2" benchmarks/peers/run.sh   # a quick subset
+#
+# Environment (defaults in brackets):
+#   MODELS    sizes to run, from: dcgan biggan60m biggan500m          [dcgan biggan60m]
+#   NS        world sizes                                              [1 2 4]
+#   STEPS     steps per run; step_s is the median of steps 3-10       [10]
+#   SYSTEMS   shardgan fsdp2 ddp                                       [all three]
+#   SG_STAGES shardgan's ZeRO stages (G and D alike)                   [0 2 3]
+#   FSDP_STAGES  3: reshard_after_forward True, 2: False               [3 2]
+#   OUT       results file                          [benchmarks/results/peers/peers.jsonl]
+#   APPEND=1  append to OUT instead of starting it anew
+#   BUILD     folder with shardgan-train and shardgan-data             [build]
+#   WORK      scratch: data, step-0 checkpoints, run dirs, logs        [runs/peers]
+#   PLOT      the plot's path, '' for none                    [docs/images/peers.png]
+#   WAIT_QUIET=S  first wait up to S seconds for no compiler (cc1plus) to run   [0]
+# Each cell's line says "quiet" or "contended" (a cc1plus ran before or after it) in `note`,
+# and OUT.machine.txt gets `uptime` and the CPU at the start and the end.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PY=${SHARDGAN_PYTHON:-$PWD/.venv/bin/python}
+BUILD=${BUILD:-build}
+WORK=${WORK:-runs/peers}
+OUT=${OUT:-benchmarks/results/peers/peers.jsonl}
+MODELS=${MODELS:-dcgan biggan60m}
+NS=${NS:-1 2 4}
+STEPS=${STEPS:-10}
+SYSTEMS=${SYSTEMS:-shardgan fsdp2 ddp}
+SG_STAGES=${SG_STAGES:-0 2 3}
+FSDP_STAGES=${FSDP_STAGES:-3 2}
+PEERS=benchmarks/peers
+[ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export PYTHONWARNINGS=ignore::FutureWarning   # DDP's broadcast_buffers notice
+unset OMP_NUM_THREADS                         # both sides pick cores / ranks themselves
+mkdir -p "$WORK" "$(dirname "$OUT")"
+[ "${APPEND:-0}" = 1 ] || { : > "$OUT"; : > "$OUT.machine.txt"; }
+
+compiling() { pgrep -x cc1plus >/dev/null 2>&1; }
+if [ "${WAIT_QUIET:-0}" -gt 0 ]; then
+  waited=0
+  while compiling && [ "$waited" -lt "$WAIT_QUIET" ]; do sleep 30; waited=$((waited + 30)); done
+  echo "[peers] waited ${waited}s for the compiler; $(compiling && echo 'still compiling' || echo quiet)"
+fi
+machine() { echo "$1: $(date -Is) uptime:$(uptime) compiler: $(compiling && echo running || echo none)"; }
+{ machine start; grep -m1 "model name" /proc/cpuinfo; echo "cores: $(nproc)"; } >> "$OUT.machine.txt"
+
+DATA=$WORK/fmnist.h5
+if [ ! -f "$DATA" ]; then
+  "$BUILD/shardgan-data" convert /usr/share/datasets/fashion-mnist -o "$DATA" || exit 1
+fi
+
+# Common settings: the converted Fashion-MNIST read per rank (data.source hdf5), a line of
+# metrics per step, nothing periodic, no EMA (the peers have none), float32 compute.
+COMMON=(--set data.source=hdf5 --set data.path="$DATA" --set train.log_every=1
+        --set train.sample_every=0 --set train.checkpoint_every=0 --set train.keep_checkpoints=1
+        --set train.plots=false --set ema.enabled=false)
+model_args() {  # config and --set arguments of a size
+  case "$1" in
+    dcgan) echo configs/fmnist-dcgan.yaml ;;
+    biggan60m|biggan500m)
+      local ch=15; [ "$1" = biggan500m ] && ch=45
+      # configs/biggan-1b.yaml's geometry at width ch, in float32 (model.dtype, compute auto):
+      # ch 15: 59.2M parameters, ch 45: 514.5M. Global batch 4, d_steps 2, hinge, N02 init.
+      echo configs/biggan-1b.yaml --set model.ch=$ch --set model.d_ch=$ch \
+        --set sharding.generator.compute_dtype=auto --set sharding.discriminator.compute_dtype=auto \
+        --set sharding.generator.reduce_dtype=auto --set sharding.discriminator.reduce_dtype=auto ;;
+    *) echo "unknown model $1" >&2; return 1 ;;
+  esac
+}
+
+state() { compiling && echo contended || echo quiet; }
+
+for model in $MODELS; do
+  read -r -a MARGS <<< "$(model_args "$model")" || exit 1
+  CK=$WORK/$model/step0/checkpoints/step-00000000
+  if [ ! -f "$CK/index.h5" ]; then   # shardgan's step 0: the initial weights of every run
+    rm -rf "$WORK/$model/step0"; mkdir -p "$WORK/$model"
+    mpirun -np 1 "$BUILD/shardgan-train" "${MARGS[@]}" "${COMMON[@]}" --set run.dir="$WORK/$model/step0" \
+      --set train.steps=0 --set sharding.generator.stage=0 --set sharding.discriminator.stage=0 \
+      > "$WORK/$model/step0.log" 2>&1 || { echo "[peers] $model: step-0 checkpoint failed (see $WORK/$model/step0.log)"; exit 1; }
+  fi
+  for n in $NS; do
+    for sys in $SYSTEMS; do
+      case $sys in shardgan) stages=$SG_STAGES ;; fsdp2) stages=$FSDP_STAGES ;; ddp) stages=0 ;; esac
+      for st in $stages; do
+        tag=$model-$sys-n$n-s$st
+        log=$WORK/$model/$tag.log
+        rec=$WORK/$model/$tag.json
+        rm -f "$rec"
+        before=$(state)
+        t0=$(date +%s)
+        if [ "$sys" = shardgan ]; then
+          run=$WORK/$model/$tag
+          rm -rf "$run"
+          mpirun -np "$n" --oversubscribe "$BUILD/shardgan-train" "${MARGS[@]}" "${COMMON[@]}" \
+            --set run.dir="$run" --set train.steps="$STEPS" \
+            --set sharding.generator.stage="$st" --set sharding.discriminator.stage="$st" > "$log" 2>&1
+          rc=$?
+          [ $rc -eq 0 ] && "$PY" $PEERS/collect_shardgan.py "$run" --ckpt "$CK" --model "$model" --stage "$st" \
+            --world-size "$n" --out "$rec" > /dev/null
+          rm -rf "$run/checkpoints"   # the final checkpoint (12 bytes per parameter) is not needed
+        else
+          # torchrun sets OMP_NUM_THREADS=1 unless it is set; the peer then raises the
+          # thread count itself, but an OpenMP runtime started at 1 thread ran the 2-thread
+          # N = 1 DCGAN step 20x slower beside a compiler (3.3 s against 0.13 s), so it
+          # starts at the count the peer will use: cores / ranks, as shardgan.
+          OMP_NUM_THREADS=$(( $(nproc) / n > 0 ? $(nproc) / n : 1 )) \
+          "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" $PEERS/train_peer.py \
+            --ckpt "$CK" --data "$DATA" --system "$sys" --stage "$st" --steps "$STEPS" --model "$model" \
+            --out "$rec" > "$log" 2>&1
+          rc=$?
+        fi
+        after=$(state)
+        # the cell's line, with the machine state before and after it in `note`
+        [ -s "$rec" ] && "$PY" -c 'import json, sys; r = json.loads(open(sys.argv[1]).readline()); r["note"] = sys.argv[2]; print(json.dumps(r))' \
+          "$rec" "$([ "$before$after" = quietquiet ] && echo quiet || echo "contended (cc1plus running: $before/$after)")" >> "$OUT"
+        echo "[peers] $tag: exit $rc, $(( $(date +%s) - t0 )) s, $(state)$( [ $rc -ne 0 ] && echo "; log: $log")"
+        [ -s "$rec" ] || echo "{\"system\": \"$sys\", \"model\": \"$model\", \"world_size\": $n, \"stage\": $st, \"failed\": true, \"exit\": $rc, \"log\": \"$log\"}" >> "$OUT"
+      done
+    done
+  done
+done
+machine end >> "$OUT.machine.txt"
+"$PY" $PEERS/compare.py "$OUT"
+"$PY" $PEERS/report.py "$OUT" --plot "${PLOT-docs/images/peers.png}"
