@@ -14,6 +14,9 @@
 #include <torch/torch.h>
 
 #include "shardgan/comm/factory.h"
+#include "shardgan/comm/hybrid_communicator.h"
+#include "shardgan/device/device.h"
+#include "shardgan/device/host_copy.h"
 #include "shardgan/train/build_info.h"
 #include "shardgan/train/config.h"
 #include "shardgan/train/preflight.h"
@@ -65,7 +68,16 @@ int main(int argc, char** argv) {
     const int threads = cfg.threads > 0 ? static_cast<int>(cfg.threads) : std::max(1, cores / local_size);
     torch::set_num_threads(threads);
     torch::set_num_interop_threads(1);
-    auto comm = shardgan::make_communicator(cfg.backend, MPI_COMM_WORLD, cfg.timeout_s);
+    // run.device: every rank resolves its own GPU (cuda:<local rank>) and refuses alike when
+    // there is none; an error on some ranks only ends the job through MPI_Abort below.
+    {
+      auto [launcher_rank, launcher_size] = shardgan::launcher_local_rank_and_size();
+      cfg.compute_device = shardgan::resolve_device(cfg.device, launcher_rank >= 0 ? launcher_rank : local_rank,
+                                                    config_path);
+      shardgan::set_pin_host_memory(cfg.compute_device.is_cuda());
+    }
+    auto comm = shardgan::make_communicator(cfg.backend, MPI_COMM_WORLD, cfg.timeout_s,
+                                            cfg.compute_device.is_cuda() ? cfg.compute_device.index() : -1);
     // Memory pre-flight before anything of the models is allocated: every rank computes
     // the same estimate locally (no collectives), so every rank refuses alike.
     nlohmann::json report;

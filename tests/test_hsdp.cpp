@@ -208,8 +208,12 @@ TEST(HsdpLayoutTest, ReadsSlurmTasksPerNode) {
 TEST(HsdpConfig, RefusesStageZeroAndNccl) {
   EXPECT_THROW(parse_config("sharding: {generator: {stage: 0, replicate_degree: 2}}\n", "t", {}), ConfigError);
   EXPECT_THROW(parse_config("sharding: {generator: {replicate_degree: 0.5}}\n", "t", {}), ConfigError);
-  EXPECT_THROW(parse_config("sharding: {discriminator: {replicate_degree: 2}}\ndist: {backend: nccl}\n", "t", {}),
-               ConfigError);
+  try {
+    parse_config("sharding: {discriminator: {replicate_degree: 2}}\nrun: {device: cuda}\n", "t", {});
+    ADD_FAILURE() << "replicate_degree 2 with NCCL (the default on cuda) was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("replicate_degree"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(parse_config("sharding: {generator: {replicate_degree: auto}}\n", "t", {}).g_replicate_degree, 0);
   EXPECT_EQ(parse_config("sharding: {discriminator: {replicate_degree: 4}}\n", "t", {}).d_replicate_degree, 4);
 }

@@ -13,6 +13,7 @@
 #include "shardgan/checkpoint/h5.h"
 #include "shardgan/checkpoint/shard_io.h"
 #include "shardgan/comm/communicator.h"
+#include "shardgan/device/host_copy.h"
 #include "shardgan/optim/optimizer.h"
 #include "shardgan/sharding/sharded_model.h"
 
@@ -34,7 +35,8 @@ h5::DType h5_type(at::ScalarType t) {
 h5::DType h5_type(const at::Tensor& t) { return h5_type(t.scalar_type()); }
 
 void put(ckpt::RankFileWriter& w, const std::string& path, const at::Tensor& t) {
-  at::Tensor c = t.contiguous();
+  // Device shards come to the host through the pinned staging buffers, in chunks.
+  at::Tensor c = host_copy(t);
   w.write(path, h5_type(c), c.sizes().vec(), c.data_ptr());
 }
 
@@ -130,11 +132,18 @@ void check_model_matches(const ckpt::ModelEntry& me, ShardedModel& m, const std:
 void read_owned(ckpt::CheckpointReader& rd, const ckpt::ModelEntry& me, const ckpt::UnitEntry& ue,
                 const std::string& kind, int64_t lo, at::Tensor t) {
   const int64_t s = t.numel(), hi = std::min(lo + s, ue.numel);
-  at::Tensor c = t.is_contiguous() ? t : torch::empty_like(t, at::MemoryFormat::Contiguous);
+  // HDF5 reads into host memory; a device tensor is filled from a host copy in chunks.
+  const bool direct = t.device().is_cpu() && t.is_contiguous();
+  at::Tensor c = direct ? t : torch::empty({s}, t.options().device(at::kCPU));
   if (hi > lo) rd.read_flat(me, ue, kind, lo, hi, c.data_ptr());
   const int64_t got = std::max<int64_t>(0, hi - lo);
   if (got < s) c.narrow(0, got, s - got).zero_();
-  if (!c.is_same(t)) t.copy_(c);
+  if (direct) return;
+  if (t.is_contiguous()) {
+    copy_from_host(c, t);
+  } else {
+    t.copy_(c);
+  }
 }
 
 void load_local(const std::string& dir, TrainCounters& counters, const std::vector<ModelAndOptimizer>& models,
@@ -185,7 +194,7 @@ void load_local(const std::string& dir, TrainCounters& counters, const std::vect
       if (be->dtype != h5::dtype_name(h5_type(buf))) {
         throw CheckpointError("checkpoint '" + dir + "': buffer '" + bname + "' is " + be->dtype + " there");
       }
-      at::Tensor c = buf.contiguous();
+      at::Tensor c = buf.device().is_cpu() ? buf.contiguous() : torch::empty(buf.sizes(), buf.options().device(at::kCPU));
       rd.read_dataset(be->rank, model.name() + "/buffers/" + bname, c.data_ptr(), c.numel());
       if (!c.is_same(buf)) buf.copy_(c);
     }

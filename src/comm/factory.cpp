@@ -33,7 +33,7 @@ std::string nccl_version() {
 }
 
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
-                                                double timeout_s) {
+                                                double timeout_s, int device_index) {
   if (backend == "mpi") {
     auto c = std::make_unique<MpiCommunicator>(comm, timeout_s);
     c->learn_hosts();
@@ -41,7 +41,8 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_
   }
   if (backend == "nccl") {
 #ifdef SHARDGAN_HAVE_NCCL
-    return std::make_unique<NcclCommunicator>(comm, local_rank_and_size(comm).first, timeout_s);
+    return std::make_unique<NcclCommunicator>(
+        comm, device_index >= 0 ? device_index : local_rank_and_size(comm).first, timeout_s);
 #else
     throw std::invalid_argument(
         "dist.backend 'nccl': this build has no NCCL backend (CUDA and NCCL were not found "

@@ -13,6 +13,8 @@
 
 #include <ATen/ATen.h>
 
+#include "shardgan/comm/mpi_communicator.h"
+
 namespace shardgan {
 namespace {
 
@@ -93,7 +95,8 @@ bool poll_until(Clock::time_point deadline, const std::function<bool()>& done) {
 
 struct NcclCommunicator::Impl {
   ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
+  cudaStream_t gather_stream = nullptr;  // all-gathers
+  cudaStream_t reduce_stream = nullptr;  // reduce-scatters, all-reduces, broadcasts, barriers
   cudaEvent_t ready = nullptr;  // recorded on the legacy default stream before a collective
   cudaEvent_t done = nullptr;   // recorded on `stream` after a collective
   float* barrier_buf = nullptr;
@@ -103,7 +106,8 @@ struct NcclCommunicator::Impl {
     abort();
     if (done) cudaEventDestroy(done);
     if (ready) cudaEventDestroy(ready);
-    if (stream) cudaStreamDestroy(stream);
+    if (gather_stream) cudaStreamDestroy(gather_stream);
+    if (reduce_stream) cudaStreamDestroy(reduce_stream);
     if (barrier_buf) cudaFree(barrier_buf);
   }
 
@@ -158,7 +162,7 @@ struct NcclCommunicator::Impl {
   /// Issues one collective: `enqueue` puts it on `stream`, after the work already queued on
   /// the legacy default stream. Returns an event recorded after it on `stream` (the caller
   /// owns it and passes it to finish()).
-  cudaEvent_t start(const std::string& what, Clock::time_point deadline, double timeout_s,
+  cudaEvent_t start(const std::string& what, Clock::time_point deadline, double timeout_s, cudaStream_t stream,
                     const std::function<ncclResult_t()>& enqueue) {
     if (!comm) {
       throw CollectiveError(what + " failed: the NCCL communicator was aborted after an "
@@ -198,7 +202,7 @@ struct NcclCommunicator::Impl {
   void run(const std::string& what, double timeout_s,
            const std::function<ncclResult_t()>& enqueue) {
     const auto deadline = deadline_after(timeout_s);
-    finish(what, deadline, timeout_s, start(what, deadline, timeout_s, enqueue));
+    finish(what, deadline, timeout_s, start(what, deadline, timeout_s, reduce_stream, enqueue));
   }
 };
 
@@ -279,7 +283,8 @@ NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int device_index, double 
   }
 
   SG_CUDA_CHECK(im, cudaSetDevice(device_index), what);
-  SG_CUDA_CHECK(im, cudaStreamCreateWithFlags(&im.stream, cudaStreamNonBlocking), what);
+  SG_CUDA_CHECK(im, cudaStreamCreateWithFlags(&im.gather_stream, cudaStreamNonBlocking), what);
+  SG_CUDA_CHECK(im, cudaStreamCreateWithFlags(&im.reduce_stream, cudaStreamNonBlocking), what);
   SG_CUDA_CHECK(im, cudaEventCreateWithFlags(&im.ready, cudaEventDisableTiming), what);
   SG_CUDA_CHECK(im, cudaEventCreateWithFlags(&im.done, cudaEventDisableTiming), what);
   SG_CUDA_CHECK(im, cudaMalloc(reinterpret_cast<void**>(&im.barrier_buf), sizeof(float)), what);
@@ -290,6 +295,7 @@ NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int device_index, double 
   SG_NCCL_CHECK(im, ncclCommInitRankConfig(&im.comm, world_size_, boot.id, rank_, &config),
                 what);
   im.wait_async(what, deadline, timeout_s_);
+  host_ = std::make_unique<MpiCommunicator>(bootstrap, timeout_s_);
 }
 
 NcclCommunicator::~NcclCommunicator() = default;  // Impl::~Impl aborts and frees; never throws
@@ -303,6 +309,7 @@ void NcclCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full,
 }
 
 std::unique_ptr<Work> NcclCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
+  if (on_host(full, shard)) return host_->all_gather_async(full, shard);
   check_cuda_contiguous(full, "all_gather", "full", rank_, device_index_);
   check_cuda_contiguous(shard, "all_gather", "shard", rank_, device_index_);
   check_block_sizes("all_gather", full, shard);
@@ -312,9 +319,9 @@ std::unique_ptr<Work> NcclCommunicator::all_gather_async(at::Tensor& full, const
   Impl& im = *impl_;
   const std::string what = describe("all_gather", rank_, world_size_, full);
   const auto deadline = deadline_after(timeout_s_);
-  cudaEvent_t ev = im.start(what, deadline, timeout_s_, [&] {
+  cudaEvent_t ev = im.start(what, deadline, timeout_s_, im.gather_stream, [&] {
     return ncclAllGather(shard.data_ptr(), full.data_ptr(), static_cast<size_t>(shard.numel()),
-                         dt, im.comm, im.stream);
+                         dt, im.comm, im.gather_stream);
   });
   return std::make_unique<NcclWork>(im, what, deadline, timeout_s_, ev,
                                     std::vector<at::Tensor>{full, shard}, nullptr);
@@ -322,6 +329,7 @@ std::unique_ptr<Work> NcclCommunicator::all_gather_async(at::Tensor& full, const
 
 std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
                                                             ReduceOp op) {
+  if (on_host(full, shard)) return host_->reduce_scatter_async(shard, full, op);
   check_cuda_contiguous(full, "reduce_scatter", "full", rank_, device_index_);
   check_cuda_contiguous(shard, "reduce_scatter", "shard", rank_, device_index_);
   check_block_sizes("reduce_scatter", full, shard);
@@ -334,9 +342,9 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(at::Tensor& shard, 
   Impl& im = *impl_;
   const std::string what = describe("reduce_scatter", rank_, world_size_, full);
   const auto deadline = deadline_after(timeout_s_);
-  cudaEvent_t ev = im.start(what, deadline, timeout_s_, [&] {
+  cudaEvent_t ev = im.start(what, deadline, timeout_s_, im.reduce_stream, [&] {
     return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
-                             nccl_type(in.scalar_type()), nccl_op(op), im.comm, im.stream);
+                             nccl_type(in.scalar_type()), nccl_op(op), im.comm, im.reduce_stream);
   });
   at::Tensor dst = shard;
   std::function<void()> on_done;
@@ -346,6 +354,7 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(at::Tensor& shard, 
 }
 
 void NcclCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
+  if (on_host(t, t)) return host_->all_reduce(t, op);
   check_cuda_contiguous(t, "all_reduce", "t", rank_, device_index_);
   nccl_type(t.scalar_type());  // reject unsupported dtypes before counting
   stats_.all_reduce_calls++;
@@ -355,12 +364,13 @@ void NcclCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
   Impl& im = *impl_;
   im.run(describe("all_reduce", rank_, world_size_, t), timeout_s_, [&] {
     return ncclAllReduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()),
-                         nccl_type(buf.scalar_type()), nccl_op(op), im.comm, im.stream);
+                         nccl_type(buf.scalar_type()), nccl_op(op), im.comm, im.reduce_stream);
   });
   if (up) t.copy_(buf);
 }
 
 void NcclCommunicator::broadcast(at::Tensor& t, int root) {
+  if (on_host(t, t)) return host_->broadcast(t, root);
   check_cuda_contiguous(t, "broadcast", "t", rank_, device_index_);
   if (root < 0 || root >= world_size_) {
     throw CollectiveError("broadcast on rank " + std::to_string(rank_) + ": root " +
@@ -372,7 +382,7 @@ void NcclCommunicator::broadcast(at::Tensor& t, int root) {
   Impl& im = *impl_;
   im.run(describe("broadcast", rank_, world_size_, t), timeout_s_, [&] {
     return ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), dt, root,
-                         im.comm, im.stream);
+                         im.comm, im.reduce_stream);
   });
 }
 
@@ -382,7 +392,7 @@ void NcclCommunicator::barrier() {
   im.run("barrier (rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) + ")",
          timeout_s_, [&] {
            return ncclAllReduce(im.barrier_buf, im.barrier_buf, 1, ncclFloat32, ncclSum, im.comm,
-                                im.stream);
+                                im.reduce_stream);
          });
 }
 

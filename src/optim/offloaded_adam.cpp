@@ -31,9 +31,10 @@ OffloadedAdam::OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadC
   dtype_ = model.units().empty() ? at::kFloat : model.units()[0]->shard().scalar_type();
   for (auto& u : model.units()) {
     const at::Tensor& s = u->shard();
-    if (!s.device().is_cpu() || (s.scalar_type() != at::kFloat && s.scalar_type() != at::kDouble) ||
-        s.scalar_type() != dtype_) {
-      throw std::invalid_argument("optimizer offload needs float32 or float64 CPU shards of one dtype; unit '" +
+    // Shards on a GPU are staged through the store's (pinned) host buffers: the gradient
+    // goes down, the updated parameters come back (ZeRO-Offload).
+    if ((s.scalar_type() != at::kFloat && s.scalar_type() != at::kDouble) || s.scalar_type() != dtype_) {
+      throw std::invalid_argument("optimizer offload needs float32 or float64 shards of one dtype; unit '" +
                                   u->name() + "' has " + std::string(c10::toString(s.scalar_type())) + " on " +
                                   s.device().str());
     }

@@ -56,9 +56,15 @@ void ShardedAdam::update() {
   const bool adamw = cfg_.decoupled_weight_decay;
   const double wd = cfg_.weight_decay;
   auto& units = model_.units();
+  std::vector<size_t> torch_fused;
   for (size_t i = 0; i < units.size(); ++i) {
     at::Tensor& p = units[i]->shard();
     const at::Tensor& g = units[i]->grad_shard();
+    const bool floating = p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble;
+    if (!copies_[i].defined() && floating && p.is_contiguous() && (!p.device().is_cpu() || torch_fused_)) {
+      torch_fused.push_back(i);
+      continue;
+    }
     if (fused_ok(p, g)) {
       const AdamCoefficients c =
           adam_coefficients(lr_, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, adamw, step_);
@@ -68,6 +74,36 @@ void ShardedAdam::update() {
       continue;
     }
     adam_torch_step(p, g, exp_avg_[i], exp_avg_sq_[i], cfg_, lr_, step_);
+  }
+  if (!torch_fused.empty()) torch_fused_step(torch_fused);
+}
+
+void ShardedAdam::torch_fused_step(const std::vector<size_t>& which) {
+  auto& units = model_.units();
+  if (state_steps_.size() != units.size()) state_steps_.resize(units.size());
+  std::vector<at::Tensor> p, g, m, v, steps;
+  for (size_t i : which) {
+    at::Tensor& shard = units[i]->shard();
+    at::Tensor grad = units[i]->grad_shard();
+    if (grad.scalar_type() != shard.scalar_type()) grad = grad.to(shard.scalar_type());
+    // The kernel reads the step count from a float tensor on the parameters' device (the
+    // caller increments it first, as torch.optim does); step_ already counts this step.
+    if (!state_steps_[i].defined()) state_steps_[i] = at::zeros({}, shard.options().dtype(at::kFloat));
+    state_steps_[i].fill_(static_cast<double>(step_));
+    p.push_back(shard);
+    g.push_back(grad);
+    m.push_back(exp_avg_[i]);
+    v.push_back(exp_avg_sq_[i]);
+    steps.push_back(state_steps_[i]);
+  }
+  // Same update as adam_torch_step: bias corrections from the step, eps added after
+  // sqrt(v / bc2), L2 (Adam) or decoupled (AdamW) weight decay.
+  if (cfg_.decoupled_weight_decay) {
+    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr_, cfg_.beta1, cfg_.beta2, cfg_.weight_decay,
+                      cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  } else {
+    at::_fused_adam_(p, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr_, cfg_.beta1, cfg_.beta2, cfg_.weight_decay,
+                     cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
   }
 }
 

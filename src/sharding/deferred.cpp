@@ -18,7 +18,7 @@ uint64_t unit_seed(uint64_t seed, const std::string& unit_name) {
 
 std::unique_ptr<ShardedModel> build_sharded_model(const ModelSpec& spec, Communicator& comm,
                                                   ShardingConfig cfg, uint64_t seed,
-                                                  at::ScalarType dtype) {
+                                                  at::ScalarType dtype, c10::Device device) {
   if (dtype != at::kFloat && dtype != at::kDouble) {
     throw std::invalid_argument("model '" + spec.name + "': the master dtype must be float32 or float64");
   }
@@ -29,7 +29,7 @@ std::unique_ptr<ShardedModel> build_sharded_model(const ModelSpec& spec, Communi
     if (!b.module || !b.forward) {
       throw std::invalid_argument("model '" + spec.name + "': unit '" + u.name + "' built no module or forward");
     }
-    b.module->to(dtype);
+    b.module->to(device, dtype);
     model->add_unit(u.name, std::move(b.module), std::move(b.forward));
   }
   if (spec.program) model->set_program(spec.program);

@@ -74,9 +74,24 @@ ShardedUnit& ShardedModel::unit(const std::string& unit_name) {
   throw std::out_of_range("model '" + name_ + "' has no unit '" + unit_name + "'");
 }
 
+c10::Device ShardedModel::device() const {
+  return units_.empty() ? c10::Device(c10::kCPU) : units_.front()->device();
+}
+
 at::Tensor ShardedModel::forward(at::Tensor x) { return forward(TensorList{std::move(x)}).at(0); }
 
-TensorList ShardedModel::forward(const TensorList& inputs) {
+TensorList ShardedModel::forward(const TensorList& given) {
+  // Inputs go to the model's device first, as FSDP's root pre-forward and DDP do: the data,
+  // latents and labels are made on the host (so a run draws the same numbers on any device).
+  const c10::Device dev = device();
+  TensorList moved;
+  const bool move = std::any_of(given.begin(), given.end(),
+                                [&](const at::Tensor& t) { return t.defined() && t.device() != dev; });
+  if (move) {
+    moved.reserve(given.size());
+    for (const auto& t : given) moved.push_back(t.defined() && t.device() != dev ? t.to(dev) : t);
+  }
+  const TensorList& inputs = move ? moved : given;
   recording_ = !recorded_ && !higher_order_;  // a plain pass records no execution order
   TensorList out;
   try {

@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include "shardgan/device/host_copy.h"
 #include "shardgan/sharding/shard_source.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "sharding/ownership.h"
@@ -115,6 +116,11 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
         throw std::invalid_argument("unit '" + name_ + "': parameter '" + kv.key() +
                                     "' has a different dtype from the unit's other parameters");
       }
+      if (dtype && p.device() != device_) {
+        throw std::invalid_argument("unit '" + name_ + "': parameter '" + kv.key() + "' is on " +
+                                    p.device().str() + ", the unit's other parameters on " + device_.str());
+      }
+      device_ = p.device();
       // Throws, naming both owners, if another unit already owns this parameter.
       detail::claim_parameter(p, qualified + kv.key());
       dtype = p.scalar_type();
@@ -137,7 +143,9 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
     padded_numel_ = shard_numel_ * n;
     shard_offset_ = shard_numel_ * comm_.rank();
   }
-  const auto master_opts = torch::TensorOptions().dtype(master_dtype_);
+  const auto master_opts = torch::TensorOptions().dtype(master_dtype_).device(device_);
+  const auto compute_opts = torch::TensorOptions().dtype(compute_dtype_).device(device_);
+  const auto reduce_opts = torch::TensorOptions().dtype(reduce_dtype_).device(device_);
   const bool same_dtype = compute_dtype_ == master_dtype_;
   shard_aliases_full_ = same_dtype && cfg_.stage <= 2;
   if (cfg_.stage == 3) {
@@ -152,7 +160,7 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
       shard_.narrow(0, lo - shard_offset_, hi - lo)
           .copy_(s.param.reshape({-1}).narrow(0, lo - s.offset, hi - lo));
     }
-    full_ = torch::empty({padded_numel_}, torch::TensorOptions().dtype(compute_dtype_));
+    full_ = torch::empty({padded_numel_}, compute_opts);
     for (auto& s : slots_) s.param.set_data(full_.narrow(0, s.offset, s.numel).view(s.shape));
   } else {
     at::Tensor master_full = torch::zeros({padded_numel_}, master_opts);
@@ -163,12 +171,13 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
     shard_ = shard_aliases_full_ ? full_.narrow(0, shard_offset_, shard_numel_) : owned.clone();
   }
   if (cfg_.stage <= 1) {
-    grad_flat_ = torch::zeros({padded_numel_}, torch::TensorOptions().dtype(reduce_dtype_));
+    grad_flat_ = torch::zeros({padded_numel_}, reduce_opts);
     grad_shard_aliases_flat_ = reduce_dtype_ == master_dtype_;
   }
   // Not resident until the first gradient arrives (stage 2-3: built models hold shards only).
   grad_shard_ = grad_shard_aliases_flat_ ? grad_flat_.narrow(0, shard_offset_, shard_numel_)
-                                         : detail::lazy_zeros(shard_numel_, master_dtype_);
+                         : device_.is_cpu() ? detail::lazy_zeros(shard_numel_, master_dtype_)
+                                            : torch::zeros({shard_numel_}, master_opts);
   gathered_ = cfg_.stage <= 2;
   if (cfg_.stage == 3) detail::free_storage(full_);
   for (auto& s : slots_) {
@@ -226,8 +235,14 @@ void ShardedUnit::offload_shard(ShardSource* source) {
 
 at::Tensor ShardedUnit::master_shard() {
   if (!source_) return shard_;
+  // The tier reads into host memory; a device shard goes on through the staging copy.
   at::Tensor t = torch::empty({shard_numel_}, torch::TensorOptions().dtype(master_dtype_));
   source_->read_shard(index_, t);
+  if (!device_.is_cpu()) {
+    at::Tensor d = torch::empty({shard_numel_}, t.options().device(device_));
+    copy_from_host(t, d);
+    return d;
+  }
   return t;
 }
 
@@ -400,7 +415,7 @@ void ShardedUnit::stage_gradients() {
   const bool persistent = cfg_.stage <= 1;
   if (!staged_) {
     staged_flat_ = persistent ? grad_flat_
-                              : torch::zeros({padded_numel_}, torch::TensorOptions().dtype(reduce_dtype_));
+                              : torch::zeros({padded_numel_}, torch::TensorOptions().dtype(reduce_dtype_).device(device_));
     if (!persistent) peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(staged_flat_));
     staged_ = true;
     expects_reduce_ = true;  // a staged gradient is always reduced

@@ -6,7 +6,9 @@
 #include <unordered_set>
 #include <utility>
 
+#include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -23,8 +25,13 @@ void free_storage(const at::Tensor& t) {
 
 void refill_storage(const at::Tensor& t, size_t nbytes) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  TORCH_CHECK(t.device().is_cpu(), "refill_storage: only CPU tensors are supported so far");
-  s->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(nbytes));
+  // The allocator the storage was made with (CUDA's caching allocator for a GPU tensor, so
+  // freed blocks are reused rather than returned to the driver), else the device's default.
+  c10::Allocator* a = s->allocator();
+  if (!a) a = t.device().is_cpu() ? c10::GetCPUAllocator() : c10::GetAllocator(t.device().type());
+  TORCH_CHECK(a, "refill_storage: no allocator for device ", t.device());
+  c10::DeviceGuard guard(t.device());  // the caching allocator allocates on the current device
+  s->set_data_ptr_noswap(a->allocate(nbytes));
   s->set_nbytes(nbytes);
 }
 

@@ -19,8 +19,9 @@ namespace shardgan::detail {
 /// the new memory after refill_storage(). This is FSDP's `untyped_storage().resize_(0)`.
 void free_storage(const at::Tensor& t);
 
-/// Gives `t`'s storage fresh, uninitialized memory of `nbytes` bytes from the allocator of
-/// `t`'s device (CPU only so far: throws c10::Error for other devices).
+/// Gives `t`'s storage fresh, uninitialized memory of `nbytes` bytes from the allocator the
+/// storage was made with (on a GPU: the CUDA caching allocator, on `t`'s device), or the
+/// device's registered allocator. Throws c10::Error if there is none.
 void refill_storage(const at::Tensor& t, size_t nbytes);
 
 /// Bytes currently allocated behind `t`'s storage.

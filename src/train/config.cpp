@@ -9,6 +9,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "shardgan/device/device.h"
 #include "shardgan/models/family.h"
 
 namespace shardgan {
@@ -230,6 +231,10 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   c.source = source;
   c.run_dir = r.get<std::string>("run.dir", c.run_dir);
   c.seed = r.get<uint64_t>("run.seed", c.seed);
+  c.device = r.get<std::string>("run.device", c.device);
+  require(c.device == "cpu" || c.device == "cuda", r, "run.device", "must be cpu or cuda");
+  require(c.device != "cuda" || cuda_compiled_in(), r, "run.device",
+          "is cuda, but this build has no CUDA runtime compiled in (CMake found no cudart); use run.device=cpu");
   c.data_source = r.get<std::string>("data.source", c.data_source);
   require(c.data_source == "fashion-mnist" || c.data_source == "synthetic" || c.data_source == "hdf5", r,
           "data.source", "must be 'fashion-mnist', 'synthetic' or 'hdf5'");
@@ -307,8 +312,13 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   require(c.loss_scale.growth_interval >= 1, r, "loss_scale.growth_interval", "must be >= 1");
   c.loss_scale.hysteresis = r.get<int64_t>("loss_scale.hysteresis", c.loss_scale.hysteresis);
   require(c.loss_scale.hysteresis >= 1, r, "loss_scale.hysteresis", "must be >= 1");
-  c.backend = r.get<std::string>("dist.backend", c.backend);
+  c.backend = r.get<std::string>("dist.backend", c.device == "cuda" ? "nccl" : "mpi");
   require(c.backend == "mpi" || c.backend == "nccl", r, "dist.backend", "must be mpi or nccl");
+  require(c.backend != "nccl" || c.device == "cuda", r, "dist.backend",
+          "nccl needs run.device=cuda: NCCL moves GPU tensors only (use dist.backend=mpi on cpu)");
+  require(c.backend != "mpi" || c.device == "cpu", r, "dist.backend",
+          "mpi needs run.device=cpu: the MPI backend moves host tensors only (use dist.backend=nccl, the default "
+          "on cuda)");
   c.timeout_s = r.get<double>("dist.timeout_s", c.timeout_s);
   // At most about 31 years: longer ones overflow the clock's deadline arithmetic.
   require(c.timeout_s > 0 && c.timeout_s <= 1e9, r, "dist.timeout_s", "must be > 0 and at most 1e9 (seconds)");

@@ -106,7 +106,7 @@ EvalResult Evaluator::evaluate(ShardedModel& g) {
   for (int64_t off = 0; off < per_rank; off += kChunk) {
     const int64_t b = std::min(kChunk, per_rank - off), at = r * per_rank + off;
     const at::Tensor yb = y.defined() ? y.narrow(0, at, b) : at::Tensor();
-    const at::Tensor imgs = g.forward({z.narrow(0, at, b).contiguous(), yb}).at(0).to(at::kFloat);
+    const at::Tensor imgs = g.forward({z.narrow(0, at, b).contiguous(), yb}).at(0).to(at::kCPU, at::kFloat);
     m.add(eval::extract_features(s_->classifier, imgs));
     const at::Tensor predicted = eval::classify(s_->classifier, imgs);
     if (s_->class_accuracy) counts[0] += predicted.eq(yb).sum().to(torch::kDouble);

@@ -139,7 +139,7 @@ std::string PeriodicActions::write_samples(ShardedModel& g, ShardedEma* ema, con
     torch::NoGradGuard no_grad;
     std::vector<at::Tensor> saved;
     for (auto& kv : g.named_buffers()) saved.push_back(kv.second.clone());
-    at::Tensor imgs = g.forward(inputs).at(0).to(at::kFloat);
+    at::Tensor imgs = g.forward(inputs).at(0).to(at::kCPU, at::kFloat);
     size_t i = 0;
     for (auto& kv : g.named_buffers()) kv.second.copy_(saved[i++]);
     return imgs;

@@ -60,10 +60,10 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
     : cfg_(std::move(cfg)), comm_(comm), family_(family_of(cfg_)), images_(std::move(images)),
       labels_(std::move(labels)) {
   for (auto [key, sc] : {std::pair{"generator", &cfg_.g_sharding}, std::pair{"discriminator", &cfg_.d_sharding}}) {
-    if (sc->compute_dtype == at::kHalf && comm_.backend() == "mpi") {
+    if (sc->compute_dtype == at::kHalf && !cfg_.compute_device.is_cuda()) {
       throw ConfigError(cfg_.source + ": sharding." + key + ".compute_dtype=float16 needs a GPU: "
                         "LibTorch's CPU build has no float16 convolution or matmul. Use bfloat16 "
-                        "on CPUs (no loss scaling needed), or dist.backend=nccl");
+                        "on CPUs (no loss scaling needed), or run.device=cuda");
     }
   }
   const ImageShape shape = family_.image_shape();
@@ -82,8 +82,10 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   // (the replica group's under HSDP).
   g_comm_ = model_communicator(cfg_.g_replicate_degree, "generator");
   d_comm_ = model_communicator(cfg_.d_replicate_degree, "discriminator");
-  g_ = build_sharded_model(family_.generator(comm_), g_comm(), cfg_.g_sharding, cfg_.seed + 1, cfg_.model_dtype);
-  d_ = build_sharded_model(family_.discriminator(comm_), d_comm(), cfg_.d_sharding, cfg_.seed + 2, cfg_.model_dtype);
+  g_ = build_sharded_model(family_.generator(comm_), g_comm(), cfg_.g_sharding, cfg_.seed + 1, cfg_.model_dtype,
+                           cfg_.compute_device);
+  d_ = build_sharded_model(family_.discriminator(comm_), d_comm(), cfg_.d_sharding, cfg_.seed + 2, cfg_.model_dtype,
+                           cfg_.compute_device);
   for (OptimizerConfig* oc : {&cfg_.g_optim, &cfg_.d_optim}) {
     if (oc->offload.optimizer != OffloadDevice::kDisk || !oc->offload.path.empty()) continue;
     oc->offload.path = cfg_.run_dir + "/offload";  // the default; an explicit path must exist

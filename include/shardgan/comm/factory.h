@@ -9,10 +9,11 @@
 namespace shardgan {
 
 /// Builds the communicator for `backend` ("mpi" or "nccl") over `comm` (collective over
-/// `comm`: NCCL's bootstrap broadcasts its unique id). Throws std::invalid_argument for an
-/// unknown backend, or for "nccl" in a build without CUDA and NCCL.
+/// `comm`: NCCL's bootstrap broadcasts its unique id). NCCL runs on CUDA device
+/// `device_index` (-1: this rank's local rank on its node). Throws std::invalid_argument
+/// for an unknown backend, or for "nccl" in a build without CUDA and NCCL.
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
-                                                double timeout_s);
+                                                double timeout_s, int device_index = -1);
 
 /// The version of the NCCL library this build links ("2.30.7"), or "not compiled in".
 /// Not a collective; needs no GPU.

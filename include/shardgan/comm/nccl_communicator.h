@@ -13,16 +13,24 @@
 
 namespace shardgan {
 
-/// Runs each collective on a dedicated non-blocking CUDA stream of a non-blocking NCCL
-/// communicator, and polls it until it completes or timeout_s() passes, so that a peer that
+/// Runs collectives on dedicated non-blocking CUDA streams of a non-blocking NCCL
+/// communicator, and polls each until it completes or timeout_s() passes, so that a peer that
 /// never joins raises CollectiveTimeout instead of hanging; the communicator is then aborted
 /// and every later call throws CollectiveError.
 ///
-/// Ordering: each collective first waits (on the GPU, not the host) for all work queued so
-/// far on the legacy default CUDA stream (stream 0), and returns only once the collective has
+/// Streams (as FSDP): all-gathers run on one stream and reduce-scatters on another, so a
+/// prefetched all-gather never queues behind a gradient reduction; all-reduce, broadcast
+/// and barrier use the reduce-scatter stream. Ordering: each collective first waits (on the
+/// GPU, not the host) for an event recorded on the legacy default CUDA stream (stream 0,
+/// where LibTorch computes), and its Work's wait() returns only once the collective has
 /// finished, so results are ready for any stream afterwards.
 ///
-/// Tensors: contiguous CUDA tensors on device `device_index`. Supported dtypes: float32,
+/// Host tensors: bookkeeping collectives of the engine (votes, norms, checkpoint status)
+/// use small CPU tensors; they go through an MpiCommunicator over the same ranks (as
+/// PyTorch pairs a gloo group with NCCL for CPU objects), with the same timeout.
+///
+/// Tensors: contiguous CUDA tensors on device `device_index`, or CPU tensors (above); all
+/// tensors of one call on the same side. Supported dtypes: float32,
 /// float64, bfloat16, float16 (and uint8/int32/int64 for bookkeeping). As in the MPI backend,
 /// bfloat16/float16 reductions are done in float32 and rounded once (a float32 temporary of
 /// the tensor's size is allocated on the device).
@@ -36,7 +44,8 @@ class NcclCommunicator final : public Communicator {
   /// Collective over `bootstrap`: rank 0 creates the NCCL unique id and broadcasts it with
   /// MPI_Bcast; every rank then selects CUDA device `device_index` (cudaSetDevice, left set
   /// on return) and joins the NCCL communicator, whose rank and size are those of
-  /// `bootstrap`. `bootstrap` is used only here (not kept). MPI must be initialized.
+  /// `bootstrap`. `bootstrap` is kept for host-tensor collectives and must outlive this
+  /// object. MPI must be initialized.
   /// Throws CollectiveError on an MPI/CUDA/NCCL error, CollectiveTimeout if the NCCL
   /// initialization does not finish within `timeout_s` seconds.
   NcclCommunicator(MPI_Comm bootstrap, int device_index,
@@ -78,6 +87,9 @@ class NcclCommunicator final : public Communicator {
 
  private:
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Communicator> host_;  // MpiCommunicator for CPU tensors
+  /// Whether a call's tensors are host tensors (then host_ runs it).
+  static bool on_host(const at::Tensor& a, const at::Tensor& b) { return a.defined() && a.is_cpu() && b.defined() && b.is_cpu(); }
   int rank_ = 0;
   int world_size_ = 1;
   int device_index_ = 0;

@@ -41,8 +41,9 @@ void adam_torch_step(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tens
 ///   g' = g + wd*p (Adam) | p' = p*(1 - lr*wd) (AdamW)
 ///   m = beta1*m + (1-beta1)*g';  v = beta2*v + (1-beta2)*g'^2
 ///   p = p' - lr/(1-beta1^t) * m / (sqrt(v)/sqrt(1-beta2^t) + eps)
-/// Contiguous float32 CPU shards go through the fused kernel (fused_adam.h); any other
-/// shard (float64, GPU) through the same sequence of torch ops as torch::optim.
+/// Contiguous float32 CPU shards go through the fused kernel (fused_adam.h); GPU shards
+/// through torch's fused CUDA Adam (set_torch_fused); any other shard (float64 on the CPU)
+/// through the same sequence of torch ops as torch::optim.
 class ShardedAdam final : public ShardedOptimizer {
  public:
   /// Allocates exp_avg and exp_avg_sq (zeros, the shard's dtype and device) for every unit
@@ -68,6 +69,11 @@ class ShardedAdam final : public ShardedOptimizer {
   const AdamConfig& config() const { return cfg_; }
   /// Kernel path used for float32 CPU shards (default: best_cpu_isa(); tests force others).
   void set_isa(CpuIsa isa) { isa_ = isa; }
+  /// Shards on a GPU are stepped by torch's fused Adam (`at::_fused_adam_` /
+  /// `at::_fused_adamw_`, the kernel of torch.optim.Adam(fused=True)), all units in one call.
+  /// Tests set this to send float32/float64 CPU shards there too (torch has a CPU kernel),
+  /// so the call is checked where no GPU is.
+  void set_torch_fused(bool on) { torch_fused_ = on; }
 
  protected:
   void update() override;
@@ -76,7 +82,11 @@ class ShardedAdam final : public ShardedOptimizer {
  private:
   AdamConfig cfg_;
   CpuIsa isa_ = best_cpu_isa();
+  bool torch_fused_ = false;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_, copies_;
+  std::vector<at::Tensor> state_steps_;  // per unit, a 0-d float32 tensor on its device (torch fused Adam)
+  /// Steps units `which` with at::_fused_adam(w)_.
+  void torch_fused_step(const std::vector<size_t>& which);
 };
 
 }  // namespace shardgan

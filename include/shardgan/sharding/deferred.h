@@ -40,14 +40,16 @@ struct ModelSpec {
 
 /// Local (no collectives; must be called identically on every rank). Builds each unit of
 /// `spec` in turn: seeds torch's global generator with unit_seed(seed, unit name), calls
-/// make(true), casts the module to `dtype` (float32 or float64), and adds it to the model,
+/// make(true) (on the host, so the initial values are the same on every device), moves the
+/// module to `device` and casts it to `dtype` (float32 or float64), and adds it to the model,
 /// which flattens it and keeps only this rank's shard at stage 3 before the next unit is
 /// built. The initial values depend on `seed` and the unit's name only, never on the world
 /// size or stage. Throws std::invalid_argument for a duplicate unit name or a parameter
 /// that belongs to two units (naming it).
 std::unique_ptr<ShardedModel> build_sharded_model(const ModelSpec& spec, Communicator& comm,
                                                   ShardingConfig cfg, uint64_t seed,
-                                                  at::ScalarType dtype);
+                                                  at::ScalarType dtype,
+                                                  c10::Device device = c10::Device(c10::kCPU));
 
 /// Local. Parameter elements of each unit of `spec`, in order, found by building each unit
 /// uninitialized and dropping it at once (peak memory: one unit). For the memory pre-flight.

@@ -70,7 +70,11 @@ class ShardedModel {
   /// (forward: the next unit; backward: the previous one). The first call with autograd
   /// on also checks that every parameter the outputs depend on belongs to a sharding unit
   /// (std::invalid_argument naming its shape otherwise: it would drift apart across ranks).
+  /// Defined inputs on another device than device() are copied there first (FSDP's root
+  /// pre-forward), so callers may pass host tensors to a model on a GPU.
   TensorList forward(const TensorList& inputs);
+  /// The device the model's flat parameters live on (its first unit's; CPU when empty).
+  c10::Device device() const;
   /// forward({x})[0].
   at::Tensor forward(at::Tensor x);
 

@@ -77,8 +77,9 @@ class ShardedUnit {
     at::Tensor param;             ///< the module's parameter (a view of the flat buffer)
   };
 
-  /// Flattens `module`'s parameters (which must share one dtype, on the CPU, and be
-  /// identical on every rank) and keeps this rank's shard. Collective at stage 3 only in
+  /// Flattens `module`'s parameters (which must share one dtype and one device, and be
+  /// identical on every rank) and keeps this rank's shard. Every buffer of the unit (flat
+  /// parameter, shard, gradients) lives on that device. Collective at stage 3 only in
   /// that it must be built on every rank in the same order. Throws std::invalid_argument
   /// for an unsupported stage or mixed dtypes.
   ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> module, Forward forward,
@@ -164,7 +165,10 @@ class ShardedUnit {
   int64_t shard_numel() const { return shard_numel_; }    ///< S, elements this rank owns
   int64_t shard_offset() const { return shard_offset_; }  ///< first owned flat element
   int stage() const { return cfg_.stage; }
-  /// This rank's part of the flat master parameter: 1-D, S elements, the master dtype, CPU.
+  /// The device of the unit's parameters (CPU for a unit without parameters).
+  c10::Device device() const { return device_; }
+  /// This rank's part of the flat master parameter: 1-D, S elements, the master dtype, on
+  /// device().
   /// The optimizer updates it in place. Without mixed precision it aliases the full
   /// parameters at stages 0-2 (the owned slice), and is its own tensor at stage 3. Throws
   /// std::logic_error naming the unit once the shard is offloaded (offload_shard): use
@@ -236,6 +240,7 @@ class ShardedUnit {
   at::Tensor grad_shard_;  // S elements, master dtype (may alias grad_flat_)
   at::Tensor grad_flat_;   // P elements, reduce dtype; persistent at stages 0 and 1
   at::ScalarType master_dtype_, compute_dtype_, reduce_dtype_;
+  c10::Device device_ = c10::Device(c10::kCPU);
   bool shard_aliases_full_ = false, grad_shard_aliases_flat_ = false;
   bool gathered_ = false;
   bool sync_ = true;

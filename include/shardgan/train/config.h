@@ -22,6 +22,13 @@ struct TrainConfig {
   std::string resolved_yaml; ///< every key with its final value, stored in checkpoints
 
   std::string run_dir = "runs/fmnist-dcgan";  ///< run.dir: samples, metrics, checkpoints
+  /// run.device: cpu | cuda. With cuda each rank computes on cuda:<local rank> (from the
+  /// launcher: OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID), and dist.backend defaults to
+  /// nccl (mpi on cpu). See include/shardgan/device/device.h.
+  std::string device = "cpu";
+  /// The device run.device resolved to on this rank (resolve_device in device.h): set by
+  /// shardgan-train before the Trainer is built; not a YAML key. CPU by default.
+  c10::Device compute_device = c10::Device(c10::kCPU);
   uint64_t seed = 1234;                       ///< run.seed
 
   /// data.source: fashion-mnist (the idx files, all in RAM) | synthetic | hdf5 (BigGAN-PyTorch's
@@ -87,7 +94,7 @@ struct TrainConfig {
   LossScalerConfig loss_scale;    ///< loss_scale.{init_scale,growth_interval,hysteresis}
                                   ///<   (active only for float16 compute)
 
-  std::string backend = "mpi";    ///< dist.backend: mpi | nccl
+  std::string backend = "mpi";    ///< dist.backend: mpi | nccl (default: nccl on cuda, mpi on cpu)
   double timeout_s = 600.0;       ///< dist.timeout_s: per collective (seconds)
 };
 

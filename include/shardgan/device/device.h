@@ -1,0 +1,51 @@
+#pragma once
+/// Which device a rank computes on, and loading LibTorch's CUDA kernels when it is a GPU.
+///
+/// The engine is device-generic: it allocates with the tensor options of the tensors it is
+/// given, so a model built on `cuda:<local rank>` keeps its flat parameters, shards,
+/// gradients and optimizer state there. The few CUDA runtime calls live in src/device/
+/// (events, pinned host memory) and in the NCCL communicator.
+///
+/// libshardgan links LibTorch's CPU library only (libtorch_cuda.so and the CUDA libraries
+/// behind it cost about 0.25 GiB of RSS per rank at load, GPU or not:
+/// docs/benchmarks-torch.md). A rank with `run.device: cuda` loads them once, at startup,
+/// with load_cuda_runtime(); their static initializers register the CUDA kernels, the
+/// caching allocator and the CUDA hooks with the dispatcher, as `import torch` does.
+#include <stdexcept>
+#include <string>
+
+#include <c10/core/Device.h>
+
+namespace shardgan {
+
+/// A device that is not there or cannot be used: the message names the config key
+/// (run.device) and says what to do.
+class DeviceError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Whether this build has the CUDA runtime compiled in (SHARDGAN_HAVE_CUDA: CMake found
+/// cudart; the NCCL backend needs it too). Local.
+bool cuda_compiled_in();
+
+/// Loads LibTorch's CUDA library (libtorch_cuda.so, next to libtorch_cpu.so) into the
+/// process, once; later calls return at once. Local, not thread-safe against a concurrent
+/// first call. Throws DeviceError when CUDA is not compiled in or the library (or one it
+/// needs) cannot be loaded; the message carries dlerror().
+void load_cuda_runtime();
+
+/// Number of GPUs this process can see (after load_cuda_runtime(), which it calls): 0
+/// without a driver or GPU, or with CUDA_VISIBLE_DEVICES empty. Throws as load_cuda_runtime.
+int cuda_device_count();
+
+/// The device of `run.device` for the rank with local rank `local_rank` on its node:
+///  - "cpu": at::kCPU;
+///  - "cuda": cuda:<local_rank>, after load_cuda_runtime() (one GPU per rank, as NCCL
+///    requires; with CUDA_VISIBLE_DEVICES the index counts visible GPUs).
+/// `source` names the config file in messages. Local. Throws DeviceError, naming
+/// run.device and the rank, for anything else: an unknown name, "cuda" without CUDA
+/// compiled in, with no visible GPU, or with fewer visible GPUs than local ranks.
+at::Device resolve_device(const std::string& run_device, int local_rank, const std::string& source);
+
+}  // namespace shardgan

@@ -1,0 +1,72 @@
+// Every CUDA runtime call of src/device/ (the NCCL communicator has its own).
+#include "device/cuda_runtime.h"
+
+#include <string>
+
+#include "shardgan/device/device.h"
+
+#ifdef SHARDGAN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace shardgan::detail {
+
+#ifdef SHARDGAN_HAVE_CUDA
+
+namespace {
+void check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  throw DeviceError(std::string(what) + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+}  // namespace
+
+bool cuda_runtime_compiled_in() { return true; }
+
+void cuda_set_device(int index) { check(cudaSetDevice(index), "cudaSetDevice"); }
+
+void* cuda_event_create(int index) {
+  check(cudaSetDevice(index), "cudaSetDevice");
+  cudaEvent_t ev = nullptr;
+  check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  return ev;
+}
+
+void cuda_event_destroy(void* ev) {
+  if (ev) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
+}
+
+void cuda_event_record(void* ev, int index) {
+  check(cudaSetDevice(index), "cudaSetDevice");
+  check(cudaEventRecord(static_cast<cudaEvent_t>(ev), cudaStreamLegacy), "cudaEventRecord");
+}
+
+void cuda_event_synchronize(void* ev) {
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(ev)), "cudaEventSynchronize");
+}
+
+void cuda_host_register(void* p, int64_t bytes) {
+  check(cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterPortable), "cudaHostRegister");
+}
+
+void cuda_host_unregister(void* p) { cudaHostUnregister(p); }
+
+#else
+
+namespace {
+[[noreturn]] void missing(const char* what) {
+  throw DeviceError(std::string(what) + ": this build has no CUDA runtime compiled in");
+}
+}  // namespace
+
+bool cuda_runtime_compiled_in() { return false; }
+void cuda_set_device(int) { missing("cudaSetDevice"); }
+void* cuda_event_create(int) { missing("cudaEventCreate"); }
+void cuda_event_destroy(void*) {}
+void cuda_event_record(void*, int) { missing("cudaEventRecord"); }
+void cuda_event_synchronize(void*) { missing("cudaEventSynchronize"); }
+void cuda_host_register(void*, int64_t) { missing("cudaHostRegister"); }
+void cuda_host_unregister(void*) {}
+
+#endif
+
+}  // namespace shardgan::detail

@@ -1,0 +1,21 @@
+#pragma once
+// The CUDA runtime calls of src/device/, behind plain functions, so that only
+// cuda_runtime.cpp includes cuda_runtime_api.h. Without SHARDGAN_HAVE_CUDA every function
+// that would need the runtime throws DeviceError.
+#include <cstdint>
+
+namespace shardgan::detail {
+
+bool cuda_runtime_compiled_in();
+void cuda_set_device(int index);
+/// A cudaEvent_t (timing disabled) created on device `index`.
+void* cuda_event_create(int index);
+void cuda_event_destroy(void* ev);
+/// Records `ev` on the legacy default stream of device `index` (LibTorch's default stream).
+void cuda_event_record(void* ev, int index);
+void cuda_event_synchronize(void* ev);
+/// cudaHostRegister / cudaHostUnregister (portable, so any device may use the pages).
+void cuda_host_register(void* p, int64_t bytes);
+void cuda_host_unregister(void* p);
+
+}  // namespace shardgan::detail

@@ -1,0 +1,22 @@
+# Device placement (issue 20): included by tests/CMakeLists.txt.
+shardgan_test(test_device)
+shardgan_mpi_test(test_device 120 1)
+
+# The whole checkpoint suite with every tensor forced through the chunked host-staging copy
+# that device shards take (4096-byte chunks, so every shard spans several).
+add_test(NAME test_checkpoint_host_staging_np2
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe $<TARGET_FILE:test_checkpoint>)
+set_tests_properties(test_checkpoint_host_staging_np2 PROPERTIES TIMEOUT 300 PROCESSORS 2
+  ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_HOST_STAGING=1;SHARDGAN_HOST_STAGING_BYTES=4096")
+
+add_test(NAME device_refusal_test
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/device_refusal_test.sh $<TARGET_FILE:shardgan-train>
+                 ${PROJECT_SOURCE_DIR})
+set_tests_properties(device_refusal_test PROPERTIES TIMEOUT 300 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+
+# Tests that need a GPU (label gpu; scripts/gpu-check.sh runs them). Without a visible GPU
+# every case skips with a message and ctest reports the entry as skipped.
+shardgan_test(test_gpu)
+add_test(NAME test_gpu COMMAND $<TARGET_FILE:test_gpu>)
+set_tests_properties(test_gpu PROPERTIES TIMEOUT 600 LABELS gpu ENVIRONMENT "${SHARDGAN_TEST_ENV}"
+                     SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\] [0-9]+ test")
