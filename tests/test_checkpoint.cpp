@@ -23,7 +23,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "shardgan/checkpoint/h5.h"
+#include "shardgan/h5/h5.h"
 #include "shardgan/checkpoint/shard_io.h"
 #include "shardgan/comm/local_communicator.h"
 #include "shardgan/comm/mpi_communicator.h"

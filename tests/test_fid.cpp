@@ -24,7 +24,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "shardgan/checkpoint/h5.h"
+#include "shardgan/h5/h5.h"
 #include "shardgan/eval/classifier.h"
 #include "shardgan/eval/frechet.h"
 #include "shardgan/data/images.h"

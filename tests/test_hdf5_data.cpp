@@ -25,7 +25,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "shardgan/checkpoint/h5.h"
+#include "shardgan/h5/h5.h"
 #include "shardgan/data/convert.h"
 #include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/data/hdf5_loader.h"

@@ -10,7 +10,7 @@
 
 #include <torch/torch.h>
 
-#include "shardgan/checkpoint/h5.h"
+#include "shardgan/h5/h5.h"
 #include "shardgan/checkpoint/shard_io.h"
 #include "shardgan/comm/communicator.h"
 #include "shardgan/device/host_copy.h"

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "h5_inspect.h"
+#include "h5/inspect.h"
 #include "index_layout.h"
 
 // `shardgan-ckpt verify`: CheckpointReader::verify_all and what it checks beyond the

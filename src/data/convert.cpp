@@ -15,7 +15,7 @@
 #include <stb/stb_image_resize.h>  // the implementation is in Debian's libstb, linked into shardgan
 #include <torch/torch.h>
 
-#include "h5c.h"
+#include "h5/core.h"
 #include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/data/images.h"
 
@@ -40,7 +40,7 @@ void fsync_or_throw(const std::string& path, const std::string& what) {
 }  // namespace
 
 struct Hdf5Writer::Impl {
-  h5c::Hid file, imgs, labels;
+  h5::Hid file, imgs, labels;
   std::vector<hsize_t> dims;
 };
 
@@ -49,18 +49,18 @@ Hdf5Writer::Hdf5Writer(std::string path, int64_t n, int64_t c, int64_t h, int64_
   if (n < 1 || c < 1 || h < 1 || w < 1) {
     throw std::invalid_argument("Hdf5Writer: " + path_ + ": need n, c, h, w >= 1");
   }
-  h5c::quiet();
+  h5::quiet();
   const std::string in = tmp_ + " (for " + path_ + ")";
-  impl_->file = h5c::Hid(h5c::check(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+  impl_->file = h5::Hid(h5::check<DataError>(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
                                     "cannot create " + in + ": is the folder writable?"),
                          H5Fclose);
   impl_->dims = {static_cast<hsize_t>(n), static_cast<hsize_t>(c), static_cast<hsize_t>(h), static_cast<hsize_t>(w)};
   auto make = [&](const char* name, hid_t type, int rank, const hsize_t* dims, const hsize_t* chunk) {
     const std::string where = in + ": dataset '" + name + "'";
-    h5c::Hid space(h5c::check(H5Screate_simple(rank, dims, nullptr), where + ": cannot make its shape"), H5Sclose);
-    h5c::Hid dcpl(h5c::check(H5Pcreate(H5P_DATASET_CREATE), where + ": cannot make its properties"), H5Pclose);
-    if (chunk) h5c::check(H5Pset_chunk(dcpl.get(), rank, chunk), where + ": cannot set its chunks", 0);
-    return h5c::Hid(h5c::check(H5Dcreate2(impl_->file.get(), name, type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+    h5::Hid space(h5::check<DataError>(H5Screate_simple(rank, dims, nullptr), where + ": cannot make its shape"), H5Sclose);
+    h5::Hid dcpl(h5::check<DataError>(H5Pcreate(H5P_DATASET_CREATE), where + ": cannot make its properties"), H5Pclose);
+    if (chunk) h5::check_status<DataError>(H5Pset_chunk(dcpl.get(), rank, chunk), where + ": cannot set its chunks");
+    return h5::Hid(h5::check<DataError>(H5Dcreate2(impl_->file.get(), name, type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                                where + ": cannot create it"),
                     H5Dclose);
   };
@@ -90,22 +90,21 @@ void Hdf5Writer::append(const uint8_t* images, const int64_t* labels, int64_t co
     }
   }
   if (count == 0) return;
-  h5c::quiet();
-  auto write = [&](const h5c::Hid& ds, hid_t mem_type, const char* name, const void* data) {
+  h5::quiet();
+  auto write = [&](const h5::Hid& ds, hid_t mem_type, const char* name, const void* data) {
     const std::string where = tmp_ + ": dataset '" + name + "'";
-    h5c::Hid fspace(h5c::check(H5Dget_space(ds.get()), where + ": cannot read its shape"), H5Sclose);
+    h5::Hid fspace(h5::check<DataError>(H5Dget_space(ds.get()), where + ": cannot read its shape"), H5Sclose);
     const int rank = H5Sget_simple_extent_ndims(fspace.get());
     std::vector<hsize_t> off(static_cast<size_t>(rank), 0), cnt(impl_->dims.begin(), impl_->dims.begin() + rank);
     off[0] = static_cast<hsize_t>(written_);
     cnt[0] = static_cast<hsize_t>(count);
-    h5c::check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr),
-               where + ": cannot select rows", 0);
-    h5c::Hid mspace(h5c::check(H5Screate_simple(rank, cnt.data(), nullptr), where + ": cannot make a memory space"),
+    h5::check_status<DataError>(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr),
+               where + ": cannot select rows");
+    h5::Hid mspace(h5::check<DataError>(H5Screate_simple(rank, cnt.data(), nullptr), where + ": cannot make a memory space"),
                     H5Sclose);
-    h5c::check(H5Dwrite(ds.get(), mem_type, mspace.get(), fspace.get(), H5P_DEFAULT, data),
+    h5::check_status<DataError>(H5Dwrite(ds.get(), mem_type, mspace.get(), fspace.get(), H5P_DEFAULT, data),
                where + ": writing rows [" + std::to_string(written_) + ", " + std::to_string(written_ + count) +
-                   ") failed (disk full?)",
-               0);
+                   ") failed (disk full?)");
   };
   write(impl_->imgs, H5T_NATIVE_UINT8, kImagesDataset, images);
   write(impl_->labels, H5T_NATIVE_INT64, kLabelsDataset, labels);
@@ -114,20 +113,20 @@ void Hdf5Writer::append(const uint8_t* images, const int64_t* labels, int64_t co
 
 void Hdf5Writer::set_classes(const std::vector<std::string>& names) {
   if (names.empty()) return;
-  h5c::quiet();
+  h5::quiet();
   const std::string where = tmp_ + ": attribute 'classes' of '/'";
-  h5c::Hid type(h5c::check(H5Tcopy(H5T_C_S1), where + ": cannot make a string type"), H5Tclose);
-  h5c::check(H5Tset_size(type.get(), H5T_VARIABLE), where + ": cannot make a string type", 0);
-  h5c::check(H5Tset_cset(type.get(), H5T_CSET_UTF8), where + ": cannot make a string type", 0);
+  h5::Hid type(h5::check<DataError>(H5Tcopy(H5T_C_S1), where + ": cannot make a string type"), H5Tclose);
+  h5::check_status<DataError>(H5Tset_size(type.get(), H5T_VARIABLE), where + ": cannot make a string type");
+  h5::check_status<DataError>(H5Tset_cset(type.get(), H5T_CSET_UTF8), where + ": cannot make a string type");
   const hsize_t k = names.size();
-  h5c::Hid space(h5c::check(H5Screate_simple(1, &k, nullptr), where + ": cannot make its shape"), H5Sclose);
+  h5::Hid space(h5::check<DataError>(H5Screate_simple(1, &k, nullptr), where + ": cannot make its shape"), H5Sclose);
   if (H5Aexists(impl_->file.get(), "classes") > 0) H5Adelete(impl_->file.get(), "classes");
-  h5c::Hid attr(h5c::check(H5Acreate2(impl_->file.get(), "classes", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
+  h5::Hid attr(h5::check<DataError>(H5Acreate2(impl_->file.get(), "classes", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
                            where + ": cannot create it"),
                 H5Aclose);
   std::vector<const char*> ptrs;
   for (const auto& s : names) ptrs.push_back(s.c_str());
-  h5c::check(H5Awrite(attr.get(), type.get(), ptrs.data()), where + ": cannot write it", 0);
+  h5::check_status<DataError>(H5Awrite(attr.get(), type.get(), ptrs.data()), where + ": cannot write it");
 }
 
 void Hdf5Writer::commit() {
@@ -135,11 +134,11 @@ void Hdf5Writer::commit() {
     throw std::logic_error("Hdf5Writer: " + path_ + ": " + std::to_string(written_) + " of " + std::to_string(n_) +
                            " images written at commit");
   }
-  h5c::quiet();
-  h5c::check(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), tmp_ + ": flushing failed (disk full?)", 0);
+  h5::quiet();
+  h5::check_status<DataError>(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), tmp_ + ": flushing failed (disk full?)");
   impl_->imgs.reset();
   impl_->labels.reset();
-  h5c::check(impl_->file.reset(), tmp_ + ": closing failed (disk full?)", 0);
+  h5::check_status<DataError>(impl_->file.reset(), tmp_ + ": closing failed (disk full?)");
   fsync_or_throw(tmp_, "the new file");
   std::error_code ec;
   fs::rename(tmp_, path_, ec);

@@ -8,7 +8,7 @@
 
 #include <torch/torch.h>
 
-#include "h5c.h"
+#include "h5/core.h"
 #include "shardgan/data/images.h"
 
 namespace shardgan::data {
@@ -33,28 +33,28 @@ std::string root_names(hid_t file) {
 }
 
 // Opens dataset `name` and checks its element type and rank; returns its extent.
-h5c::Hid open_checked(hid_t file, const std::string& path, const std::string& name, H5T_class_t cls, size_t bytes,
+h5::Hid open_checked(hid_t file, const std::string& path, const std::string& name, H5T_class_t cls, size_t bytes,
                    H5T_sign_t sign, const char* want, int rank, std::vector<hsize_t>* dims) {
   const std::string where = path + ": dataset '" + name + "'";
   if (H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     throw DataError(path + ": no dataset '" + name + "'; the file holds " + root_names(file) + kHint);
   }
-  h5c::Hid ds(h5c::check(H5Dopen2(file, name.c_str(), H5P_DEFAULT), where + ": cannot open it (not a dataset, or damaged)"),
+  h5::Hid ds(h5::check<DataError>(H5Dopen2(file, name.c_str(), H5P_DEFAULT), where + ": cannot open it (not a dataset, or damaged)"),
               H5Dclose);
-  h5c::Hid type(h5c::check(H5Dget_type(ds.get()), where + ": cannot read its type"), H5Tclose);
-  h5c::Hid space(h5c::check(H5Dget_space(ds.get()), where + ": cannot read its shape"), H5Sclose);
+  h5::Hid type(h5::check<DataError>(H5Dget_type(ds.get()), where + ": cannot read its type"), H5Tclose);
+  h5::Hid space(h5::check<DataError>(H5Dget_space(ds.get()), where + ": cannot read its shape"), H5Sclose);
   const int nd = H5Sget_simple_extent_ndims(space.get());
-  if (nd < 0) h5c::fail(where + ": cannot read its rank");
+  if (nd < 0) h5::fail<DataError>(where + ": cannot read its rank");
   dims->assign(static_cast<size_t>(std::max(nd, 0)), 0);
-  if (nd > 0 && H5Sget_simple_extent_dims(space.get(), dims->data(), nullptr) < 0) h5c::fail(where + ": cannot read its shape");
+  if (nd > 0 && H5Sget_simple_extent_dims(space.get(), dims->data(), nullptr) < 0) h5::fail<DataError>(where + ": cannot read its shape");
   std::string shape = "[";
   for (size_t i = 0; i < dims->size(); ++i) shape += (i ? ", " : "") + std::to_string((*dims)[i]);
   shape += "]";
   const bool type_ok = H5Tget_class(type.get()) == cls && H5Tget_size(type.get()) == bytes &&
                        (cls != H5T_INTEGER || H5Tget_sign(type.get()) == sign);
   if (!type_ok) {
-    throw DataError(where + " has dtype " + h5c::type_name(type.get()) + ", expected " + want + kHint);
+    throw DataError(where + " has dtype " + h5::type_name(type.get()) + ", expected " + want + kHint);
   }
   if (nd != rank) {
     throw DataError(where + " has rank " + std::to_string(nd) + " (shape " + shape + "), expected rank " +
@@ -66,19 +66,18 @@ h5c::Hid open_checked(hid_t file, const std::string& path, const std::string& na
 // Reads rows [start, start + count) of a dataset whose rows hold `row_numel` elements of `mem_type`.
 void read_rows(hid_t ds, hid_t mem_type, const std::vector<hsize_t>& dims, int64_t start, int64_t count, void* out,
                const std::string& where) {
-  h5c::Hid fspace(h5c::check(H5Dget_space(ds), where + ": cannot read its shape"), H5Sclose);
+  h5::Hid fspace(h5::check<DataError>(H5Dget_space(ds), where + ": cannot read its shape"), H5Sclose);
   std::vector<hsize_t> off(dims.size(), 0), cnt(dims);
   off[0] = static_cast<hsize_t>(start);
   cnt[0] = static_cast<hsize_t>(count);
-  h5c::check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr),
-             where + ": cannot select rows", 0);
+  h5::check_status<DataError>(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr),
+             where + ": cannot select rows");
   hsize_t numel = 1;
   for (auto d : cnt) numel *= d;
-  h5c::Hid mspace(h5c::check(H5Screate_simple(1, &numel, nullptr), where + ": cannot make a memory space"), H5Sclose);
-  h5c::check(H5Dread(ds, mem_type, mspace.get(), fspace.get(), H5P_DEFAULT, out),
+  h5::Hid mspace(h5::check<DataError>(H5Screate_simple(1, &numel, nullptr), where + ": cannot make a memory space"), H5Sclose);
+  h5::check_status<DataError>(H5Dread(ds, mem_type, mspace.get(), fspace.get(), H5P_DEFAULT, out),
              where + ": reading rows [" + std::to_string(start) + ", " + std::to_string(start + count) +
-                 ") failed (truncated or damaged file?)",
-             0);
+                 ") failed (truncated or damaged file?)");
 }
 
 // Reads the rows `u` (sorted, distinct, int64 [m]) of `ds` into `dst` (m rows of
@@ -107,7 +106,7 @@ at::Tensor scale_pixels(const at::Tensor& raw, at::ScalarType dtype) {
 }
 
 Hdf5Dataset::Hdf5Dataset(std::string path) : path_(std::move(path)) {
-  h5c::quiet();
+  h5::quiet();
   if (!std::filesystem::exists(path_)) {
     throw DataError(path_ + ": no such file (data.path of data.source hdf5 names the .h5 file; write one with "
                             "shardgan-data convert)");
@@ -116,11 +115,11 @@ Hdf5Dataset::Hdf5Dataset(std::string path) : path_(std::move(path)) {
     H5Eclear2(H5E_DEFAULT);
     throw DataError(path_ + ": not an HDF5 file" + std::string(kHint));
   }
-  h5c::Hid file(h5c::check(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path_ + ": cannot open the HDF5 file"),
+  h5::Hid file(h5::check<DataError>(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path_ + ": cannot open the HDF5 file"),
                 H5Fclose);
   std::vector<hsize_t> di, dl;
-  h5c::Hid imgs = open_checked(file.get(), path_, kImagesDataset, H5T_INTEGER, 1, H5T_SGN_NONE, "uint8 [N, C, H, W]", 4, &di);
-  h5c::Hid labels = open_checked(file.get(), path_, kLabelsDataset, H5T_INTEGER, 8, H5T_SGN_2, "int64 [N]", 1, &dl);
+  h5::Hid imgs = open_checked(file.get(), path_, kImagesDataset, H5T_INTEGER, 1, H5T_SGN_NONE, "uint8 [N, C, H, W]", 4, &di);
+  h5::Hid labels = open_checked(file.get(), path_, kLabelsDataset, H5T_INTEGER, 8, H5T_SGN_2, "int64 [N]", 1, &dl);
   n_ = static_cast<int64_t>(di[0]);
   c_ = static_cast<int64_t>(di[1]);
   h_ = static_cast<int64_t>(di[2]);
@@ -164,33 +163,33 @@ Hdf5Dataset::~Hdf5Dataset() {
 }
 
 std::vector<std::string> Hdf5Dataset::class_names() const {
-  h5c::quiet();
+  h5::quiet();
   if (H5Aexists(file_, "classes") <= 0) {
     H5Eclear2(H5E_DEFAULT);
     return {};
   }
   const std::string where = path_ + ": attribute 'classes' of '/'";
-  h5c::Hid attr(h5c::check(H5Aopen(file_, "classes", H5P_DEFAULT), where + ": cannot open it"), H5Aclose);
-  h5c::Hid type(h5c::check(H5Aget_type(attr.get()), where + ": cannot read its type"), H5Tclose);
-  h5c::Hid space(h5c::check(H5Aget_space(attr.get()), where + ": cannot read its shape"), H5Sclose);
+  h5::Hid attr(h5::check<DataError>(H5Aopen(file_, "classes", H5P_DEFAULT), where + ": cannot open it"), H5Aclose);
+  h5::Hid type(h5::check<DataError>(H5Aget_type(attr.get()), where + ": cannot read its type"), H5Tclose);
+  h5::Hid space(h5::check<DataError>(H5Aget_space(attr.get()), where + ": cannot read its shape"), H5Sclose);
   if (H5Tget_class(type.get()) != H5T_STRING || H5Sget_simple_extent_ndims(space.get()) != 1) {
-    throw DataError(where + ": expected a 1-D array of strings, found " + h5c::type_name(type.get()));
+    throw DataError(where + ": expected a 1-D array of strings, found " + h5::type_name(type.get()));
   }
   hsize_t k = 0;
   H5Sget_simple_extent_dims(space.get(), &k, nullptr);
   std::vector<std::string> names;
   if (H5Tis_variable_str(type.get()) > 0) {
-    h5c::Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    h5::Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(mem.get(), H5T_VARIABLE);
     H5Tset_cset(mem.get(), H5Tget_cset(type.get()));
     std::vector<char*> ptrs(k, nullptr);
-    h5c::check(H5Aread(attr.get(), mem.get(), ptrs.data()), where + ": cannot read it", 0);
+    h5::check_status<DataError>(H5Aread(attr.get(), mem.get(), ptrs.data()), where + ": cannot read it");
     for (char* p : ptrs) names.emplace_back(p ? p : "");
     H5Dvlen_reclaim(mem.get(), space.get(), H5P_DEFAULT, ptrs.data());
   } else {
     const size_t len = H5Tget_size(type.get());
     std::vector<char> buf(k * len + 1, 0);
-    h5c::check(H5Aread(attr.get(), type.get(), buf.data()), where + ": cannot read it", 0);
+    h5::check_status<DataError>(H5Aread(attr.get(), type.get(), buf.data()), where + ": cannot read it");
     for (hsize_t i = 0; i < k; ++i) names.emplace_back(strnlen(&buf[i * len], len) == len ? std::string(&buf[i * len], len) : std::string(&buf[i * len]));
   }
   return names;
@@ -206,7 +205,7 @@ void Hdf5Dataset::check_labels(int64_t num_classes) const {
 
 void Hdf5Dataset::read_rows_raw(const at::Tensor& indices, at::Tensor* images, at::Tensor* labels,
                                 ReadStats* stats) const {
-  h5c::quiet();
+  h5::quiet();
   TORCH_CHECK(indices.dim() == 1 && indices.scalar_type() == at::kLong, "Hdf5Dataset: indices must be int64 [n]");
   const at::Tensor idx = indices.contiguous();
   if (idx.numel() > 0) {

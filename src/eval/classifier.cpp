@@ -13,7 +13,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
-#include "shardgan/checkpoint/h5.h"
+#include "shardgan/h5/h5.h"
 
 namespace fs = std::filesystem;
 

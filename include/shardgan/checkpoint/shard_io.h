@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "shardgan/checkpoint/h5.h"
+#include "shardgan/h5/h5.h"
 #include "shardgan/checkpoint/manifest.h"
 
 namespace shardgan::ckpt {

@@ -16,6 +16,7 @@
 #include <torch/nn/module.h>
 
 #include "shardgan/comm/communicator.h"
+#include "shardgan/sharding/flat_param.h"
 
 namespace shardgan {
 
@@ -68,14 +69,8 @@ class ShardedUnit {
   /// Adapts a SingleForward (inputs[0] in, one output).
   static Forward single(SingleForward f);
 
-  /// Where each original parameter lives inside the flat parameter.
-  struct ParamSlot {
-    std::string name;             ///< name within the unit's module
-    std::vector<int64_t> shape;   ///< original shape
-    int64_t offset = 0;           ///< first element in the flat parameter
-    int64_t numel = 0;            ///< elements
-    at::Tensor param;             ///< the module's parameter (a view of the flat buffer)
-  };
+  /// Where each original parameter lives inside the flat parameter (flat_param.h).
+  using ParamSlot = FlatParam::Slot;
 
   /// Flattens `module`'s parameters (which must share one dtype and one device, and be
   /// identical on every rank) and keeps this rank's shard. Every buffer of the unit (flat
@@ -160,13 +155,13 @@ class ShardedUnit {
   const std::string& name() const { return name_; }
   /// Position of this unit in its model's forward order.
   size_t index() const { return index_; }
-  int64_t numel() const { return numel_; }                ///< T, unpadded elements
-  int64_t padded_numel() const { return padded_numel_; }  ///< P
-  int64_t shard_numel() const { return shard_numel_; }    ///< S, elements this rank owns
-  int64_t shard_offset() const { return shard_offset_; }  ///< first owned flat element
+  int64_t numel() const { return flat_->numel(); }                ///< T, unpadded elements
+  int64_t padded_numel() const { return flat_->padded_numel(); }  ///< P
+  int64_t shard_numel() const { return flat_->shard_numel(); }    ///< S, elements this rank owns
+  int64_t shard_offset() const { return flat_->shard_offset(); }  ///< first owned flat element
   int stage() const { return cfg_.stage; }
   /// The device of the unit's parameters (CPU for a unit without parameters).
-  c10::Device device() const { return device_; }
+  c10::Device device() const { return flat_->device(); }
   /// This rank's part of the flat master parameter: 1-D, S elements, the master dtype, on
   /// device().
   /// The optimizer updates it in place. Without mixed precision it aliases the full
@@ -174,8 +169,8 @@ class ShardedUnit {
   /// std::logic_error naming the unit once the shard is offloaded (offload_shard): use
   /// master_shard() / set_master_shard() then.
   at::Tensor& shard() {
-    if (source_) throw_offloaded();
-    return shard_;
+    if (flat_->offloaded()) throw_offloaded();
+    return flat_->shard();
   }
   /// Stage 3 parameter offload: writes the master shard to `source` (shard_source.h), which
   /// keeps it from now on, and frees it here. Gathers then read it from the source; the
@@ -183,7 +178,7 @@ class ShardedUnit {
   /// stage 3 or if already offloaded.
   void offload_shard(ShardSource* source);
   /// Whether the master shard lives in an offload tier (offload_shard).
-  bool shard_offloaded() const { return source_ != nullptr; }
+  bool shard_offloaded() const { return flat_->offloaded(); }
   /// The master shard's values ([S], master dtype, CPU): shard() itself when resident, a
   /// transient copy read from the tier when offloaded. Local.
   at::Tensor master_shard();
@@ -191,7 +186,7 @@ class ShardedUnit {
   /// dtype, converted). Local.
   void set_master_shard(const at::Tensor& values);
   /// dtype of the master shard (of the module as built).
-  at::ScalarType master_dtype() const { return master_dtype_; }
+  at::ScalarType master_dtype() const { return flat_->master_dtype(); }
   /// The averaged gradient for shard(): same shape, dtype and device.
   at::Tensor& grad_shard() { return grad_shard_; }
   /// Bytes this rank keeps between steps for parameters (full copy at stages 0-2, the
@@ -202,7 +197,7 @@ class ShardedUnit {
   int64_t persistent_grad_bytes() const;
   /// Largest transient communication buffer allocated so far (bytes).
   int64_t peak_comm_buffer_bytes() const { return peak_comm_bytes_; }
-  const std::vector<ParamSlot>& slots() const { return slots_; }
+  const std::vector<ParamSlot>& slots() const { return flat_->slots(); }
   /// Parameter `slot` of the module (original shape, compute dtype) when its memory is
   /// there: always at stages 0-2, while gathered at stage 3 (in forward/backward or inside
   /// a FullParameters scope). Throws std::logic_error naming the unit and parameter when it
@@ -225,40 +220,42 @@ class ShardedUnit {
   void finish_backward();
 
  private:
+  // The members below are grouped as FSDP2 groups them: the flat parameter (flat_param.h),
+  // the collectives and their buffers (sharded_unit.cpp), and the runtime hooks' state
+  // (unit_hooks.cpp).
   std::string name_;
   std::shared_ptr<torch::nn::Module> module_;
   Forward forward_;
   Communicator& comm_;
   ShardingConfig cfg_;
   ShardedModel* owner_;
-  std::vector<ParamSlot> slots_;
-  std::vector<std::shared_ptr<void>> accumulators_;  // gradient-ready hooks (detail::GradReadyHookHandle)
-  int64_t numel_ = 0, padded_numel_ = 0, shard_numel_ = 0, shard_offset_ = 0;
   size_t index_ = 0;  // position in the owner's units (forward order)
-  at::Tensor full_;        // P elements, compute dtype; parameters are views of it
-  at::Tensor shard_;       // S elements, master dtype (may alias full_, see shard())
+  std::unique_ptr<FlatParam> flat_;
+
+  // Collectives: gradients and what is in flight.
   at::Tensor grad_shard_;  // S elements, master dtype (may alias grad_flat_)
   at::Tensor grad_flat_;   // P elements, reduce dtype; persistent at stages 0 and 1
-  at::ScalarType master_dtype_, compute_dtype_, reduce_dtype_;
-  c10::Device device_ = c10::Device(c10::kCPU);
-  bool shard_aliases_full_ = false, grad_shard_aliases_flat_ = false;
+  at::ScalarType reduce_dtype_;
+  bool grad_shard_aliases_flat_ = false;
   bool gathered_ = false;
   bool sync_ = true;
   bool reduced_ = false;              // see reduced()
-  bool expects_backward_ = false;     // last forward's output required grad
-  bool expects_reduce_ = false;       // see expects_reduce()
   bool staged_ = false;               // staged_flat_ holds this step's flat gradient
   at::Tensor staged_flat_;            // P elements, reduce dtype (grad_flat_ at stages 0-1)
-  std::unique_ptr<Work> prefetch_work_;  // all-gather in flight into full_
+  std::unique_ptr<Work> prefetch_work_;  // all-gather in flight into the flat parameter
   std::unique_ptr<Work> reduce_work_;    // reduce-scatter in flight
   at::Tensor reduce_in_, reduce_out_;    // its buffers (flat gradient, reduced slice)
-  at::Tensor prefetch_src_;           // its send buffer (compute-dtype copy of shard_)
+  at::Tensor prefetch_src_;           // its send buffer (compute-dtype copy of the shard)
   int64_t peak_comm_bytes_ = 0;
+
+  // Runtime hooks.
+  std::vector<std::shared_ptr<void>> accumulators_;  // gradient-ready hooks (detail::GradReadyHookHandle)
+  bool expects_backward_ = false;     // last forward's output required grad
+  bool expects_reduce_ = false;       // see expects_reduce()
   bool backward_armed_ = false;
   bool plain_ = false;
   int pending_grads_ = 0;
   int input_grads_expected_ = 0;  // inputs that required grad in forwards since the last backward
-  ShardSource* source_ = nullptr;  // parameter offload: where the master shard lives
 
   void on_backward_part_done();
   /// The send buffer of an all-gather: the shard in the compute dtype (read from the

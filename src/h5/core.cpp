@@ -1,6 +1,6 @@
-#include "h5c.h"
+#include "h5/core.h"
 
-namespace shardgan::data::h5c {
+namespace shardgan::h5 {
 namespace {
 
 herr_t walk(unsigned n, const H5E_error2_t* e, void* data) {
@@ -13,11 +13,11 @@ herr_t walk(unsigned n, const H5E_error2_t* e, void* data) {
 
 void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
-void fail(const std::string& what) {
+std::string take_error_stack() {
   std::string stack;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk, &stack);
   H5Eclear2(H5E_DEFAULT);
-  throw DataError(what + (stack.empty() ? "" : "; HDF5 says:" + stack));
+  return stack.empty() ? std::string() : "; HDF5 says:" + stack;
 }
 
 std::string type_name(hid_t type) {
@@ -38,4 +38,4 @@ std::string type_name(hid_t type) {
   }
 }
 
-}  // namespace shardgan::data::h5c
+}  // namespace shardgan::h5

@@ -1,29 +1,41 @@
 #pragma once
-// Small helpers over the HDF5 C API for src/data (private): an owning handle, error
-// checks that throw DataError with HDF5's own error stack appended, and a readable name
-// for a stored element type. The HDF5 library is thread-safe (Debian builds it so); its
-// error stack and auto-printing are per thread, so every entry point calls quiet().
+// The base of shardgan's HDF5 layer (private to src/): an owning handle, error checks that
+// throw the caller's exception type with HDF5's own error stack appended, and a readable
+// name for a stored element type. src/h5/h5.cpp (the File API of checkpoints and the FID
+// classifier) and src/data (the dataset reader and converter) are both built on it.
+// The HDF5 library is thread-safe (Debian builds it so); its error stack and auto-printing
+// are per thread, so every entry point calls quiet().
 #include <string>
 
 #include <hdf5.h>
 
-#include "shardgan/data/images.h"
-
-namespace shardgan::data::h5c {
+namespace shardgan::h5 {
 
 /// Stops HDF5 from printing its error stack to stderr in the calling thread (we put it
 /// into the exception instead).
 void quiet();
 
-/// Throws DataError(`what` + HDF5's error stack of this thread).
-[[noreturn]] void fail(const std::string& what);
+/// "; HDF5 says:\n  #0 func: desc..." for this thread's error stack (empty if there is
+/// none), and clears the stack.
+std::string take_error_stack();
 
-inline hid_t check(hid_t id, const std::string& what) {
-  if (id < 0) fail(what);
+/// Throws E(`what` + take_error_stack()).
+template <class E>
+[[noreturn]] void fail(const std::string& what) {
+  throw E(what + take_error_stack());
+}
+
+/// Returns `id`; fail<E>(what) when it is negative (an HDF5 call that failed).
+template <class E>
+hid_t check(hid_t id, const std::string& what) {
+  if (id < 0) fail<E>(what);
   return id;
 }
-inline void check(herr_t st, const std::string& what, int /*status*/) {
-  if (st < 0) fail(what);
+
+/// For the status of an HDF5 call (herr_t): fail<E>(what) when it is negative.
+template <class E>
+void check_status(herr_t st, const std::string& what) {
+  if (st < 0) fail<E>(what);
 }
 
 /// Owns one hid_t and closes it with `closer` (H5Fclose, H5Dclose, ...).
@@ -67,4 +79,4 @@ class Hid {
 /// "uint8", "int64", "float32", "string", ... for a stored type (from its class, size and sign).
 std::string type_name(hid_t type);
 
-}  // namespace shardgan::data::h5c
+}  // namespace shardgan::h5

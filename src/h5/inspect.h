@@ -1,12 +1,12 @@
 #pragma once
-/// Inspecting HDF5 files beyond reading datasets (private to src/checkpoint), for
+/// Inspecting HDF5 files beyond reading datasets (used by src/checkpoint), for
 /// `shardgan-ckpt verify`: it compares the index's virtual datasets with the layout the
 /// manifest implies, and walks every object of every file, so that a corrupted file cannot
 /// make h5py or h5dump read wrong values (or fail) while verify reports it as sound.
 #include <string>
 #include <vector>
 
-#include "shardgan/checkpoint/h5.h"
+#include "shardgan/h5/h5.h"
 
 namespace shardgan::h5 {
 

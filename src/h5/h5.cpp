@@ -1,4 +1,4 @@
-#include "shardgan/checkpoint/h5.h"
+#include "shardgan/h5/h5.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,42 +8,16 @@
 
 #include <hdf5.h>
 
-#include "h5_inspect.h"
+#include "h5/core.h"
+#include "h5/inspect.h"
 
 namespace shardgan::h5 {
 namespace {
 
-// Collects HDF5's error stack into a string (instead of letting it print to stderr).
-herr_t walk(unsigned n, const H5E_error2_t* e, void* data) {
-  auto* s = static_cast<std::string*>(data);
-  *s += "\n  #" + std::to_string(n) + " " + (e->func_name ? e->func_name : "?") + ": " +
-        (e->desc ? e->desc : "");
-  return 0;
-}
-
-[[noreturn]] void fail(const std::string& what) {
-  std::string stack;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk, &stack);
-  H5Eclear2(H5E_DEFAULT);
-  throw H5Error(what + (stack.empty() ? "" : "; HDF5 says:" + stack));
-}
-
-hid_t check(hid_t id, const std::string& what) {
-  if (id < 0) fail(what);
-  return id;
-}
-
-void check_status(herr_t st, const std::string& what) {
-  if (st < 0) fail(what);
-}
-
-struct Handle {  // closes any hid_t with the given closer
-  hid_t id;
-  herr_t (*closer)(hid_t);
-  ~Handle() {
-    if (id >= 0) closer(id);
-  }
-};
+[[noreturn]] void fail(const std::string& what) { h5::fail<H5Error>(what); }
+hid_t check(hid_t id, const std::string& what) { return h5::check<H5Error>(id, what); }
+void check_status(herr_t st, const std::string& what) { h5::check_status<H5Error>(st, what); }
+using Handle = Hid;
 
 hid_t mem_type(DType t) {
   switch (t) {
@@ -66,7 +40,7 @@ hid_t file_type(DType t) {
 }
 
 struct SilenceAuto {  // we report errors ourselves
-  SilenceAuto() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+  SilenceAuto() { quiet(); }
 };
 const SilenceAuto silence_auto;
 
@@ -142,20 +116,20 @@ void File::write(const std::string& path, DType dt, const std::vector<int64_t>& 
   Handle space{check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                      where + ": bad shape"), H5Sclose};
   Handle lcpl{check(H5Pcreate(H5P_LINK_CREATE), where), H5Pclose};
-  check_status(H5Pset_create_intermediate_group(lcpl.id, 1), where);
-  Handle ds{check(H5Dcreate2(id_, path.c_str(), file_type(dt), space.id, lcpl.id, H5P_DEFAULT,
+  check_status(H5Pset_create_intermediate_group(lcpl.get(), 1), where);
+  Handle ds{check(H5Dcreate2(id_, path.c_str(), file_type(dt), space.get(), lcpl.get(), H5P_DEFAULT,
                              H5P_DEFAULT), where + ": cannot create dataset"), H5Dclose};
-  check_status(H5Dwrite(ds.id, mem_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
+  check_status(H5Dwrite(ds.get(), mem_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
                where + ": write failed");
 }
 
 std::vector<int64_t> File::shape(const std::string& path) const {
   const std::string where = path_ + ":/" + path;
   Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
-  Handle space{check(H5Dget_space(ds.id), where), H5Sclose};
-  int nd = H5Sget_simple_extent_ndims(space.id);
+  Handle space{check(H5Dget_space(ds.get()), where), H5Sclose};
+  int nd = H5Sget_simple_extent_ndims(space.get());
   std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 0)));
-  H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
   return std::vector<int64_t>(dims.begin(), dims.end());
 }
 
@@ -168,11 +142,11 @@ void File::read(const std::string& path, DType dt, void* out, int64_t numel) con
                   std::to_string(numel) + " (checkpoint from a different model or config?)");
   }
   Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
-  Handle ft{check(H5Dget_type(ds.id), where), H5Tclose};
-  if (H5Tget_class(ft.id) != H5Tget_class(mem_type(dt))) {
+  Handle ft{check(H5Dget_type(ds.get()), where), H5Tclose};
+  if (H5Tget_class(ft.get()) != H5Tget_class(mem_type(dt))) {
     throw H5Error(where + ": stored type class differs from the expected " + dtype_name(dt));
   }
-  check_status(H5Dread(ds.id, mem_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, out),
+  check_status(H5Dread(ds.get(), mem_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, out),
                where + ": read failed (corrupt or truncated file?)");
 }
 
@@ -185,13 +159,13 @@ void File::read_ranges(const std::string& path, DType dt, const std::vector<Rang
                        const std::function<void(size_t)>& done) const {
   const std::string where = path_ + ":/" + path;
   Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
-  Handle space{check(H5Dget_space(ds.id), where), H5Sclose};
+  Handle space{check(H5Dget_space(ds.get()), where), H5Sclose};
   // Flat shards are 1-D. A replicated buffer keeps its own shape (e.g. a spectral-norm u
   // vector [1, out]); it is read whole, as its elements in row-major order.
-  const int ndims = H5Sget_simple_extent_ndims(space.id);
+  const int ndims = H5Sget_simple_extent_ndims(space.get());
   if (ndims < 1 || ndims > 8) throw H5Error(where + ": not a 1-D to 8-D dataset");
   hsize_t dims[8] = {0};
-  H5Sget_simple_extent_dims(space.id, dims, nullptr);
+  H5Sget_simple_extent_dims(space.get(), dims, nullptr);
   hsize_t n = 1;
   for (int d = 0; d < ndims; ++d) n *= dims[d];
   if (ndims > 1) {
@@ -208,8 +182,8 @@ void File::read_ranges(const std::string& path, DType dt, const std::vector<Rang
                     " elements");
     }
   }
-  Handle ft{check(H5Dget_type(ds.id), where), H5Tclose};
-  if (H5Tget_class(ft.id) != H5Tget_class(mem_type(dt))) {
+  Handle ft{check(H5Dget_type(ds.get()), where), H5Tclose};
+  if (H5Tget_class(ft.get()) != H5Tget_class(mem_type(dt))) {
     throw H5Error(where + ": stored type class differs from the expected " + dtype_name(dt));
   }
   for (size_t i = 0; i < ranges.size(); ++i) {
@@ -217,12 +191,12 @@ void File::read_ranges(const std::string& path, DType dt, const std::vector<Rang
     if (r.count > 0) {
       const hsize_t st = static_cast<hsize_t>(r.start), ct = static_cast<hsize_t>(r.count);
       if (ndims == 1) {
-        check_status(H5Sselect_hyperslab(space.id, H5S_SELECT_SET, &st, nullptr, &ct, nullptr), where);
+        check_status(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, &st, nullptr, &ct, nullptr), where);
       } else {
-        check_status(H5Sselect_all(space.id), where);
+        check_status(H5Sselect_all(space.get()), where);
       }
       Handle mem{check(H5Screate_simple(1, &ct, nullptr), where), H5Sclose};
-      check_status(H5Dread(ds.id, mem_type(dt), mem.id, space.id, H5P_DEFAULT, r.out),
+      check_status(H5Dread(ds.get(), mem_type(dt), mem.get(), space.get(), H5P_DEFAULT, r.out),
                    where + ": read of elements [" + std::to_string(r.start) + ", " +
                        std::to_string(r.start + r.count) + ") failed (corrupt or truncated file?)");
     }
@@ -232,12 +206,12 @@ void File::read_ranges(const std::string& path, DType dt, const std::vector<Rang
 
 void File::advise_sequential() const {
   Handle fapl{H5Fget_access_plist(id_), H5Pclose};
-  if (fapl.id < 0 || H5Pget_driver(fapl.id) != H5FD_SEC2) {
+  if (fapl.get() < 0 || H5Pget_driver(fapl.get()) != H5FD_SEC2) {
     H5Eclear2(H5E_DEFAULT);
     return;
   }
   void* handle = nullptr;
-  if (H5Fget_vfd_handle(id_, fapl.id, &handle) < 0 || handle == nullptr) {
+  if (H5Fget_vfd_handle(id_, fapl.get(), &handle) < 0 || handle == nullptr) {
     H5Eclear2(H5E_DEFAULT);
     return;
   }
@@ -247,9 +221,9 @@ void File::advise_sequential() const {
 DType File::dtype(const std::string& path) const {
   const std::string where = path_ + ":/" + path;
   Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
-  Handle ft{check(H5Dget_type(ds.id), where), H5Tclose};
+  Handle ft{check(H5Dget_type(ds.get()), where), H5Tclose};
   for (DType t : {DType::kF32, DType::kF64, DType::kI64, DType::kU8}) {
-    if (H5Tequal(ft.id, file_type(t)) > 0) return t;
+    if (H5Tequal(ft.get(), file_type(t)) > 0) return t;
   }
   throw H5Error(where + ": element type is none of float32, float64, int64, uint8");
 }
@@ -257,7 +231,7 @@ DType File::dtype(const std::string& path) const {
 int64_t File::data_offset(const std::string& path) const {
   const std::string where = path_ + ":/" + path;
   Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
-  haddr_t a = H5Dget_offset(ds.id);
+  haddr_t a = H5Dget_offset(ds.get());
   if (a == HADDR_UNDEF) throw H5Error(where + ": not a contiguous dataset with data");
   return static_cast<int64_t>(a);
 }
@@ -265,28 +239,28 @@ int64_t File::data_offset(const std::string& path) const {
 void File::write_string(const std::string& path, const std::string& text) {
   const std::string where = path_ + ":/" + path;
   Handle t{check(H5Tcopy(H5T_C_S1), where), H5Tclose};
-  check_status(H5Tset_size(t.id, std::max<size_t>(1, text.size())), where);
-  check_status(H5Tset_cset(t.id, H5T_CSET_UTF8), where);
+  check_status(H5Tset_size(t.get(), std::max<size_t>(1, text.size())), where);
+  check_status(H5Tset_cset(t.get(), H5T_CSET_UTF8), where);
   Handle space{check(H5Screate(H5S_SCALAR), where), H5Sclose};
   Handle lcpl{check(H5Pcreate(H5P_LINK_CREATE), where), H5Pclose};
-  check_status(H5Pset_create_intermediate_group(lcpl.id, 1), where);
-  Handle ds{check(H5Dcreate2(id_, path.c_str(), t.id, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT),
+  check_status(H5Pset_create_intermediate_group(lcpl.get(), 1), where);
+  Handle ds{check(H5Dcreate2(id_, path.c_str(), t.get(), space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
                   where + ": cannot create dataset"), H5Dclose};
   std::string buf = text.empty() ? std::string(1, '\0') : text;
-  check_status(H5Dwrite(ds.id, t.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()),
+  check_status(H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()),
                where + ": write failed");
 }
 
 std::string File::read_string(const std::string& path) const {
   const std::string where = path_ + ":/" + path;
   Handle ds{check(H5Dopen2(id_, path.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
-  Handle t{check(H5Dget_type(ds.id), where), H5Tclose};
-  if (H5Tget_class(t.id) != H5T_STRING || H5Tis_variable_str(t.id) > 0) {
+  Handle t{check(H5Dget_type(ds.get()), where), H5Tclose};
+  if (H5Tget_class(t.get()) != H5T_STRING || H5Tis_variable_str(t.get()) > 0) {
     throw H5Error(where + ": not a fixed-length string dataset");
   }
-  const size_t n = H5Tget_size(t.id);
+  const size_t n = H5Tget_size(t.get());
   std::string s(n, '\0');
-  check_status(H5Dread(ds.id, t.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data()),
+  check_status(H5Dread(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data()),
                where + ": read failed (corrupt or truncated file?)");
   s.resize(strnlen(s.data(), n));
   return s;
@@ -306,19 +280,19 @@ void File::write_virtual(const std::string& path, DType dt, const std::vector<in
     hsize_t numel = 1;
     for (int64_t c : p.count) numel *= static_cast<hsize_t>(c);
     std::vector<hsize_t> st(p.start.begin(), p.start.end()), ct(p.count.begin(), p.count.end());
-    check_status(H5Sselect_hyperslab(vspace.id, H5S_SELECT_SET, st.data(), nullptr, ct.data(),
+    check_status(H5Sselect_hyperslab(vspace.get(), H5S_SELECT_SET, st.data(), nullptr, ct.data(),
                                      nullptr), where + ": bad box");
     const hsize_t src_dim = static_cast<hsize_t>(p.src_numel), src_st = p.src_start;
     Handle sspace{check(H5Screate_simple(1, &src_dim, nullptr), where), H5Sclose};
-    check_status(H5Sselect_hyperslab(sspace.id, H5S_SELECT_SET, &src_st, nullptr, &numel, nullptr),
+    check_status(H5Sselect_hyperslab(sspace.get(), H5S_SELECT_SET, &src_st, nullptr, &numel, nullptr),
                  where);
-    check_status(H5Pset_virtual(dcpl.id, vspace.id, p.src_file.c_str(), p.src_dataset.c_str(),
-                                sspace.id), where + ": H5Pset_virtual failed");
+    check_status(H5Pset_virtual(dcpl.get(), vspace.get(), p.src_file.c_str(), p.src_dataset.c_str(),
+                                sspace.get()), where + ": H5Pset_virtual failed");
   }
-  check_status(H5Sselect_all(vspace.id), where);
+  check_status(H5Sselect_all(vspace.get()), where);
   Handle lcpl{check(H5Pcreate(H5P_LINK_CREATE), where), H5Pclose};
-  check_status(H5Pset_create_intermediate_group(lcpl.id, 1), where);
-  Handle ds{check(H5Dcreate2(id_, path.c_str(), file_type(dt), vspace.id, lcpl.id, dcpl.id,
+  check_status(H5Pset_create_intermediate_group(lcpl.get(), 1), where);
+  Handle ds{check(H5Dcreate2(id_, path.c_str(), file_type(dt), vspace.get(), lcpl.get(), dcpl.get(),
                              H5P_DEFAULT), where + ": cannot create virtual dataset"), H5Dclose};
 }
 
@@ -342,10 +316,10 @@ void write_attr(hid_t file, const std::string& fpath, const std::string& obj,
     check_status(H5Adelete_by_name(file, obj.c_str(), name.c_str(), H5P_DEFAULT), where);
   }
   Handle space{check(H5Screate(H5S_SCALAR), where), H5Sclose};
-  Handle a{check(H5Acreate_by_name(file, obj.c_str(), name.c_str(), type, space.id, H5P_DEFAULT,
+  Handle a{check(H5Acreate_by_name(file, obj.c_str(), name.c_str(), type, space.get(), H5P_DEFAULT,
                                    H5P_DEFAULT, H5P_DEFAULT), where + ": cannot create attribute"),
            H5Aclose};
-  check_status(H5Awrite(a.id, type, v), where);
+  check_status(H5Awrite(a.get(), type, v), where);
 }
 
 hid_t open_attr(hid_t file, const std::string& fpath, const std::string& obj,
@@ -367,32 +341,32 @@ void File::set_attr(const std::string& obj, const std::string& name, double v) {
 
 void File::set_attr(const std::string& obj, const std::string& name, const std::string& v) {
   Handle t{check(H5Tcopy(H5T_C_S1), path_), H5Tclose};
-  check_status(H5Tset_size(t.id, std::max<size_t>(1, v.size())), path_);
-  check_status(H5Tset_cset(t.id, H5T_CSET_UTF8), path_);
+  check_status(H5Tset_size(t.get(), std::max<size_t>(1, v.size())), path_);
+  check_status(H5Tset_cset(t.get(), H5T_CSET_UTF8), path_);
   std::string buf = v.empty() ? std::string(1, '\0') : v;
-  write_attr(id_, path_, obj, name, t.id, buf.data());
+  write_attr(id_, path_, obj, name, t.get(), buf.data());
 }
 
 int64_t File::attr_int(const std::string& obj, const std::string& name) const {
   Handle a{open_attr(id_, path_, obj, name), H5Aclose};
   int64_t v = 0;
-  check_status(H5Aread(a.id, H5T_NATIVE_INT64, &v), path_ + ":" + obj + "@" + name);
+  check_status(H5Aread(a.get(), H5T_NATIVE_INT64, &v), path_ + ":" + obj + "@" + name);
   return v;
 }
 
 double File::attr_double(const std::string& obj, const std::string& name) const {
   Handle a{open_attr(id_, path_, obj, name), H5Aclose};
   double v = 0;
-  check_status(H5Aread(a.id, H5T_NATIVE_DOUBLE, &v), path_ + ":" + obj + "@" + name);
+  check_status(H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v), path_ + ":" + obj + "@" + name);
   return v;
 }
 
 std::string File::attr_string(const std::string& obj, const std::string& name) const {
   Handle a{open_attr(id_, path_, obj, name), H5Aclose};
-  Handle t{check(H5Aget_type(a.id), path_), H5Tclose};
-  size_t n = H5Tget_size(t.id);
+  Handle t{check(H5Aget_type(a.get()), path_), H5Tclose};
+  size_t n = H5Tget_size(t.get());
   std::string s(n, '\0');
-  check_status(H5Aread(a.id, t.id, s.data()), path_ + ":" + obj + "@" + name);
+  check_status(H5Aread(a.get(), t.get(), s.data()), path_ + ":" + obj + "@" + name);
   s.resize(strnlen(s.data(), n));
   return s;
 }
@@ -448,20 +422,20 @@ std::string mapping_name(hid_t dcpl, size_t i, bool file, const std::string& whe
 std::vector<File::VirtualPiece> VirtualLayouts::pieces(const std::string& dataset) const {
   const std::string where = path_ + ":/" + dataset;
   Handle ds{check(H5Dopen2(id_, dataset.c_str(), H5P_DEFAULT), where + ": no such dataset"), H5Dclose};
-  Handle dcpl{check(H5Dget_create_plist(ds.id), where), H5Pclose};
-  if (H5Pget_layout(dcpl.id) != H5D_VIRTUAL) fail(where + ": not a virtual dataset");
+  Handle dcpl{check(H5Dget_create_plist(ds.get()), where), H5Pclose};
+  if (H5Pget_layout(dcpl.get()) != H5D_VIRTUAL) fail(where + ": not a virtual dataset");
   size_t n = 0;
-  check_status(H5Pget_virtual_count(dcpl.id, &n), where + ": unreadable mappings");
+  check_status(H5Pget_virtual_count(dcpl.get(), &n), where + ": unreadable mappings");
   std::vector<File::VirtualPiece> out;
   for (size_t i = 0; i < n; ++i) {
     File::VirtualPiece p;
-    p.src_file = mapping_name(dcpl.id, i, true, where);
-    p.src_dataset = mapping_name(dcpl.id, i, false, where);
-    Handle vs{check(H5Pget_virtual_vspace(dcpl.id, i), where + ": unreadable mapping"), H5Sclose};
-    Handle ss{check(H5Pget_virtual_srcspace(dcpl.id, i), where + ": unreadable mapping"), H5Sclose};
-    selection_box(vs.id, where, p.start, p.count);
+    p.src_file = mapping_name(dcpl.get(), i, true, where);
+    p.src_dataset = mapping_name(dcpl.get(), i, false, where);
+    Handle vs{check(H5Pget_virtual_vspace(dcpl.get(), i), where + ": unreadable mapping"), H5Sclose};
+    Handle ss{check(H5Pget_virtual_srcspace(dcpl.get(), i), where + ": unreadable mapping"), H5Sclose};
+    selection_box(vs.get(), where, p.start, p.count);
     std::vector<int64_t> s0, c0;
-    selection_box(ss.id, where, s0, c0);
+    selection_box(ss.get(), where, s0, c0);
     if (s0.size() != 1) throw H5Error(where + ": a mapping's source is not 1-D");
     p.src_start = s0[0];
     p.src_numel = -1;  // HDF5 keeps the source's selection, not its extent
@@ -494,7 +468,7 @@ void check_object_headers(const std::string& path) {
     }
     return 0;
   };
-  const herr_t rc = H5Ovisit2(f.id, H5_INDEX_NAME, H5_ITER_NATIVE, visit, &scan, H5O_INFO_ALL);
+  const herr_t rc = H5Ovisit2(f.get(), H5_INDEX_NAME, H5_ITER_NATIVE, visit, &scan, H5O_INFO_ALL);
   ::close(scan.fd);
   if (!scan.bad.empty()) throw std::runtime_error(path + ": " + scan.bad);
   check_status(rc, path + ": an object header cannot be decoded");
