@@ -39,11 +39,31 @@ def count_params(ckpt_dir):
     return n
 
 
-def load_into(module, ckpt_dir, model):
+def _copy(t, ds):
+    """ds (a full tensor in the checkpoint) into t: all of it, or for an FSDP2 parameter (a
+    DTensor sharded on dim 0, torch.chunk's layout: ceil(rows / N) rows per rank) only this
+    rank's rows, so that no rank ever holds the whole model."""
+    from torch.distributed.tensor import DTensor
+    if isinstance(t, DTensor):
+        (placement,) = t.placements
+        assert placement.is_shard(0), f"expected dim-0 sharding, got {t.placements}"
+        local = t.to_local()
+        n, world, rank = t.shape[0], t.device_mesh.size(), t.device_mesh.get_local_rank()
+        rows = -(-n // world)
+        start, stop = min(rank * rows, n), min((rank + 1) * rows, n)
+        assert local.shape[0] == stop - start, (t.shape, local.shape, start, stop)
+        if stop > start:
+            local.copy_(torch.from_numpy(ds[start:stop]).to(local.dtype))
+    else:
+        t.copy_(torch.from_numpy(ds[...]).to(t.dtype))
+
+
+def load_into(module, ckpt_dir, model, skip=None):
     """Copies `<model>/params/<name>` and `<model>/buffers/<name>` of the checkpoint into the
     module's parameters and buffers of the same names. Every tensor of the module must be in
     the checkpoint with its shape, and every tensor of the checkpoint must be used: this is
-    what checks that the copy has shardgan's architecture."""
+    what checks that the copy has shardgan's architecture. `skip` names one tensor to leave
+    as it is (a negative control)."""
     with h5py.File(os.path.join(ckpt_dir, "index.h5"), "r") as f:
         stored = {}
         for kind in ("params", "buffers"):
@@ -60,7 +80,8 @@ def load_into(module, ckpt_dir, model):
                 ds = stored[name][1]
                 if tuple(ds.shape) != tuple(t.shape):
                     raise ValueError(f"{model}: {name} has shape {tuple(t.shape)} here and {ds.shape} in the checkpoint")
-                t.copy_(torch.from_numpy(ds[...]).to(t.dtype))
+                if name != skip:
+                    _copy(t, ds)
                 used.add(name)
         missing = sorted(set(stored) - used)
         if missing:

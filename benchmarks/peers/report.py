@@ -43,13 +43,16 @@ def table(recs):
         if ref:
             lines.append(f"Losses compared with shardgan N={ref['world_size']} stage {ref['stage']}, "
                          f"r_1 = {ref['loss_rtol_step1']:.2e}.")
+        lines.append("shardgan's VmHWM is each rank's at the end of the run, after the final checkpoint and "
+                     "sample grid the trainer always writes; in brackets, rank 0's after the last step "
+                     "(metrics.jsonl). The peers read theirs after the last step.")
         lines.append("")
-        lines.append("| N | system | stage | step s (median, steps 3-10) | VmHWM GiB (max over ranks) "
+        lines.append("| N | system | stage | step s (median, steps 3-10) | min-max s | VmHWM GiB (max over ranks) "
                      "| vs FSDP2 same N (step, VmHWM) | losses steps 1-3: max abs(d)/tol | machine |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for r in sorted(mine, key=lambda r: (r["world_size"], ORDER[r["system"]], r["stage"])):
             if r.get("failed"):
-                lines.append(f"| {r['world_size']} | {r['system']} | {r['stage']} | failed (exit {r.get('exit')}) | | | | |")
+                lines.append(f"| {r['world_size']} | {r['system']} | {r['stage']} | failed (exit {r.get('exit')}) | | | | | |")
                 continue
             # the FSDP2 counterpart: same stage for 2 and 3, reshard_after_forward=True for 0
             peer = [q for q in ok if q["system"] == "fsdp2" and q["world_size"] == r["world_size"]
@@ -62,8 +65,12 @@ def table(recs):
             if ref and r is not ref:
                 good, worst, _ = compare.check(r, ref, ref["loss_rtol_step1"])
                 par = f"{worst:.2g} {'pass' if good else '**FAIL**'}"
+            timed = r["step_times_s"][2:10]
+            hwm = f"{r['vmhwm_gib']:.3f}"
+            if r.get("vmhwm_gib_rank0_last_step"):
+                hwm += f" ({r['vmhwm_gib_rank0_last_step']:.3f})"
             lines.append(f"| {r['world_size']} | {r['system']} | {r['stage']} | {r['step_s']:.4g} | "
-                         f"{r['vmhwm_gib']:.3f} | {vs} | {par} | {r.get('note', '')} |")
+                         f"{min(timed):.3g}-{max(timed):.3g} | {hwm} | {vs} | {par} | {r.get('note', '')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -102,7 +109,7 @@ def plot(recs, path):
     if not shutil.which("gnuplot"):
         return None
     tmp = tempfile.mkdtemp(prefix="peers-plot-")
-    script = [f"set terminal pngcairo size 1100,{380 * len(models)} font ',9'", f"set output '{path}'",
+    script = [f"set terminal pngcairo noenhanced size 1100,{380 * len(models)} font ',9'", f"set output '{path}'",
               f"set multiplot layout {len(models)},2", "set grid", "set xtics (1,2,4)", "set xrange [0.8:4.2]",
               "set key top left font ',7'", "set xlabel 'ranks N'"]
     for model in models:
@@ -133,7 +140,8 @@ def main():
     p.add_argument("results")
     p.add_argument("--plot", default="docs/images/peers.png", help="'' for none")
     a = p.parse_args()
-    recs = [json.loads(l) for l in open(a.results) if l.strip()]
+    raw = [json.loads(l) for l in open(a.results) if l.strip()]
+    recs = compare.latest(raw, keep_failed=True)
     md = table(recs)
     machine = a.results + ".machine.txt"
     if os.path.exists(machine):

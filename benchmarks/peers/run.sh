@@ -15,15 +15,18 @@
 #   OUT       results file                          [benchmarks/results/peers/peers.jsonl]
 #   APPEND=1  append to OUT instead of starting it anew
 #   BUILD     folder with shardgan-train and shardgan-data             [build]
+#   CONFIGS   folder with fmnist-dcgan.yaml and biggan-1b.yaml         [configs]
 #   WORK      scratch: data, step-0 checkpoints, run dirs, logs        [runs/peers]
 #   PLOT      the plot's path, '' for none                    [docs/images/peers.png]
-#   WAIT_QUIET=S  first wait up to S seconds for no compiler (cc1plus) to run   [0]
+#   WAIT_QUIET=S  before the first cell and each cell, wait up to S seconds for no
+#             compiler (cc1plus) to run                                [0]
 # Each cell's line says "quiet" or "contended" (a cc1plus ran before or after it) in `note`,
 # and OUT.machine.txt gets `uptime` and the CPU at the start and the end.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${SHARDGAN_PYTHON:-$PWD/.venv/bin/python}
 BUILD=${BUILD:-build}
+CONFIGS=${CONFIGS:-configs}
 WORK=${WORK:-runs/peers}
 OUT=${OUT:-benchmarks/results/peers/peers.jsonl}
 MODELS=${MODELS:-dcgan biggan60m}
@@ -40,13 +43,18 @@ mkdir -p "$WORK" "$(dirname "$OUT")"
 [ "${APPEND:-0}" = 1 ] || { : > "$OUT"; : > "$OUT.machine.txt"; }
 
 compiling() { pgrep -x cc1plus >/dev/null 2>&1; }
-if [ "${WAIT_QUIET:-0}" -gt 0 ]; then
-  waited=0
-  while compiling && [ "$waited" -lt "$WAIT_QUIET" ]; do sleep 30; waited=$((waited + 30)); done
-  echo "[peers] waited ${waited}s for the compiler; $(compiling && echo 'still compiling' || echo quiet)"
-fi
+# Before the first cell and before each cell: wait up to WAIT_QUIET seconds for no compiler.
+wait_quiet() {
+  local waited=0
+  while [ "${WAIT_QUIET:-0}" -gt 0 ] && compiling && [ "$waited" -lt "$WAIT_QUIET" ]; do sleep 30; waited=$((waited + 30)); done
+  [ "$waited" -gt 0 ] && echo "[peers] waited ${waited}s for the compiler; $(compiling && echo 'still compiling' || echo quiet)"
+  return 0
+}
+wait_quiet
 machine() { echo "$1: $(date -Is) uptime:$(uptime) compiler: $(compiling && echo running || echo none)"; }
-{ machine start; grep -m1 "model name" /proc/cpuinfo; echo "cores: $(nproc)"; } >> "$OUT.machine.txt"
+{ machine start; grep -m1 "model name" /proc/cpuinfo; echo "cores: $(nproc), $(free -g | awk '/Mem:/ {print $2}') GiB"
+  "$BUILD/shardgan-train" --version 2>/dev/null | head -2; echo "binary: $BUILD/shardgan-train, $(stat -c %y "$BUILD/shardgan-train")"
+  "$PY" -c 'import torch; print("peers: torch", torch.__version__, "over gloo")'; } >> "$OUT.machine.txt"
 
 DATA=$WORK/fmnist.h5
 if [ ! -f "$DATA" ]; then
@@ -60,12 +68,12 @@ COMMON=(--set data.source=hdf5 --set data.path="$DATA" --set train.log_every=1
         --set train.plots=false --set ema.enabled=false)
 model_args() {  # config and --set arguments of a size
   case "$1" in
-    dcgan) echo configs/fmnist-dcgan.yaml ;;
+    dcgan) echo $CONFIGS/fmnist-dcgan.yaml ;;
     biggan60m|biggan500m)
       local ch=15; [ "$1" = biggan500m ] && ch=45
       # configs/biggan-1b.yaml's geometry at width ch, in float32 (model.dtype, compute auto):
       # ch 15: 59.2M parameters, ch 45: 514.5M. Global batch 4, d_steps 2, hinge, N02 init.
-      echo configs/biggan-1b.yaml --set model.ch=$ch --set model.d_ch=$ch \
+      echo $CONFIGS/biggan-1b.yaml --set model.ch=$ch --set model.d_ch=$ch \
         --set sharding.generator.compute_dtype=auto --set sharding.discriminator.compute_dtype=auto \
         --set sharding.generator.reduce_dtype=auto --set sharding.discriminator.reduce_dtype=auto ;;
     *) echo "unknown model $1" >&2; return 1 ;;
@@ -89,6 +97,7 @@ for model in $MODELS; do
       for st in $stages; do
         tag=$model-$sys-n$n-s$st
         log=$WORK/$model/$tag.log
+        wait_quiet
         rec=$WORK/$model/$tag.json
         rm -f "$rec"
         before=$(state)

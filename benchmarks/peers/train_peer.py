@@ -65,8 +65,9 @@ def parse_args():
     p.add_argument("--out", default=None, help="append the result line to this JSONL file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (negative controls, e.g. optim.discriminator.lr=4e-4)")
-    p.add_argument("--no-load", action="store_true",
-                   help="negative control: keep the PyTorch copy's own random init instead of the checkpoint")
+    p.add_argument("--skip-load", default=None, metavar="NAME|first",
+                   help="negative control: leave one generator tensor (its name, or 'first': G's first "
+                        "weight) at the copy's own N(0, 0.02) init instead of the checkpoint's value")
     p.add_argument("--note", default="")
     return p.parse_args()
 
@@ -104,23 +105,40 @@ def main():
     stage = a.stage if a.stage is not None else (0 if a.system == "ddp" else 3)
 
     # ---- models from the step-0 checkpoint
-    G, D = models.build(cfg)
     nparams = ckpt.count_params(a.ckpt)
-    if not a.no_load:
-        ckpt.load_into(G, a.ckpt, "generator")
-        ckpt.load_into(D, a.ckpt, "discriminator")
-    G.train()
-    D.train()
-
     if a.system == "fsdp2":
+        # FSDP2's recommended initialization: build on the meta device, shard, materialize
+        # only this rank's shards (to_empty), then fill them from the checkpoint. No rank
+        # ever holds the whole model, as in shardgan's deferred, sharded initialization.
         from torch.distributed.fsdp import fully_shard
         if stage not in (2, 3):
             raise SystemExit("fsdp2: --stage 2 (reshard_after_forward False) or 3 (True)")
         raf = stage == 3
+        with torch.device("meta"):
+            G, D = models.build(cfg)
         for m in (G, D):
             for u in m.units():  # one FSDP unit per shardgan unit (block)
                 fully_shard(u, reshard_after_forward=raf)
             fully_shard(m, reshard_after_forward=raf)
+            m.to_empty(device="cpu")
+    else:
+        G, D = models.build(cfg)
+    skip = None
+    if a.skip_load:
+        # the tensor that is not loaded gets a defined value (to_empty or torch.empty would
+        # leave garbage): N(0, 0.02), drawn for its full shape and sliced like the loader
+        pg = G.named_parameters()
+        skip = next(n for n, p_ in pg if p_.dim() > 1) if a.skip_load == "first" else a.skip_load
+        t = dict(G.named_parameters())[skip]
+        full = torch.empty(t.shape).normal_(0.0, 0.02, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            ckpt._copy(t, full.numpy())
+    ckpt.load_into(G, a.ckpt, "generator", skip=skip)
+    ckpt.load_into(D, a.ckpt, "discriminator")
+    G.train()
+    D.train()
+
+    if a.system == "fsdp2":
         Gw, Dw, D_frozen = G, D, D
         d_real_ctx = contextlib.nullcontext
     else:
@@ -255,7 +273,7 @@ def main():
             "torch": torch.__version__, "backend": "gloo",
             "fsdp": ("fully_shard per unit, reshard_after_forward=%s" % (stage == 3)) if a.system == "fsdp2" else None,
             "loss_rtol_step1": r1, "reduction_sqrt_sum": s_red,
-            "overrides": a.set, "weights_loaded": not a.no_load, "note": a.note,
+            "overrides": a.set, "not_loaded": skip, "note": a.note,
         }
         line = json.dumps(rec)
         print(line, flush=True)
