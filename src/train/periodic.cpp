@@ -94,6 +94,14 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
                       {"peak_rss_bytes_rank0", rss},
                       {"nonfinite_steps", m.nonfinite_steps},
                       {"time_collective_s", m.time_collective_s},
+                      // The compute thread's time inside the models' collective calls
+                      // (starts and waits of all-gathers and reduce-scatters, blocking
+                      // all-reduces): communication not hidden behind compute. The
+                      // world's SyncBatchNorm all-reduces and votes are not in it.
+                      {"exposed_comm_s", m.time_collective_s},
+                      {"minor_faults", m.minor_faults},
+                      {"system_s", m.system_s},
+                      {"user_s", m.user_s},
                       {"time_offload_read_s", m.time_offload_read_s},
                       {"time_optimizer_s", m.time_optimizer_s},
                       {"time_optimizer_io_s", m.time_optimizer_io_s},

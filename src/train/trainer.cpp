@@ -1,5 +1,7 @@
 #include "shardgan/train/trainer.h"
 
+#include <sys/resource.h>
+
 #include <array>
 
 #include <chrono>
@@ -240,6 +242,8 @@ StepMetrics Trainer::train_step() {
   };
   const std::array<double, 4> before = times();
   const std::array<int64_t, 3> bytes_before = comm_bytes();
+  struct rusage ru0 {};
+  getrusage(RUSAGE_SELF, &ru0);
   StepMetrics r = objective_->step({g_.get(), opt_g_.get(), scaler_g_.get()},
                                    {d_.get(), opt_d_.get(), scaler_d_.get()}, in);
   abandonable_ = false;
@@ -258,6 +262,12 @@ StepMetrics Trainer::train_step() {
   check_nonfinite(r);
   r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   last_step_s_ = r.step_time_s;
+  struct rusage ru1 {};
+  getrusage(RUSAGE_SELF, &ru1);
+  auto secs = [](const timeval& a, const timeval& b) { return (b.tv_sec - a.tv_sec) + 1e-6 * (b.tv_usec - a.tv_usec); };
+  r.minor_faults = ru1.ru_minflt - ru0.ru_minflt;
+  r.system_s = secs(ru0.ru_stime, ru1.ru_stime);
+  r.user_s = secs(ru0.ru_utime, ru1.ru_utime);
   return r;
 }
 

@@ -38,6 +38,12 @@ struct StepMetrics {
   /// waited for, master shards read from the offload tier for all-gathers, optimizer
   /// updates, and of those the offload tier's I/O. The rest is forward/backward compute.
   double time_collective_s = 0, time_offload_read_s = 0, time_optimizer_s = 0, time_optimizer_io_s = 0;
+  /// What the operating system counted for rank 0's process during the step
+  /// (getrusage(RUSAGE_SELF), all threads): minor page faults, and CPU seconds in the
+  /// kernel and in user space. Fresh mappings that the kernel must fault in and zero show
+  /// up here (issue 21).
+  int64_t minor_faults = 0;
+  double system_s = 0, user_s = 0;
   /// Rank 0's collective volume in this step (bytes, as CommStats counts them: the full
   /// size of each all-gather, reduce-scatter and all-reduce): on the world communicator
   /// (SyncBatchNorm, votes, and the models' collectives without HSDP), inside the models'
