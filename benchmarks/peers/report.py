@@ -47,7 +47,8 @@ def table(recs):
                      "sample grid the trainer always writes; in brackets, rank 0's after the last step "
                      "(metrics.jsonl). The peers read theirs after the last step.")
         lines.append("")
-        lines.append("| N | system | stage | step s (median, steps 3-10) | min-max s | VmHWM GiB (max over ranks) "
+        last = min(10, max((r.get("steps") or len(r.get("step_times_s", []))) for r in ok)) if ok else 10
+        lines.append(f"| N | system | stage | step s (median, steps 3-{last}) | min-max s | VmHWM GiB (max over ranks) "
                      "| vs FSDP2 same N (step, VmHWM) | losses steps 1-3: max abs(d)/tol | machine |")
         lines.append("|---|---|---|---|---|---|---|---|---|")
         for r in sorted(mine, key=lambda r: (r["world_size"], ORDER[r["system"]], r["stage"])):
