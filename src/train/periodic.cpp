@@ -37,19 +37,26 @@ nlohmann::json stats_json(const MemoryStats& m) {
 
 }  // namespace
 
-std::vector<int64_t> report_memory(const TrainConfig& cfg, Communicator& comm, const MemoryStats& g,
-                                   const MemoryStats& d, const nlohmann::json& preflight) {
+std::vector<int64_t> gather_peak_rss(Communicator& comm) {
   const int n = comm.world_size();
   at::Tensor mine = torch::full({1}, static_cast<double>(peak_rss_bytes()), torch::kDouble);
   at::Tensor all = torch::empty({n}, torch::kDouble);
   comm.all_gather(all, mine);
   std::vector<int64_t> per_rank;
+  for (int r = 0; r < n; ++r) per_rank.push_back(static_cast<int64_t>(all[r].item<double>()));
+  return per_rank;
+}
+
+std::vector<int64_t> report_memory(const TrainConfig& cfg, Communicator& comm, const MemoryStats& g,
+                                   const MemoryStats& d, const nlohmann::json& preflight,
+                                   const std::vector<int64_t>& training_peak) {
+  const int n = comm.world_size();
+  const std::vector<int64_t> per_rank = gather_peak_rss(comm);
   int64_t sum = 0;
   std::string text;
   for (int r = 0; r < n; ++r) {
-    per_rank.push_back(static_cast<int64_t>(all[r].item<double>()));
-    sum += per_rank.back();
-    text += fmt::format("{}{:.2f}", r ? ", " : "", per_rank.back() / 1073741824.0);
+    sum += per_rank[r];
+    text += fmt::format("{}{:.2f}", r ? ", " : "", per_rank[r] / 1073741824.0);
   }
   if (comm.rank() != 0) return per_rank;
   spdlog::info("peak RSS (VmHWM) per rank: [{}] GiB, summed {:.2f} GiB", text, sum / 1073741824.0);
@@ -59,6 +66,7 @@ std::vector<int64_t> report_memory(const TrainConfig& cfg, Communicator& comm, c
                       {"generator_accounting_rank0", stats_json(g)},
                       {"discriminator_accounting_rank0", stats_json(d)},
                       {"preflight", preflight}};
+  if (!training_peak.empty()) j["peak_rss_bytes_per_rank_training"] = training_peak;
   std::filesystem::create_directories(cfg.run_dir);
   std::ofstream(cfg.run_dir + "/memory.json") << j.dump(2) << "\n";
   return per_rank;

@@ -499,11 +499,14 @@ void Trainer::run(const nlohmann::json& preflight) {
       return;
     }
   }
+  // The peak of training itself, before the final evaluation, save and sample grid add theirs.
+  const std::vector<int64_t> training_rss = gather_peak_rss(comm_);
   if (evaluator_) summary.add_eval(evaluate());
   last_ckpt = save();
   last_samples = write_samples();
   ProgressLine::finish();
-  const std::vector<int64_t> rss = report_memory(cfg_, comm_, memory_stats(*g_), memory_stats(*d_), preflight);
+  const std::vector<int64_t> rss =
+      report_memory(cfg_, comm_, memory_stats(*g_), memory_stats(*d_), preflight, training_rss);
   if (comm_.rank() == 0) {
     const bool plotted = cfg_.plots && write_plots(cfg_.run_dir);
     summary.steps_run = counters_.step - first_step;

@@ -56,9 +56,15 @@ class PeriodicActions {
 /// peak RSS per rank and summed (bytes), G's and D's model-state accounting on rank 0
 /// (MemoryStats, bytes) and `preflight` (the estimate, may be null). The OS measurement
 /// is the evidence; the accounting and the estimate are printed next to it. Returns the
-/// peak RSS of every rank (bytes, index = rank), on every rank.
+/// peak RSS of every rank (bytes, index = rank), on every rank. `training_peak` (may be
+/// empty) is gather_peak_rss() taken after the last training step and before the final
+/// save, evaluation and sample grid; it is stored as peak_rss_bytes_per_rank_training.
 std::vector<int64_t> report_memory(const TrainConfig& cfg, Communicator& comm, const MemoryStats& g,
-                   const MemoryStats& d, const nlohmann::json& preflight);
+                   const MemoryStats& d, const nlohmann::json& preflight,
+                   const std::vector<int64_t>& training_peak = {});
+
+/// Collective (one all-gather): every rank's peak RSS (VmHWM) so far, bytes, index = rank.
+std::vector<int64_t> gather_peak_rss(Communicator& comm);
 
 /// This process's peak resident set size (VmHWM from /proc/self/status), bytes; 0 if
 /// unreadable.
