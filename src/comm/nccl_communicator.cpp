@@ -98,13 +98,11 @@ struct NcclCommunicator::Impl {
   cudaStream_t gather_stream = nullptr;  // all-gathers
   cudaStream_t reduce_stream = nullptr;  // reduce-scatters, all-reduces, broadcasts, barriers
   cudaEvent_t ready = nullptr;  // recorded on the legacy default stream before a collective
-  cudaEvent_t done = nullptr;   // recorded on `stream` after a collective
   float* barrier_buf = nullptr;
   int device = 0;
 
   ~Impl() {
     abort();
-    if (done) cudaEventDestroy(done);
     if (ready) cudaEventDestroy(ready);
     if (gather_stream) cudaStreamDestroy(gather_stream);
     if (reduce_stream) cudaStreamDestroy(reduce_stream);
@@ -286,7 +284,6 @@ NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int device_index, double 
   SG_CUDA_CHECK(im, cudaStreamCreateWithFlags(&im.gather_stream, cudaStreamNonBlocking), what);
   SG_CUDA_CHECK(im, cudaStreamCreateWithFlags(&im.reduce_stream, cudaStreamNonBlocking), what);
   SG_CUDA_CHECK(im, cudaEventCreateWithFlags(&im.ready, cudaEventDisableTiming), what);
-  SG_CUDA_CHECK(im, cudaEventCreateWithFlags(&im.done, cudaEventDisableTiming), what);
   SG_CUDA_CHECK(im, cudaMalloc(reinterpret_cast<void**>(&im.barrier_buf), sizeof(float)), what);
   SG_CUDA_CHECK(im, cudaMemset(im.barrier_buf, 0, sizeof(float)), what);
 

@@ -110,6 +110,22 @@ void staged_copy(const at::Tensor& dev, const at::Tensor& host, Direction dir) {
   drain(static_cast<int>((k + 1) % 2));
 }
 
+// copy_to_host / copy_from_host: checks `dev` (any device) and `host` (a host tensor), then
+// copies in `dir`, directly between two CPU tensors unless the test switch forces staging.
+void checked_copy(const at::Tensor& dev, const at::Tensor& host, Direction dir, const char* op) {
+  const bool to_host = dir == Direction::kToHost;
+  check_pair(dev, host, op);
+  if (!host.device().is_cpu()) {
+    throw std::invalid_argument(std::string(op) + ": the " + (to_host ? "destination" : "source") +
+                                " must be a host tensor");
+  }
+  if (dev.device().is_cpu() && !test_staging()) {
+    (to_host ? host : dev).copy_(to_host ? dev : host);
+    return;
+  }
+  staged_copy(dev, host, dir);
+}
+
 }  // namespace
 
 DeviceEvent::DeviceEvent(c10::Device device) : device_(device) {
@@ -149,24 +165,10 @@ int64_t host_staging_bytes() {
   return int64_t{64} << 20;
 }
 
-void copy_to_host(const at::Tensor& src, at::Tensor& dst) {
-  check_pair(src, dst, "copy_to_host");
-  if (!dst.device().is_cpu()) throw std::invalid_argument("copy_to_host: the destination must be a host tensor");
-  if (src.device().is_cpu() && !test_staging()) {
-    dst.copy_(src);
-    return;
-  }
-  staged_copy(src, dst, Direction::kToHost);
-}
+void copy_to_host(const at::Tensor& src, at::Tensor& dst) { checked_copy(src, dst, Direction::kToHost, "copy_to_host"); }
 
 void copy_from_host(const at::Tensor& src, at::Tensor& dst) {
-  check_pair(src, dst, "copy_from_host");
-  if (!src.device().is_cpu()) throw std::invalid_argument("copy_from_host: the source must be a host tensor");
-  if (dst.device().is_cpu() && !test_staging()) {
-    dst.copy_(src);
-    return;
-  }
-  staged_copy(dst, src, Direction::kFromHost);
+  checked_copy(dst, src, Direction::kFromHost, "copy_from_host");
 }
 
 at::Tensor host_copy(const at::Tensor& t) {
