@@ -24,18 +24,6 @@
 #include "shardgan/train/trainer.h"
 #include "shardgan/util/log.h"
 
-#ifdef SHARDGAN_JEMALLOC
-// jemalloc (linked into this executable, CMakeLists.txt) reads this at its initialization;
-// MALLOC_CONF in the environment still overrides it. Freed pages are kept for reuse, never
-// purged (dirty/muzzy decay -1), and large allocations share the arenas instead of a
-// dedicated one that purges at once (oversize_threshold 0): a stage-3 step allocates and
-// frees the same gathered units, gradient buffers and activations again and again, and
-// each purge made the kernel fault in and zero them anew. Measured on the 1.03e9 BigGAN,
-// stage 3, 2 ranks (docs/benchmarks.md): 122.5 -> 36.0 s per step, 55.2 million -> 2,267
-// minor faults, 87.5 -> 2.5 s system time; VmHWM +0.3 GiB per rank.
-extern "C" const char* malloc_conf;
-const char* malloc_conf = "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1";
-#endif
 
 int main(int argc, char** argv) {
   int provided = 0;
@@ -110,8 +98,8 @@ int main(int argc, char** argv) {
       spdlog::info("config {} ({} threads per rank, local rank {} of {})", config_path, threads, local_rank, local_size);
     }
     shardgan::Trainer trainer(cfg, *comm);
-#ifndef SHARDGAN_JEMALLOC
-    // Without jemalloc (a sanitizer build): stage 3 allocates and frees large tensors every
+#ifndef SHARDGAN_TCMALLOC
+    // Without tcmalloc (a sanitizer build): stage 3 allocates and frees large tensors every
     // step. glibc raises its mmap threshold to the size of the first such buffer freed (up
     // to 32 MiB), so later buffers below that come from the heap, which fragments and does
     // not shrink: peak RSS grew by 0.2-0.3 GiB per rank on a 6.7e7-parameter BigGAN at

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDGAN_BUILD_BENCHMARKS=OFF -DSHARDGAN_TEST_TIMEOUT_SCALE=4 -DSHARDGAN_WITH_JEMALLOC=OFF -DCMAKE_CXX_FLAGS="$SAN" \
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDGAN_BUILD_BENCHMARKS=OFF -DSHARDGAN_TEST_TIMEOUT_SCALE=4 -DSHARDGAN_WITH_TCMALLOC=OFF -DCMAKE_CXX_FLAGS="$SAN" \
   -DCMAKE_C_FLAGS="$SAN" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > build-asan.cmake.log 2>&1 \
   || { cat build-asan.cmake.log; exit 1; }
 targets=()

@@ -17,7 +17,7 @@ PKGS=(
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libstb-dev libxxhash-dev zlib1g-dev
   liburing-dev
-  libjemalloc-dev                         # shardgan-train's allocator (memory reuse, docs/benchmarks.md)
+  libgoogle-perftools-dev                 # tcmalloc: shardgan-train's allocator (memory reuse, docs/benchmarks.md)
   googletest libgtest-dev libbenchmark-dev
   dataset-fashion-mnist
   gnuplot-nox

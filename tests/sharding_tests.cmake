@@ -49,3 +49,9 @@ add_test(NAME hsdp_resume_test
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/hsdp_resume_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
 set_tests_properties(hsdp_resume_test PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+
+# Activation checkpointing (issue 21): training steps with it on equal them with it off,
+# bit for bit: BigGAN (SN, SyncBN, attention, frozen D, R1) and DCGAN at stages 0, 2, 3
+# (ctest -R activation_checkpointing).
+shardgan_test(test_activation_checkpointing)
+shardgan_mpi_test(test_activation_checkpointing 300 1 2)

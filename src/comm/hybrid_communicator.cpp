@@ -9,35 +9,11 @@
 
 #include <torch/torch.h>
 
+#include "comm/counted.h"
+
 namespace shardgan {
+using detail::counted;
 namespace {
-
-// stats += after - before, field by field.
-void add_delta(CommStats& stats, const CommStats& before, const CommStats& after) {
-  stats.all_gather_calls += after.all_gather_calls - before.all_gather_calls;
-  stats.reduce_scatter_calls += after.reduce_scatter_calls - before.reduce_scatter_calls;
-  stats.all_reduce_calls += after.all_reduce_calls - before.all_reduce_calls;
-  stats.broadcast_calls += after.broadcast_calls - before.broadcast_calls;
-  stats.barrier_calls += after.barrier_calls - before.barrier_calls;
-  stats.all_gather_bytes += after.all_gather_bytes - before.all_gather_bytes;
-  stats.reduce_scatter_bytes += after.reduce_scatter_bytes - before.reduce_scatter_bytes;
-  stats.all_reduce_bytes += after.all_reduce_bytes - before.all_reduce_bytes;
-  stats.broadcast_bytes += after.broadcast_bytes - before.broadcast_bytes;
-}
-
-// Runs `call` (a collective on `group`) and adds the traffic it counted there to `stats`.
-template <class Call>
-auto counted(CommStats& stats, Communicator& group, Call&& call) {
-  const CommStats before = group.stats();
-  if constexpr (std::is_void_v<decltype(call())>) {
-    call();
-    add_delta(stats, before, group.stats());
-  } else {
-    auto r = call();
-    add_delta(stats, before, group.stats());
-    return r;
-  }
-}
 
 int env_int(const char* name) {
   const char* v = std::getenv(name);

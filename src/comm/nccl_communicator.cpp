@@ -14,8 +14,10 @@
 #include <ATen/ATen.h>
 
 #include "shardgan/comm/mpi_communicator.h"
+#include "comm/counted.h"
 
 namespace shardgan {
+using detail::counted;
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -306,7 +308,7 @@ void NcclCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full,
 }
 
 std::unique_ptr<Work> NcclCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
-  if (on_host(full, shard)) return host_->all_gather_async(full, shard);
+  if (on_host(full, shard)) return counted(stats_, *host_, [&] { return host_->all_gather_async(full, shard); });
   check_cuda_contiguous(full, "all_gather", "full", rank_, device_index_);
   check_cuda_contiguous(shard, "all_gather", "shard", rank_, device_index_);
   check_block_sizes("all_gather", full, shard);
@@ -326,7 +328,9 @@ std::unique_ptr<Work> NcclCommunicator::all_gather_async(at::Tensor& full, const
 
 std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
                                                             ReduceOp op) {
-  if (on_host(full, shard)) return host_->reduce_scatter_async(shard, full, op);
+  if (on_host(full, shard)) {
+    return counted(stats_, *host_, [&] { return host_->reduce_scatter_async(shard, full, op); });
+  }
   check_cuda_contiguous(full, "reduce_scatter", "full", rank_, device_index_);
   check_cuda_contiguous(shard, "reduce_scatter", "shard", rank_, device_index_);
   check_block_sizes("reduce_scatter", full, shard);
@@ -351,7 +355,7 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(at::Tensor& shard, 
 }
 
 void NcclCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
-  if (on_host(t, t)) return host_->all_reduce(t, op);
+  if (on_host(t, t)) return counted(stats_, *host_, [&] { host_->all_reduce(t, op); });
   check_cuda_contiguous(t, "all_reduce", "t", rank_, device_index_);
   nccl_type(t.scalar_type());  // reject unsupported dtypes before counting
   stats_.all_reduce_calls++;
@@ -367,7 +371,7 @@ void NcclCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
 }
 
 void NcclCommunicator::broadcast(at::Tensor& t, int root) {
-  if (on_host(t, t)) return host_->broadcast(t, root);
+  if (on_host(t, t)) return counted(stats_, *host_, [&] { host_->broadcast(t, root); });
   check_cuda_contiguous(t, "broadcast", "t", rank_, device_index_);
   if (root < 0 || root >= world_size_) {
     throw CollectiveError("broadcast on rank " + std::to_string(rank_) + ": root " +

@@ -89,13 +89,16 @@ void ShardedAdam::torch_fused_step(const std::vector<size_t>& which) {
     // The kernel reads the step count from a float tensor on the parameters' device (the
     // caller increments it first, as torch.optim does); step_ already counts this step.
     if (!state_steps_[i].defined()) state_steps_[i] = at::zeros({}, shard.options().dtype(at::kFloat));
-    state_steps_[i].fill_(static_cast<double>(step_));
     p.push_back(shard);
     g.push_back(grad);
     m.push_back(exp_avg_[i]);
     v.push_back(exp_avg_sq_[i]);
     steps.push_back(state_steps_[i]);
   }
+  // Every unit's step count set at once: two multi-tensor kernels on a GPU instead of one
+  // small fill per unit (there is no _foreach_fill_). Exact: 0 + step, an integer below 2^24.
+  at::_foreach_zero_(steps);
+  at::_foreach_add_(steps, static_cast<double>(step_));
   // Same update as adam_torch_step: bias corrections from the step, eps added after
   // sqrt(v / bc2), L2 (Adam) or decoupled (AdamW) weight decay.
   if (cfg_.decoupled_weight_decay) {

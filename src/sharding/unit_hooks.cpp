@@ -3,6 +3,7 @@
 // they call are in sharded_unit.cpp; the flat parameter in flat_param.cpp.
 #include "shardgan/sharding/sharded_unit.h"
 
+#include <algorithm>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
@@ -108,7 +109,21 @@ TensorList ShardedUnit::forward(const TensorList& inputs) {
     }
     in.push_back(std::move(t));
   }
-  TensorList out = forward_(in);
+  TensorList out;
+  if (!plain_ && cfg_.activation_checkpointing && at::GradMode::is_enabled()) {
+    std::vector<at::Tensor> params;
+    for (auto& s : flat_->slots()) {
+      if (s.param.requires_grad()) params.push_back(s.param);
+    }
+    const bool graph = !params.empty() ||
+                       std::any_of(in.begin(), in.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+    out = graph ? detail::checkpointed_forward(
+                      forward_, *module_, in, std::move(params),
+                      [addr = reinterpret_cast<int64_t>(this), gen, name = name_] { live_unit(addr, gen, name)->gather(); })
+                : forward_(in);
+  } else {
+    out = forward_(in);
+  }
   if (plain_) return out;
   // Every rank runs the same unit forwards, so this, unlike which parameters got a
   // gradient, is the same on every rank: the unit takes part in the next reduction.

@@ -3,12 +3,31 @@
 // collectives and gradient buffers) and unit_hooks.cpp (the runtime hooks).
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
+
+namespace torch::nn {
+class Module;
+}
 
 namespace shardgan {
 class ShardedUnit;
 namespace detail {
+
+/// A unit's forward as activation checkpointing replays it (ShardedUnit::Forward).
+using CheckpointedForward = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
+/// Runs `run` on `inputs` as a checkpointed unit (activation_checkpoint.cpp): no graph is
+/// recorded inside it, only the defined inputs are saved, and backward calls
+/// `before_replay` (which must leave the parameters gathered), then replays `run` with
+/// `module`'s buffers and the generators as they were here. `params` are the unit's
+/// trainable parameters; their gradients come out through the returned outputs' node.
+std::vector<at::Tensor> checkpointed_forward(CheckpointedForward run, torch::nn::Module& module,
+                                             const std::vector<at::Tensor>& inputs,
+                                             std::vector<at::Tensor> params,
+                                             std::function<void()> before_replay);
 
 /// Adds `u` to the registry of live units under a fresh generation (unit_hooks.cpp), so
 /// that autograd hooks holding (address, generation) can tell a destroyed unit apart.

@@ -75,6 +75,7 @@ ShardingConfig read_sharding(Reader& r, const std::string& who) {
   c.stage = r.get<int>(k, 3);
   require(c.stage >= 0 && c.stage <= 3, r, k, "must be 0, 1, 2 or 3");
   c.reshard_after_forward = r.get<bool>("sharding." + who + ".reshard_after_forward", true);
+  c.activation_checkpointing = r.get<bool>("sharding." + who + ".activation_checkpointing", false);
   for (const char* what : {"compute_dtype", "reduce_dtype"}) {
     const std::string key = "sharding." + who + "." + what;
     const std::string v = r.get<std::string>(key, "auto");

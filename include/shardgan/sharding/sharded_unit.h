@@ -54,6 +54,13 @@ struct ShardingConfig {
   /// the one computing, the one prefetched, and in backward the one whose gradients are
   /// being reduced (two in forward with reshard_after_forward).
   bool prefetch = true;
+  /// Activation checkpointing (activation_checkpoint.h; FSDP's
+  /// apply_activation_checkpointing on every unit): each unit keeps only its inputs from
+  /// forward to backward and recomputes its forward in backward, gathering its parameters
+  /// again at stage 3 if they were freed. Bit-identical results; costs one more forward
+  /// per unit (and at stage 3 with reshard_after_forward, no extra all-gather: backward
+  /// gathers the unit anyway).
+  bool activation_checkpointing = false;
 };
 
 /// Inputs or outputs of a unit or model. Tensors may be undefined (e.g. no labels).

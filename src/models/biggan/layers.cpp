@@ -1,6 +1,7 @@
 #include "models/biggan/layers.h"
 
 #include "shardgan/nn/power_iteration.h"
+#include "shardgan/sharding/activation_checkpoint.h"
 
 #include <cmath>
 
@@ -69,7 +70,9 @@ std::pair<at::Tensor, at::Tensor> spectral_normalize(const at::Tensor& weight, a
 }
 
 at::Tensor SNBase::sigma() {
-  const bool advance = is_training() && !power_iteration_paused();
+  // A checkpointed unit's replay in backward sees u as it was at the forward and must not
+  // advance it again (its buffers are restored afterwards anyway; this keeps the count).
+  const bool advance = is_training() && !power_iteration_paused() && !recomputing_activations();
   at::Tensor s = spectral_sigma(weight, u, advance, kSnEps);
   if (advance) ++advances_;
   last_sigma_ = s.detach();

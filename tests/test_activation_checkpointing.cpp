@@ -1,0 +1,197 @@
+// Activation checkpointing (issue 21; include/shardgan/sharding/activation_checkpoint.h):
+// whole GAN training steps with sharding.<model>.activation_checkpointing on equal the same
+// steps with it off, bit for bit, under mpirun with 1 and 2 ranks:
+//  - BigGAN (spectral norm in G and D, SyncBatchNorm with running statistics in G's
+//    class-conditional BN, self-attention), d_steps 2, 2 micro-batches, the frozen D of the
+//    G step, and R1 on every other D update (its double-backward pass runs unchecked, the
+//    other D passes of the same step are checkpointed);
+//  - DCGAN (SyncBatchNorm in G and D, whose running statistics D updates on real and fake);
+//  - at ZeRO stages 0, 2 and 3, and at stage 3 with reshard_after_forward off.
+// Checked exactly (no tolerance: the replay runs the same kernels on the same values in the
+// same order, so any difference is a bug): every step's losses and R1 term, every parameter
+// of G and D, every buffer (running statistics, spectral norm's u) and the number of power
+// iterations each SN layer ran. The number of replays must equal the number of unit
+// forwards that had a backward: d_steps * micro * (2 * |D|) + micro * (|G| + |D|) per step
+// without R1.
+// Negative controls, each run once by hand at 2 ranks: without the replay's buffer restore,
+// all 7 cases fail (DCGAN's running statistics; BigGAN's u, which the replay then advances
+// from the updated value, so sigma and the gradients change too); with spectral norm
+// ignoring recomputing_activations(), the 5 BigGAN cases fail on the power-iteration counts.
+#include <cstdio>
+#include <functional>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "models/biggan/layers.h"
+#include "shardgan/comm/mpi_communicator.h"
+#include "shardgan/models/biggan.h"
+#include "shardgan/models/dcgan.h"
+#include "shardgan/optim/factory.h"
+#include "shardgan/optim/loss_scaler.h"
+#include "shardgan/sharding/activation_checkpoint.h"
+#include "shardgan/sharding/deferred.h"
+#include "shardgan/train/objective.h"
+#include "test_util.h"
+
+using namespace shardgan;
+
+namespace {
+
+using Named = std::vector<std::pair<std::string, at::Tensor>>;
+
+struct Case {
+  std::string arch;  // "biggan" or "dcgan"
+  int stage;
+  bool reshard_after_forward;
+  double r1_gamma;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.arch << " stage " << c.stage << " reshard_after_forward " << c.reshard_after_forward << " r1 " << c.r1_gamma;
+}
+
+struct Result {
+  std::vector<StepMetrics> steps;
+  Named g_params, d_params, g_buffers, d_buffers;
+  std::vector<int64_t> sn_advances;
+  int64_t recomputes = 0;
+  int64_t g_units = 0, d_units = 0;
+};
+
+BigGanConfig tiny_biggan() {
+  BigGanConfig c;
+  c.ch = 4;
+  c.d_ch = 4;
+  c.g_ch_mult = {4, 4, 4, 2};
+  c.d_ch_mult = {2, 4, 4, 4};
+  c.g_blocks_per_res = 0;
+  c.d_blocks_per_res = 0;
+  c.z_dim = 8;
+  c.shared_dim = 4;
+  c.n_classes = 3;
+  c.channels = 1;
+  return c;
+}
+
+std::unique_ptr<ModelFamily> family(const std::string& arch) {
+  if (arch == "biggan") return std::make_unique<BigGanFamily>(tiny_biggan());
+  DcganConfig c;
+  c.z_dim = 8;
+  c.g_width = 4;
+  c.d_width = 4;
+  return make_dcgan_family(c);
+}
+
+Named copy(const Named& in) {
+  Named out;
+  for (auto& [k, v] : in) out.emplace_back(k, v.clone());
+  return out;
+}
+
+std::vector<int64_t> advances(ShardedModel& m) {
+  std::vector<int64_t> out;
+  for (auto& u : m.units()) {
+    for (auto& mod : u->module().modules()) {
+      if (auto* sn = dynamic_cast<biggan::SNBase*>(mod.get())) out.push_back(sn->advances());
+    }
+  }
+  return out;
+}
+
+Result train(Communicator& comm, const Case& c, bool checkpointing) {
+  auto fam = family(c.arch);
+  ShardingConfig sc = test_util::sharding(c.stage);
+  sc.reshard_after_forward = c.reshard_after_forward;
+  sc.activation_checkpointing = checkpointing;
+  auto g = build_sharded_model(fam->generator(comm), comm, sc, 11, at::kFloat);
+  auto d = build_sharded_model(fam->discriminator(comm), comm, sc, 12, at::kFloat);
+  auto og = make_optimizer(*g, OptimizerConfig::biggan_generator());
+  auto od = make_optimizer(*d, OptimizerConfig::biggan_discriminator());
+  DynamicLossScaler sg(LossScalerConfig{}, at::kFloat), sd(LossScalerConfig{}, at::kFloat);
+  const int64_t d_steps = 2, micro = 2, global = 4 * comm.world_size() * micro;
+  GanObjective obj("hinge", d_steps, micro, 0.0, comm, c.r1_gamma, /*r1_every=*/2);
+  torch::manual_seed(3);
+  const at::Tensor x = torch::randn({global, 1, 32, 32}).tanh();
+  const at::Tensor y = torch::randint(0, 3, {global}, torch::kLong);
+  const int64_t per = global / micro / comm.world_size();
+  auto gen = at::detail::createCPUGenerator(5);
+  StepInputs in;
+  in.local = [&](const at::Tensor& t, int64_t j) { return t.narrow(0, (j * comm.world_size() + comm.rank()) * per, per); };
+  const bool conditional = fam->num_classes() > 0;
+  in.real = [&](int64_t j) {
+    return TensorList{in.local(x, j), conditional ? in.local(y, j) : at::Tensor()};
+  };
+  in.latents = [&] {
+    at::Tensor z = fam->sample_latents(global, gen, at::kFloat);
+    return TensorList{z, conditional ? y : at::Tensor()};
+  };
+  Result r;
+  const int64_t before = activation_recomputes();
+  for (int step = 0; step < 3; ++step) r.steps.push_back(obj.step({g.get(), og.get(), &sg}, {d.get(), od.get(), &sd}, in));
+  r.recomputes = activation_recomputes() - before;
+  r.g_params = g->gather_full_parameters();
+  r.d_params = d->gather_full_parameters();
+  r.g_buffers = copy(g->named_buffers());
+  r.d_buffers = copy(d->named_buffers());
+  r.sn_advances = advances(*g);
+  for (int64_t a : advances(*d)) r.sn_advances.push_back(a);
+  r.g_units = static_cast<int64_t>(g->units().size());
+  r.d_units = static_cast<int64_t>(d->units().size());
+  return r;
+}
+
+void expect_equal(const Named& a, const Named& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(torch::equal(a[i].second, b[i].second))
+        << what << " " << a[i].first << " differs: max |diff| "
+        << (a[i].second - b[i].second).abs().max().item<double>();
+  }
+}
+
+class ActivationCheckpointing : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ActivationCheckpointing, BitIdenticalToUncheckpointedTraining) {
+  MpiCommunicator comm(MPI_COMM_WORLD, 120.0);
+  const Case c = GetParam();
+  const Result off = train(comm, c, false), on = train(comm, c, true);
+  ASSERT_EQ(off.steps.size(), on.steps.size());
+  for (size_t s = 0; s < on.steps.size(); ++s) {
+    EXPECT_EQ(off.steps[s].loss_d, on.steps[s].loss_d) << "step " << s;
+    EXPECT_EQ(off.steps[s].loss_g, on.steps[s].loss_g) << "step " << s;
+    EXPECT_EQ(off.steps[s].r1, on.steps[s].r1) << "step " << s;
+  }
+  if (c.r1_gamma > 0) {
+    EXPECT_GT(on.steps[0].r1, 0.0) << "the R1 pass ran";
+  }
+  expect_equal(on.g_params, off.g_params, "G parameter");
+  expect_equal(on.d_params, off.d_params, "D parameter");
+  expect_equal(on.g_buffers, off.g_buffers, "G buffer");
+  expect_equal(on.d_buffers, off.d_buffers, "D buffer");
+  EXPECT_EQ(on.sn_advances, off.sn_advances) << "power iterations per SN layer";
+  EXPECT_EQ(off.recomputes, 0);
+  const int64_t d_steps = 2, micro = 2, steps = 3;
+  if (c.r1_gamma == 0) {
+    EXPECT_EQ(on.recomputes, steps * (d_steps * micro * 2 * on.d_units + micro * (on.g_units + on.d_units)));
+  } else {
+    EXPECT_GT(on.recomputes, 0);
+  }
+  if (comm.rank() == 0) {
+    std::printf("%s stage %d reshard %d r1 %g: %lld unit forwards replayed in 3 steps\n", c.arch.c_str(),
+                c.stage, c.reshard_after_forward ? 1 : 0, c.r1_gamma, static_cast<long long>(on.recomputes));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, ActivationCheckpointing,
+    ::testing::Values(Case{"biggan", 3, true, 1.0}, Case{"biggan", 3, true, 0.0}, Case{"biggan", 3, false, 1.0},
+                      Case{"biggan", 0, true, 1.0}, Case{"biggan", 2, true, 0.0}, Case{"dcgan", 3, true, 0.0},
+                      Case{"dcgan", 0, true, 0.0}),
+    [](const ::testing::TestParamInfo<Case>& i) {
+      return i.param.arch + "_stage" + std::to_string(i.param.stage) + (i.param.reshard_after_forward ? "" : "_keep") +
+             (i.param.r1_gamma > 0 ? "_r1" : "");
+    });
+
+}  // namespace
