@@ -194,4 +194,40 @@ INSTANTIATE_TEST_SUITE_P(
              (i.param.r1_gamma > 0 ? "_r1" : "");
     });
 
+// A double backward through a checkpointed unit outside begin_higher_order() is refused with
+// a message that says what to do; inside it, the unit is not checkpointed and the penalty's
+// gradient equals the one without checkpointing. Negative control, run once: without the
+// refusal, autograd still throws later, with a c10::Error that does not name
+// begin_higher_order, and this test fails.
+TEST(ActivationCheckpointingHigherOrder, RefusedOutsideAndExactInside) {
+  MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
+  auto run = [&](bool checkpointing, bool higher_order) {
+    torch::manual_seed(7);
+    auto lin = torch::nn::Linear(4, 3);
+    lin->to(at::kDouble);
+    ShardingConfig sc = test_util::sharding(3);
+    sc.activation_checkpointing = checkpointing;
+    ShardedModel m("d", comm, sc);
+    m.add_unit("lin", lin.ptr(), [lin](const at::Tensor& x) mutable { return torch::tanh(lin->forward(x)); });
+    at::Tensor x = torch::randn({5, 4}, torch::kDouble).requires_grad_(true);
+    if (higher_order) m.begin_higher_order();
+    at::Tensor y = m.forward(x);
+    at::Tensor gx = torch::autograd::grad({y.sum()}, {x}, {}, true, true)[0];
+    gx.pow(2).sum().backward();
+    if (higher_order) m.end_higher_order();
+    return m.unit("lin").grad_shard().clone();
+  };
+  EXPECT_THROW(
+      {
+        try {
+          run(true, false);
+        } catch (const c10::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("begin_higher_order"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      c10::Error);
+  EXPECT_TRUE(torch::equal(run(true, true), run(false, true)));
+}
+
 }  // namespace

@@ -103,6 +103,13 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // Grad mode is on inside a backward only when it builds a graph (create_graph=true):
+    // the replayed graph below is differentiated without one, so second-order terms would
+    // be silently missing.
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "a checkpointed sharding unit has no double backward (create_graph=true, e.g. an R1 or "
+                "gradient penalty); run that pass between ShardedModel::begin_higher_order() and "
+                "end_higher_order(), where units are not checkpointed");
     auto replay = c10::static_intrusive_pointer_cast<Replay>(ctx->saved_data["replay"].toCapsule());
     const variable_list saved = ctx->get_saved_variables();
     replay->before_replay();  // gathers the unit if it was freed; throws if it is gone
