@@ -237,6 +237,66 @@ TEST(OffloadedAdam, ParameterOffloadBitIdenticalToShardedAdam) {
   }
 }
 
+// Parameter offload read-ahead (ShardingConfig::read_ahead, issue 21): a 5-unit chain
+// trained 4 steps (forward, backward, Adam) with its master shards on disk ends bit-identical
+// to the resident ShardedAdam run, with the read-ahead on and off. With it on, every
+// all-gather but the first two of each pass takes its shard from a read-ahead: units 2-4 in
+// forward (started at units 0-2) and units 2-0 in backward (started at units 4-2), 6 per
+// step; with it off, none. Negative control, run once: a read-ahead that returns the next
+// unit's shard instead makes all 5 comparisons of the "on" run fail.
+struct Chain {
+  Chain(Communicator& comm, at::ScalarType dt, bool read_ahead) : model("generator", comm, config(read_ahead)) {
+    torch::manual_seed(5);
+    for (int i = 0; i < 5; ++i) {
+      layers.push_back(torch::nn::Linear(torch::nn::LinearOptions(64, 64)));
+      layers.back()->to(dt);
+      auto l = layers.back();
+      model.add_unit("l" + std::to_string(i), l.ptr(), [l](const at::Tensor& x) mutable { return torch::tanh(l->forward(x)); });
+    }
+  }
+  static ShardingConfig config(bool read_ahead) {
+    ShardingConfig c = test_util::sharding(3);
+    c.read_ahead = read_ahead;
+    return c;
+  }
+  std::vector<torch::nn::Linear> layers;
+  ShardedModel model;
+};
+
+void train_chain(Chain& c, ShardedOptimizer& opt, at::ScalarType dt) {
+  torch::manual_seed(9);
+  for (int step = 0; step < 4; ++step) {
+    c.model.zero_grad();
+    at::Tensor x = torch::randn({8, 64}, torch::TensorOptions().dtype(dt));
+    c.model.forward(x).pow(2).mean().backward();
+    opt.step();
+  }
+}
+
+TEST(OffloadedAdam, ParameterOffloadReadAheadBitIdentical) {
+  MpiCommunicator self(MPI_COMM_SELF, 60.0);
+  const at::ScalarType dt = at::kFloat;
+  AdamConfig cfg{1e-2, 0.9, 0.999, 1e-8, 0.0, false};
+  Chain ref(self, dt, true);
+  ShardedAdam ref_opt(ref.model, cfg);
+  train_chain(ref, ref_opt, dt);
+  EXPECT_EQ(ref.model.read_ahead_hits(), 0) << "nothing is offloaded";
+  for (bool on : {true, false}) {
+    SCOPED_TRACE(on ? "read-ahead on" : "read-ahead off");
+    TempDir dir;
+    Chain off(self, dt, on);
+    OffloadConfig oc = disk_config(dir.path);
+    oc.param = OffloadDevice::kDisk;
+    OffloadedAdam off_opt(off.model, cfg, oc);
+    ASSERT_TRUE(off_opt.params_offloaded());
+    train_chain(off, off_opt, dt);
+    EXPECT_EQ(off.model.read_ahead_hits(), on ? 4 * 6 : 0);
+    for (size_t u = 0; u < 5; ++u) {
+      EXPECT_TRUE(torch::equal(ref.model.units()[u]->shard(), off.model.units()[u]->master_shard())) << "unit " << u;
+    }
+  }
+}
+
 TEST(OffloadedAdam, ParameterOffloadNeedsStage3AndTheOptimizersDevice) {
   MpiCommunicator self(MPI_COMM_SELF, 60.0);
   TempDir dir;

@@ -15,7 +15,7 @@ namespace shardgan {
 ShardedModel::ShardedModel(std::string name, Communicator& comm, ShardingConfig cfg)
     : name_(std::move(name)), comm_(comm), cfg_(cfg) {}
 
-ShardedModel::~ShardedModel() = default;
+ShardedModel::~ShardedModel() { drain_read_ahead(); }
 
 namespace {
 
@@ -103,8 +103,10 @@ TensorList ShardedModel::forward(const TensorList& given) {
     }
   } catch (...) {
     recording_ = false;
+    drain_read_ahead();
     throw;
   }
+  drain_read_ahead();  // normally empty: every unit read ahead in forward ran in it
   if (recording_) {
     recording_ = false;
     recorded_ = true;
@@ -125,12 +127,60 @@ void ShardedModel::on_unit_forward(ShardedUnit& u) {
   if (recording_) {
     order_.push_back(u.index());
     // The default program runs units in registration order: prefetch as it will run.
-    if (!program_ && cfg_.prefetch && u.index() + 1 < units_.size()) units_[u.index() + 1]->prefetch();
+    if (!program_ && cfg_.prefetch && u.index() + 1 < units_.size()) {
+      units_[u.index() + 1]->prefetch();
+      if (u.index() + 2 < units_.size()) read_ahead(*units_[u.index() + 2]);
+    }
     return;
   }
   if (!recorded_ || !cfg_.prefetch) return;
   const ptrdiff_t pos = order_pos_[u.index()];
-  if (pos >= 0 && static_cast<size_t>(pos) + 1 < order_.size()) units_[order_[pos + 1]]->prefetch();
+  if (pos >= 0 && static_cast<size_t>(pos) + 1 < order_.size()) {
+    units_[order_[pos + 1]]->prefetch();
+    if (ShardedUnit* after = unit_at_offset(u, 2)) read_ahead(*after);
+  }
+}
+
+ShardedUnit* ShardedModel::unit_at_offset(const ShardedUnit& u, ptrdiff_t offset) {
+  if (!recorded_) {
+    const ptrdiff_t i = static_cast<ptrdiff_t>(u.index()) + offset;
+    return i >= 0 && i < static_cast<ptrdiff_t>(units_.size()) ? units_[i].get() : nullptr;
+  }
+  const ptrdiff_t pos = order_pos_[u.index()];
+  if (pos < 0) return nullptr;
+  const ptrdiff_t at = pos + offset;
+  return at >= 0 && at < static_cast<ptrdiff_t>(order_.size()) ? units_[order_[at]].get() : nullptr;
+}
+
+void ShardedModel::read_ahead(ShardedUnit& u) {
+  if (!cfg_.read_ahead || u.stage() != 3 || !u.shard_offloaded() || u.gathered() || reads_.count(&u)) return;
+  reads_.emplace(&u, std::async(std::launch::async, [this, &u] {
+                   std::lock_guard<std::mutex> lk(tier_mu_);
+                   return u.master_shard();
+                 }));
+}
+
+at::Tensor ShardedModel::read_master_shard(ShardedUnit& u) {
+  auto it = reads_.find(&u);
+  if (it != reads_.end()) {
+    std::future<at::Tensor> f = std::move(it->second);
+    reads_.erase(it);
+    ++read_ahead_hits_;
+    return f.get();  // rethrows the worker's OffloadError
+  }
+  std::lock_guard<std::mutex> lk(tier_mu_);
+  return u.master_shard();
+}
+
+void ShardedModel::drain_read_ahead() {
+  for (auto& [unit, f] : reads_) {
+    // Nobody needs this value; a tier that cannot be read fails again on the next read.
+    try {
+      f.get();
+    } catch (...) {
+    }
+  }
+  reads_.clear();
 }
 
 ShardedUnit* ShardedModel::previous_in_order(const ShardedUnit& u) {
@@ -193,6 +243,7 @@ void ShardedModel::end_higher_order() {
 }
 
 void ShardedModel::abandon_step() {
+  drain_read_ahead();
   for (auto& u : units_) u->set_plain(false);
   higher_order_ = false;
   recording_ = false;
@@ -297,6 +348,7 @@ void ShardedModel::ensure_backward_callback() {
     for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->finish_backward();
     start_reduces(/*flush=*/true);
     finish_reduces();
+    drain_read_ahead();
     callback_queued_ = false;
   });
 }

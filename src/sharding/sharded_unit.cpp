@@ -98,7 +98,9 @@ at::Tensor ShardedUnit::gather_source() {
   at::Tensor master;
   {
     Timed t(flat_->offloaded() && owner_ ? &owner_->comm_times().offload_read_s : nullptr);
-    master = flat_->master_shard();
+    // With an owner, an offloaded shard comes through it: from the read-ahead started one
+    // unit earlier, or read now with the tier serialized against the worker.
+    master = flat_->offloaded() && owner_ ? owner_->read_master_shard(*this) : flat_->master_shard();
   }
   return master.scalar_type() == flat_->compute_dtype() ? master : master.to(flat_->compute_dtype());
 }

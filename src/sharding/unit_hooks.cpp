@@ -149,7 +149,11 @@ void ShardedUnit::on_pre_backward() {
   // unit's all-gather now, if its forward left it a backward to run.
   if (cfg_.prefetch && owner_) {
     ShardedUnit* prev = owner_->previous_in_order(*this);
-    if (prev && prev->expects_backward_) prev->prefetch();
+    if (prev && prev->expects_backward_) {
+      prev->prefetch();
+      ShardedUnit* before = owner_->previous_in_order(*prev);
+      if (before && before->expects_backward_) owner_->read_ahead(*before);
+    }
   }
   // Released once every trainable parameter has its gradient and every input that
   // required grad has its gradient: then no node of this unit's backward is left to run.

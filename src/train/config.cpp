@@ -76,6 +76,7 @@ ShardingConfig read_sharding(Reader& r, const std::string& who) {
   require(c.stage >= 0 && c.stage <= 3, r, k, "must be 0, 1, 2 or 3");
   c.reshard_after_forward = r.get<bool>("sharding." + who + ".reshard_after_forward", true);
   c.activation_checkpointing = r.get<bool>("sharding." + who + ".activation_checkpointing", false);
+  c.read_ahead = r.get<bool>("sharding." + who + ".read_ahead", true);
   for (const char* what : {"compute_dtype", "reduce_dtype"}) {
     const std::string key = "sharding." + who + "." + what;
     const std::string v = r.get<std::string>(key, "auto");

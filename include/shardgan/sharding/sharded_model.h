@@ -2,8 +2,11 @@
 /// A model split into sharding units that run in sequence (FSDP-style explicit wrapping:
 /// the LibTorch C++ frontend has no module forward hooks, so units are wrapped by hand).
 #include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -174,6 +177,21 @@ class ShardedModel {
   /// Time spent in collectives and offload reads (the units add to it). Local.
   CommTimes& comm_times() { return times_; }
 
+  /// Local. Parameter offload read-ahead (ShardingConfig::read_ahead): starts reading `u`'s
+  /// master shard from its tier on a worker thread. A no-op unless `u` is a stage-3 unit
+  /// whose shard is offloaded, not gathered, and not already being read.
+  void read_ahead(ShardedUnit& u);
+  /// Local: `u`'s master shard ([S], master dtype, CPU), taken from its read-ahead (waiting
+  /// for it) when one was started, else read now. Reads of the tier are serialized, so
+  /// the tier sees one reader at a time. Rethrows the tier's OffloadError.
+  at::Tensor read_master_shard(ShardedUnit& u);
+  /// Local: waits for and drops every read-ahead that was not taken (the end of a forward
+  /// or backward, abandon_step, destruction), so that no read is in flight when the
+  /// optimizer writes the tier.
+  void drain_read_ahead();
+  /// Master shards taken from a read-ahead so far (for tests and logs).
+  int64_t read_ahead_hits() const { return read_ahead_hits_; }
+
  private:
   std::string name_;
   Communicator& comm_;
@@ -196,6 +214,11 @@ class ShardedModel {
   size_t max_in_flight_ = 0;
   int64_t peak_full_bytes_ = 0;
   CommTimes times_;
+  std::unordered_map<const ShardedUnit*, std::future<at::Tensor>> reads_;  // read-aheads in flight
+  std::mutex tier_mu_;  // one reader of the offload tier at a time (worker or compute thread)
+  int64_t read_ahead_hits_ = 0;
+  /// The unit two places after (forward) or before (backward) `u` in the recorded order.
+  ShardedUnit* unit_at_offset(const ShardedUnit& u, ptrdiff_t offset);
 };
 
 /// FSDP's summon_full_params (read-only, scoped): while it lives, every unit of the model

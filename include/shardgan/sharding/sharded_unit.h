@@ -61,6 +61,12 @@ struct ShardingConfig {
   /// per unit (and at stage 3 with reshard_after_forward, no extra all-gather: backward
   /// gathers the unit anyway).
   bool activation_checkpointing = false;
+  /// Stage 3 with parameter offload (offload_shard): read the master shard of the unit
+  /// after next from its tier on a worker thread while the current unit computes and the
+  /// next one is all-gathered, in forward and in backward (DeepSpeed's partitioned-parameter
+  /// swapper, ZeRO-Infinity Sec. 6.2). False reads each shard on the compute thread when
+  /// its all-gather starts.
+  bool read_ahead = true;
 };
 
 /// Inputs or outputs of a unit or model. Tensors may be undefined (e.g. no labels).
