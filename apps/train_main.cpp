@@ -24,7 +24,6 @@
 #include "shardgan/train/trainer.h"
 #include "shardgan/util/log.h"
 
-
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);

@@ -127,18 +127,15 @@ void ShardedModel::on_unit_forward(ShardedUnit& u) {
   if (recording_) {
     order_.push_back(u.index());
     // The default program runs units in registration order: prefetch as it will run.
-    if (!program_ && cfg_.prefetch && u.index() + 1 < units_.size()) {
-      units_[u.index() + 1]->prefetch();
-      if (u.index() + 2 < units_.size()) read_ahead(*units_[u.index() + 2]);
-    }
+    if (program_) return;
+  } else if (!recorded_) {
     return;
   }
-  if (!recorded_ || !cfg_.prefetch) return;
-  const ptrdiff_t pos = order_pos_[u.index()];
-  if (pos >= 0 && static_cast<size_t>(pos) + 1 < order_.size()) {
-    units_[order_[pos + 1]]->prefetch();
-    if (ShardedUnit* after = unit_at_offset(u, 2)) read_ahead(*after);
-  }
+  if (!cfg_.prefetch) return;
+  ShardedUnit* next = unit_at_offset(u, 1);
+  if (!next) return;
+  next->prefetch();
+  if (ShardedUnit* after = unit_at_offset(u, 2)) read_ahead(*after);
 }
 
 ShardedUnit* ShardedModel::unit_at_offset(const ShardedUnit& u, ptrdiff_t offset) {
@@ -183,11 +180,7 @@ void ShardedModel::drain_read_ahead() {
   reads_.clear();
 }
 
-ShardedUnit* ShardedModel::previous_in_order(const ShardedUnit& u) {
-  if (!recorded_) return u.index() > 0 ? units_[u.index() - 1].get() : nullptr;
-  const ptrdiff_t pos = order_pos_[u.index()];
-  return pos > 0 ? units_[order_[pos - 1]].get() : nullptr;
-}
+ShardedUnit* ShardedModel::previous_in_order(const ShardedUnit& u) { return unit_at_offset(u, -1); }
 
 void ShardedModel::set_requires_grad(bool on) {
   for (auto& u : units_) u->set_requires_grad(on);

@@ -217,7 +217,8 @@ class ShardedModel {
   std::unordered_map<const ShardedUnit*, std::future<at::Tensor>> reads_;  // read-aheads in flight
   std::mutex tier_mu_;  // one reader of the offload tier at a time (worker or compute thread)
   int64_t read_ahead_hits_ = 0;
-  /// The unit two places after (forward) or before (backward) `u` in the recorded order.
+  /// The unit `offset` places after (negative: before) `u`'s first run in the recorded
+  /// order, or in registration order before the first forward; nullptr past either end.
   ShardedUnit* unit_at_offset(const ShardedUnit& u, ptrdiff_t offset);
 };
 
