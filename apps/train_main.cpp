@@ -26,7 +26,9 @@
 
 int main(int argc, char** argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  // MPI_THREAD_MULTIPLE for dist.progress_thread, which enters MPI from a helper thread
+  // (src/comm/progress_thread.h); the thread refuses to start if MPI provides less.
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 
@@ -78,6 +80,7 @@ int main(int argc, char** argv) {
     }
     auto comm = shardgan::make_communicator(cfg.backend, MPI_COMM_WORLD, cfg.timeout_s,
                                             cfg.compute_device.is_cuda() ? cfg.compute_device.index() : -1);
+    if (cfg.progress_thread) shardgan::enable_progress_thread(*comm, cfg.progress_interval_us);
     // Memory pre-flight before anything of the models is allocated: every rank computes
     // the same estimate locally (no collectives), so every rank refuses alike.
     nlohmann::json report;

@@ -23,7 +23,8 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // MPI_THREAD_MULTIPLE, as shardgan-train asks for (progress thread tests)
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   ::testing::InitGoogleTest(&argc, argv);
   torch::set_num_threads(1);
   int rank = 0;

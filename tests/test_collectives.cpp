@@ -179,4 +179,35 @@ TEST(CollectivesSplit, BroadcastAboveIntMax) {
   EXPECT_EQ(comm.stats().broadcast_calls, 1);
 }
 
+// The progress thread moves a prefetched all-gather while this thread computes and never
+// calls MPI: the peer's block lands in `full` before wait(). 16 MiB per rank is far above
+// the shared-memory BTL's eager limit, so without the thread the transfer waits for the
+// next MPI call (negative control, run once: without enable_progress_thread the block never
+// arrives and the test fails after its 10 s budget).
+TEST(CollectivesProgress, ThreadAdvancesAllGatherWithoutMpiCalls) {
+  MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
+  const int n = comm.world_size(), r = comm.rank();
+  if (n < 2) GTEST_SKIP() << "needs a peer";
+  comm.enable_progress_thread(100);
+  const int64_t s = int64_t{4} << 20;  // float32 elements: 16 MiB
+  at::Tensor shard = torch::full({s}, static_cast<float>(r + 1));
+  at::Tensor full = torch::zeros({n * s});
+  comm.barrier();  // both ranks start together
+  auto work = comm.all_gather_async(full, shard);
+  const int peer = (r + 1) % n;
+  const volatile float* last = full.data_ptr<float>() + (peer + 1) * s - 1;  // the peer block's end
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool arrived = false;
+  while (!(arrived = *last == static_cast<float>(peer + 1)) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // "compute": no MPI call here
+  }
+  EXPECT_TRUE(arrived) << "the peer's block did not arrive before wait() within 10 s";
+  work->wait();
+  // Some rank's thread moved it (on 2 cores with 4 ranks, this rank's may not have run yet).
+  at::Tensor polls = torch::tensor({comm.progress_polls()}, torch::kLong);
+  comm.all_reduce(polls, ReduceOp::kSum);
+  EXPECT_GT(polls.item<int64_t>(), 0);
+  for (int q = 0; q < n; ++q) EXPECT_TRUE(full.narrow(0, q * s, s).eq(q + 1).all().item<bool>()) << "block " << q;
+}
+
 }  // namespace

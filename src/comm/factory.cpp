@@ -32,6 +32,15 @@ std::string nccl_version() {
 #endif
 }
 
+void enable_progress_thread(Communicator& comm, double interval_us) {
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
+  if (!mpi) {
+    throw std::invalid_argument("dist.progress_thread: the " + comm.backend() +
+                                " communicator has no MPI progress to drive (set it to false)");
+  }
+  mpi->enable_progress_thread(interval_us);
+}
+
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
                                                 double timeout_s, int device_index) {
   if (backend == "mpi") {

@@ -13,6 +13,8 @@
 
 #include <torch/torch.h>
 
+#include "progress_thread.h"
+
 namespace shardgan {
 namespace {
 
@@ -66,7 +68,9 @@ class MpiWork final : public Work {
  public:
   MpiWork(MpiCommunicator& comm, MPI_Request req, std::string what,
           std::function<void()> on_done = nullptr)
-      : comm_(comm), req_(req), what_(std::move(what)), on_done_(std::move(on_done)) {}
+      : comm_(comm), req_(req), what_(std::move(what)), on_done_(std::move(on_done)), progress_(comm.progress_) {
+    if (progress_) progress_->begin();
+  }
   ~MpiWork() override {
     if (done_) return;
     if (std::uncaught_exceptions() > 0) {
@@ -87,7 +91,8 @@ class MpiWork final : public Work {
   void wait() override {
     if (done_) return;
     done_ = true;
-    comm_.wait(req_, what_);
+    comm_.wait(req_, what_);  // on a throw the job ends (MPI_Abort); the thread may poll on
+    if (progress_) progress_->end();
     if (on_done_) on_done_();
   }
 
@@ -96,6 +101,7 @@ class MpiWork final : public Work {
   MPI_Request req_;
   std::string what_;
   std::function<void()> on_done_;  // averaging and 16-bit rounding; owns the buffers
+  std::shared_ptr<ProgressThread> progress_;  // polls while this request is in flight
   bool done_ = false;
 };
 
@@ -137,9 +143,22 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   auto c = std::make_unique<MpiCommunicator>(sub, timeout_s_);
   c->owns_comm_ = true;
   c->max_count_ = max_count_;
+  c->progress_ = progress_;
   c->learn_hosts();
   return c;
 }
+
+void MpiCommunicator::enable_progress_thread(double interval_us) {
+  if (!(interval_us >= 1)) {
+    throw CollectiveError("progress thread on rank " + std::to_string(rank_) + ": interval " +
+                          std::to_string(interval_us) + " us (must be >= 1)");
+  }
+  progress_.reset();  // join a previous one first
+  progress_ = std::make_shared<ProgressThread>(
+      comm_, std::chrono::microseconds(static_cast<int64_t>(interval_us)));
+}
+
+int64_t MpiCommunicator::progress_polls() const { return progress_ ? progress_->polls() : 0; }
 
 void MpiCommunicator::learn_hosts() {
   // One record per rank: its MPI_COMM_WORLD rank (decimal) and its host name.

@@ -324,6 +324,12 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   c.timeout_s = r.get<double>("dist.timeout_s", c.timeout_s);
   // At most about 31 years: longer ones overflow the clock's deadline arithmetic.
   require(c.timeout_s > 0 && c.timeout_s <= 1e9, r, "dist.timeout_s", "must be > 0 and at most 1e9 (seconds)");
+  c.progress_thread = r.get<bool>("dist.progress_thread", c.progress_thread);
+  require(!c.progress_thread || c.backend == "mpi", r, "dist.progress_thread",
+          "needs dist.backend mpi: NCCL progresses on its own streams (set it to false)");
+  c.progress_interval_us = r.get<double>("dist.progress_interval_us", c.progress_interval_us);
+  require(c.progress_interval_us >= 1 && c.progress_interval_us <= 1e6, r, "dist.progress_interval_us",
+          "must be 1 to 1e6 (microseconds)");
   for (auto [who, R] : {std::pair{"generator", c.g_replicate_degree}, std::pair{"discriminator", c.d_replicate_degree}}) {
     require(R == 1 || c.backend == "mpi", r, std::string("sharding.") + who + ".replicate_degree",
             "> 1 needs dist.backend mpi: the NCCL communicator cannot split into replica groups yet");

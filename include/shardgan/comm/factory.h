@@ -15,6 +15,12 @@ namespace shardgan {
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
                                                 double timeout_s, int device_index = -1);
 
+/// Collective over `comm`. Starts the MPI progress thread (MpiCommunicator::
+/// enable_progress_thread) polling every `interval_us` microseconds. Throws
+/// std::invalid_argument naming dist.progress_thread when `comm` is not an MPI
+/// communicator, CollectiveError when MPI lacks MPI_THREAD_MULTIPLE.
+void enable_progress_thread(Communicator& comm, double interval_us);
+
 /// The version of the NCCL library this build links ("2.30.7"), or "not compiled in".
 /// Not a collective; needs no GPU.
 std::string nccl_version();

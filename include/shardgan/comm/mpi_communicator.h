@@ -4,11 +4,14 @@
 
 #include <climits>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "shardgan/comm/communicator.h"
 
 namespace shardgan {
+
+class ProgressThread;
 
 /// Runs each collective as an MPI-3 non-blocking call (MPI_Iallgather, ...) and polls it
 /// with MPI_Test until it completes or timeout_s() passes, so that a peer that never joins
@@ -30,7 +33,8 @@ class MpiCommunicator final : public Communicator {
 
   void all_gather(at::Tensor& full, const at::Tensor& shard) override;
   /// MPI_Iallgather; the request progresses whenever this rank calls into MPI (for
-  /// example inside SyncBatchNorm's all-reduce), as Open MPI has no progress thread.
+  /// example inside SyncBatchNorm's all-reduce), as Open MPI has no progress thread of its
+  /// own, and, after enable_progress_thread(), whenever that thread polls.
   std::unique_ptr<Work> all_gather_async(at::Tensor& full, const at::Tensor& shard) override;
   void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
   /// MPI_Ireduce_scatter_block; 16-bit inputs are upcast before it starts and the result is
@@ -45,6 +49,16 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override;
 
   MPI_Comm comm() const { return comm_; }
+
+  /// Collective over comm() (MPI_Comm_dup). Starts a helper thread that enters MPI every
+  /// `interval_us` microseconds (>= 1) while a non-blocking collective of this process is in
+  /// flight, so that prefetched all-gathers and reduce-scatters advance during compute
+  /// instead of inside the wait; it sleeps while none is. Communicators made by split()
+  /// afterwards share the thread. Throws CollectiveError if MPI was initialized below
+  /// MPI_THREAD_MULTIPLE. Not thread-safe against this communicator's own collectives.
+  void enable_progress_thread(double interval_us);
+  /// MPI calls the progress thread made so far (0 without one). Local.
+  int64_t progress_polls() const;
   /// Collective over comm() (with the timeout): all-gathers every rank's host name
   /// (MPI_Get_processor_name) and MPI_COMM_WORLD rank, so that a timeout names the hosts
   /// and ranks of the peers, e.g. "this is world rank 0 on node-a; this collective's ranks:
@@ -76,6 +90,7 @@ class MpiCommunicator final : public Communicator {
   int world_size_ = 1;
   int64_t max_count_ = INT_MAX;
   bool owns_comm_ = false;  // made by split(): freed by the destructor
+  std::shared_ptr<ProgressThread> progress_;  // shared with split() children; may be null
   std::string host_;        // "world rank R on HOST", after learn_hosts()
   std::string hosts_;       // every rank's host, grouped (see hosts())
 };

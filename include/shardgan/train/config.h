@@ -96,6 +96,11 @@ struct TrainConfig {
 
   std::string backend = "mpi";    ///< dist.backend: mpi | nccl (default: nccl on cuda, mpi on cpu)
   double timeout_s = 600.0;       ///< dist.timeout_s: per collective (seconds)
+  /// dist.progress_thread (mpi only): a helper thread enters MPI every
+  /// dist.progress_interval_us while a prefetched all-gather or reduce-scatter is in flight,
+  /// so it advances during compute (Open MPI has no asynchronous progress of its own).
+  bool progress_thread = false;
+  double progress_interval_us = 200.0;  ///< dist.progress_interval_us (microseconds, >= 1)
 };
 
 /// Reads `path` and applies `overrides` ("key=value", e.g. "train.steps=200"). Throws
