@@ -54,6 +54,12 @@ cell = {"ch": ch, "params": params, "world_size": np_, "stage": stage, "note": o
 cell["preflight_checked_bytes_node"] = dry["configured"]["node_bytes_checked"]
 cell["available_bytes"] = dry["node_memory"]["available_bytes"]
 cell["preflight_admits"] = cell["preflight_checked_bytes_node"] <= cell["available_bytes"]
+# The probe's prediction of VmHWM per rank (train.memory_probe; absent without it).
+pred = dry["configured"].get("predicted")
+if pred:
+    cell["predicted_vmhwm_bytes_per_rank"] = pred["vmhwm_bytes_per_rank"]
+    cell["predicted_terms"] = pred
+    cell["probe"] = dry.get("probe")
 cell["preflight_skipped"] = "skip_memory_check=true" in os.environ.get("SWEEP_SET", "")
 log = open(run + ".log", errors="replace").read()
 if "memory pre-flight" in log:
@@ -66,9 +72,13 @@ else:
     g, d = mem["generator_accounting_rank0"], mem["discriminator_accounting_rank0"]
     times = [float(x) for x in re.findall(r"([0-9.]+) s/step", log)]
     cell.update({"result": "trained", "peak_rss_bytes_per_rank": mem["peak_rss_bytes_per_rank"],
+                 # VmHWM before the final checkpoint save (the line above includes it)
+                 "peak_rss_training_bytes_per_rank": mem.get("peak_rss_bytes_per_rank_training"),
                  "peak_rss_bytes_sum": mem["peak_rss_bytes_sum"],
                  "accounting_model_state_bytes_rank0": g["model_state_bytes"] + d["model_state_bytes"],
                  "step_time_s": times[-1] if times else None, "wall_s": round(wall, 1)})
+    if pred:  # measured over predicted, the largest rank (the target is within +-10%)
+        cell["vmhwm_over_predicted"] = round(max(cell["peak_rss_bytes_per_rank"]) / pred["vmhwm_bytes_per_rank"], 4)
 print(json.dumps(cell))
 PY
       rm -rf "$RUN"  # checkpoints of 1e9 parameters are large; the JSON keeps the numbers

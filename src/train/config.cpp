@@ -272,6 +272,7 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   require(c.loss == "nonsaturating" || c.loss == "hinge", r, "train.loss",
           "must be nonsaturating (DCGAN) or hinge (BigGAN)");
   c.skip_memory_check = r.get<bool>("train.skip_memory_check", c.skip_memory_check);
+  c.memory_probe = r.get<bool>("train.memory_probe", c.memory_probe);
   c.r1_gamma = r.get<double>("train.r1_gamma", c.r1_gamma);
   require(c.r1_gamma >= 0, r, "train.r1_gamma", "must be >= 0 (0 = off)");
   c.r1_every = r.get<int64_t>("train.r1_every", c.r1_every);

@@ -1,12 +1,17 @@
 #include "shardgan/train/preflight.h"
 
+#include <malloc.h>
+
 #include <cstdio>
+#include <fstream>
+#include <string>
 
 #include <torch/torch.h>
 
 #include "shardgan/models/family.h"
 #include "shardgan/optim/factory.h"
 #include "shardgan/sharding/memory_estimate.h"
+#include "shardgan/train/activation_probe.h"
 
 namespace shardgan {
 namespace {
@@ -44,6 +49,44 @@ nlohmann::json stage_json(const ModelMemoryEstimate& e) {
           {"largest_gathered_unit_bytes", e.gathered_unit_bytes},
           {"transient_bytes", e.transient_bytes()},
           {"peak_bytes", e.peak_bytes()}};
+}
+
+// This process's resident set now (VmRSS, /proc/self/status): LibTorch, MPI and the
+// allocator before any model exists. -1 if unreadable.
+int64_t current_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // kB
+  }
+  return -1;
+}
+
+// The training images the trainer keeps in memory (model dtype) with their labels: data.source
+// synthetic holds data.synthetic_size, fashion-mnist its 60000 training images; hdf5
+// streams them (data.prefetch_batches micro-batches ahead).
+int64_t data_bytes(const TrainConfig& cfg, int world_size) {
+  const ImageShape s = cfg.family->image_shape();
+  const int64_t image = s.channels * s.height * s.width * dtype_bytes(cfg.model_dtype) + 8;
+  if (cfg.data_source == "hdf5") {
+    return (cfg.prefetch_batches + 1) * std::max<int64_t>(1, cfg.global_batch / cfg.micro_batches / world_size) * image;
+  }
+  return (cfg.data_source == "synthetic" ? cfg.synthetic_size : 60000) * image;
+}
+
+}  // namespace
+}  // namespace shardgan
+
+// gperftools' C API, present when shardgan-train links tcmalloc (weak: absent otherwise).
+extern "C" void MallocExtension_ReleaseFreeMemory() __attribute__((weak));
+
+namespace shardgan {
+namespace {
+
+// Returns freed heap pages to the OS (tcmalloc's page heap, glibc's arenas), so that VmRSS
+// afterwards is what the process holds rather than what its allocator keeps for reuse.
+void release_free_memory() {
+  if (MallocExtension_ReleaseFreeMemory) MallocExtension_ReleaseFreeMemory();
+  malloc_trim(0);
 }
 
 int64_t with_margin(int64_t per_rank_bytes) {
@@ -91,6 +134,50 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
                      {"per_rank_peak_bytes", per_rank},
                      {"node_peak_bytes", per_rank * local_ranks},
                      {"node_bytes_checked", with_margin(per_rank) * local_ranks}};
+  // The prediction: what this process holds once the probe has run (LibTorch, oneDNN and
+  // OpenMP loaded and used once, MPI; the probe's own memory given back to the OS), the
+  // persistent training state (exact, the code's own accounting), the data, and one step's
+  // transient bytes as the probe measured them at this micro-batch, plus
+  // kPredictionMarginBytes.
+  if (cfg.memory_probe && !cfg.compute_device.is_cuda() && cfg.g_replicate_degree == 1 && cfg.d_replicate_degree == 1 &&
+      current_rss_bytes() > 0) {
+    const int64_t rss_before = current_rss_bytes();
+    const int64_t micro = std::max<int64_t>(1, cfg.global_batch / cfg.micro_batches / world_size);
+    const int64_t persistent =
+        ge[cfg.g_sharding.stage].persistent_bytes() + de[cfg.d_sharding.stage].persistent_bytes();
+    const int64_t data = data_bytes(cfg, world_size);
+    // The probe holds what a rank of the real run holds outside the gathered units: at stages
+    // 0-2 the replicated parameters (and more). When the persistent state alone cannot fit,
+    // refuse without it, using the estimate's bound on the transient buffers instead.
+    const int64_t floor_bytes = rss_before + persistent + data + kPredictionMarginBytes;
+    int64_t rss_now = rss_before, transient = 0;
+    if (floor_bytes * local_ranks > read_host_memory().available_bytes) {
+      transient = ge[cfg.g_sharding.stage].transient_bytes() + de[cfg.d_sharding.stage].transient_bytes();
+      j["probe"] = {{"skipped", "the persistent state alone exceeds the available memory; the transient "
+                                "term is the estimate's bound"}};
+    } else {
+      ActivationProbe probe =
+          probe_step_memory(cfg, cfg.run_dir + "/.preflight-probe-rank" + std::to_string(comm.rank()), micro);
+      release_free_memory();
+      rss_now = current_rss_bytes();
+      transient = probe.bytes_at(micro);
+      j["probe"] = {{"micro_batches", {probe.micro_batch_a, probe.micro_batch_b}},
+                    {"peak_bytes", {probe.peak_a_bytes, probe.peak_b_bytes}},
+                    {"bytes_per_sample", static_cast<int64_t>(probe.bytes_per_sample())},
+                    {"shadow_world_size", probe.shadow_world},
+                    {"seconds", probe.seconds}};
+    }
+    const int64_t predicted = rss_now + persistent + data + transient + kPredictionMarginBytes;
+    j["configured"]["predicted"] = {{"process_rss_bytes", rss_now},
+                                    {"process_rss_before_probe_bytes", rss_before},
+                                    {"persistent_state_bytes", persistent},
+                                    {"data_bytes", data},
+                                    {"step_transient_bytes", transient},
+                                    {"micro_batch", micro},
+                                    {"margin_bytes", kPredictionMarginBytes},
+                                    {"vmhwm_bytes_per_rank", predicted}};
+    j["configured"]["node_bytes_checked"] = predicted * local_ranks;
+  }
   HostMemory host = read_host_memory();
   j["node_memory"] = {{"total_bytes", host.total_bytes}, {"available_bytes", host.available_bytes}};
   return j;
@@ -98,7 +185,9 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
 
 void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
   const int ranks_here = report["ranks_on_node"].get<int>();
-  const int64_t need = with_margin(report["configured"]["per_rank_peak_bytes"].get<int64_t>()) * ranks_here;
+  const int64_t need = report["configured"].contains("predicted")
+                           ? report["configured"]["node_bytes_checked"].get<int64_t>()
+                           : with_margin(report["configured"]["per_rank_peak_bytes"].get<int64_t>()) * ranks_here;
   const int64_t avail = report["node_memory"]["available_bytes"].get<int64_t>();
   if (need <= avail) return;
   const int ranks = report["ranks_on_node"].get<int>();

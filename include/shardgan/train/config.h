@@ -51,6 +51,9 @@ struct TrainConfig {
   int64_t d_steps = 1;            ///< train.d_steps: D steps per G step (BigGAN uses 2)
   std::string loss = "nonsaturating";  ///< train.loss: nonsaturating | hinge
   bool skip_memory_check = false; ///< train.skip_memory_check: skip the memory pre-flight
+  /// train.memory_probe: the pre-flight measures one step's transient memory on a stand-in
+  /// world (train/activation_probe.h) instead of padding the estimate (CPU, no HSDP)
+  bool memory_probe = true;
   /// train.on_nonfinite: skip | abort. What a NaN or Inf in a model's loss or gradients does
   /// (all ranks vote): skip that model's update (parameters, optimizer state and EMA
   /// untouched; counted in metrics.jsonl), or end the job naming the step and the model.

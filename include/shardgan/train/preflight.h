@@ -25,7 +25,10 @@ class MemoryPreflightError : public std::runtime_error {
 /// integer keys generator_params and discriminator_params; per stage 0-3 and model, the
 /// bytes per rank of params, grads, optimizer state, EMA, the largest gathered unit and the
 /// peak; the configured stages' per-node total; and the node's total and available memory
-/// (bytes, /proc/meminfo capped by the cgroup limit).
+/// (bytes, /proc/meminfo capped by the cgroup limit). With cfg.memory_probe on the CPU and
+/// without HSDP it also runs the activation probe (activation_probe.h; 1-20 s, local) and
+/// adds "probe" and configured.predicted: the predicted peak RSS per rank and its terms
+/// (bytes), which check_memory then uses. Throws what building or stepping the models throws.
 nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int world_size, int local_ranks);
 
 /// What a rank needs beyond the estimate, calibrated on measured peak RSS (VmHWM) of BigGAN
@@ -35,8 +38,19 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
 /// The overhead was 1 GiB until the 514.5M-parameter cell at N = 2, stage 3 measured
 /// 5.84 GiB per rank against 4.12 * 1.15 + 1 = 5.74 allowed; 1.25 GiB leaves every cell of
 /// that sweep run with the current allocator settings at least 0.14 GiB under the bound.
+/// These apply only without the probe (train.memory_probe false, run.device cuda, or HSDP).
 inline constexpr double kPreflightFactor = 1.15;
 inline constexpr int64_t kPreflightRankOverheadBytes = int64_t{5} << 28;  // 1.25 GiB
+
+/// With the probe (train.memory_probe, the default on the CPU): the prediction is this
+/// process's RSS at the pre-flight + the persistent state + the data + the probe's
+/// transient bytes at the configured micro-batch + this margin, which covers what neither
+/// sees: MPI's own buffers (libnbc's reduction temporaries, shared-memory segments), the
+/// allocator's free lists and fragmentation, and the final checkpoint save. Without it,
+/// measured VmHWM exceeded the prediction by 90-494 MiB in the 25 cells of the memory sweep
+/// (67M-1.03e9 parameters, N = 1, 2, 4, stages 0-3, docs/benchmarks.md); with 150 MiB every
+/// cell's VmHWM is within 0.96-1.07x of the prediction.
+inline constexpr int64_t kPredictionMarginBytes = int64_t{150} << 20;
 
 /// Local. Throws MemoryPreflightError when the configured stages' estimate, with the margin
 /// above, times `local_ranks` exceeds the node's available memory. The message gives the bytes

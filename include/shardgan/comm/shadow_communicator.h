@@ -1,0 +1,37 @@
+#pragma once
+/// A communicator that stands in for rank 0 of `world_size` ranks and moves no data: what
+/// one rank allocates can be measured without the other ranks and without holding a real
+/// rank's share of the model (the activation probe of the memory pre-flight,
+/// train/activation_probe.h). Values are stand-ins: an all-gather tiles this rank's shard,
+/// a reduce-scatter keeps block 0, a sum all-reduce multiplies by the world size. Buffers
+/// are allocated as MpiCommunicator allocates them: 16-bit reductions stage through
+/// float32, and an async reduce-scatter keeps its staging until wait(). Local, no MPI;
+/// CPU or device tensors alike.
+#include "shardgan/comm/communicator.h"
+
+namespace shardgan {
+
+class ShadowCommunicator final : public Communicator {
+ public:
+  /// `world_size` >= 1; throws std::invalid_argument otherwise.
+  explicit ShadowCommunicator(int world_size);
+  int rank() const override { return 0; }
+  int world_size() const override { return world_size_; }
+  std::string backend() const override { return "shadow"; }
+
+  /// Every block of `full` becomes `shard` (sizes checked as for a real all-gather).
+  void all_gather(at::Tensor& full, const at::Tensor& shard) override;
+  /// Block 0 of `full` (through a float32 copy for 16-bit inputs) into `shard`.
+  void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
+  /// As reduce_scatter, the 16-bit staging held until wait().
+  std::unique_ptr<Work> reduce_scatter_async(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
+  /// kSum multiplies by world_size(); kAvg and kMax leave `t` (16-bit through float32).
+  void all_reduce(at::Tensor& t, ReduceOp op) override;
+  void broadcast(at::Tensor& t, int root) override {}
+  void barrier() override {}
+
+ private:
+  int world_size_;
+};
+
+}  // namespace shardgan

@@ -1,0 +1,71 @@
+#include "shardgan/comm/shadow_communicator.h"
+
+#include <stdexcept>
+#include <string>
+
+#include <torch/torch.h>
+
+namespace shardgan {
+namespace {
+
+bool is_16bit(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+
+// Holds a reduce-scatter's float32 staging until wait(), as MpiWork does.
+class ShadowWork final : public Work {
+ public:
+  ShadowWork(at::Tensor shard, at::Tensor staged_in, at::Tensor staged_out)
+      : shard_(std::move(shard)), in_(std::move(staged_in)), out_(std::move(staged_out)) {}
+  ~ShadowWork() override { wait(); }
+  void wait() override {
+    if (!in_.defined()) return;
+    shard_.copy_(out_);
+    in_ = out_ = at::Tensor();
+  }
+
+ private:
+  at::Tensor shard_, in_, out_;
+};
+
+}  // namespace
+
+ShadowCommunicator::ShadowCommunicator(int world_size) : world_size_(world_size) {
+  if (world_size < 1) throw std::invalid_argument("ShadowCommunicator: world size " + std::to_string(world_size) + " < 1");
+}
+
+void ShadowCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
+  check_block_sizes("all_gather", full, shard);
+  stats_.all_gather_calls++;
+  stats_.all_gather_bytes += full.numel() * full.element_size();
+  torch::NoGradGuard no_grad;
+  full.view({world_size_, shard.numel()}).copy_(shard.view({1, -1}).expand({world_size_, shard.numel()}));
+}
+
+std::unique_ptr<Work> ShadowCommunicator::reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
+                                                               ReduceOp op) {
+  check_block_sizes("reduce_scatter", full, shard);
+  stats_.reduce_scatter_calls++;
+  stats_.reduce_scatter_bytes += full.numel() * full.element_size();
+  torch::NoGradGuard no_grad;
+  if (!is_16bit(full)) {
+    shard.copy_(full.narrow(0, 0, shard.numel()));
+    return std::make_unique<ShadowWork>(shard, at::Tensor(), at::Tensor());
+  }
+  at::Tensor in = full.to(at::kFloat);  // MpiCommunicator's staging: the whole input and the output
+  at::Tensor out = in.narrow(0, 0, shard.numel()).clone();
+  return std::make_unique<ShadowWork>(shard, in, out);
+}
+
+void ShadowCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {
+  reduce_scatter_async(shard, full, op)->wait();
+}
+
+void ShadowCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
+  stats_.all_reduce_calls++;
+  stats_.all_reduce_bytes += t.numel() * t.element_size();
+  torch::NoGradGuard no_grad;
+  at::Tensor buf = is_16bit(t) ? t.to(at::kFloat) : t;
+  if (op == ReduceOp::kSum) buf.mul_(world_size_);
+  if (is_16bit(t)) t.copy_(buf);
+}
+
+}  // namespace shardgan

@@ -1,0 +1,118 @@
+#include "shardgan/train/activation_probe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <stdexcept>
+
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "shardgan/comm/shadow_communicator.h"
+#include "shardgan/models/family.h"
+#include "shardgan/train/trainer.h"
+
+namespace shardgan {
+namespace {
+
+// Bytes allocated minus freed on the CPU since the reporter was installed, and their peak.
+// Blocks allocated before are not seen when freed, so the count errs high, never low.
+struct PeakReporter final : c10::MemoryReportingInfoBase {
+  std::atomic<int64_t> current{0}, peak{0};
+  void reportMemoryUsage(void*, int64_t size, size_t, size_t, c10::Device device) override {
+    if (!device.is_cpu()) return;
+    const int64_t now = current.fetch_add(size) + size;
+    int64_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+};
+
+constexpr int kShadowWorld = 64;  // shards of 1/64: small next to the gathered units
+
+int64_t probe_once(const TrainConfig& cfg, int64_t micro_batch, const std::string& dir) {
+  TrainConfig p = cfg;
+  p.steps = 1;
+  p.d_steps = 1;
+  p.micro_batches = 1;
+  p.global_batch = micro_batch * kShadowWorld;
+  p.run_dir = dir;
+  p.preempt_grace_s = 0;
+  p.on_nonfinite = "skip";
+  p.max_nonfinite_steps = 1000;
+  for (OptimizerConfig* oc : {&p.g_optim, &p.d_optim}) oc->offload = OffloadConfig{};
+  ShadowCommunicator shadow(kShadowWorld);
+  if (!p.family) throw std::invalid_argument(p.source + ": no model family (model.arch) was read");
+  const ModelFamily* family = p.family.get();
+  const ImageShape s = family->image_shape();
+  at::Tensor images = torch::rand({p.global_batch, s.channels, s.height, s.width}, torch::dtype(p.model_dtype)) * 2 - 1;
+  at::Tensor labels;
+  if (family->num_classes() > 0) labels = torch::randint(family->num_classes(), {p.global_batch}, torch::kLong);
+  Trainer trainer(p, shadow, images, labels);
+  auto reporter = std::make_shared<PeakReporter>();
+  {
+    c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, reporter);
+    try {
+      trainer.train_step();
+    } catch (const NonFiniteError&) {  // stand-in values may overflow; the passes ran
+    }
+  }
+  return reporter->peak.load();
+}
+
+}  // namespace
+
+int64_t ActivationProbe::bytes_at(int64_t micro_batch) const {
+  if (micro_batch_b == 0) return peak_a_bytes;
+  const double v = static_cast<double>(peak_a_bytes) + (micro_batch - micro_batch_a) * bytes_per_sample();
+  return std::max<int64_t>(static_cast<int64_t>(v), micro_batch >= micro_batch_b ? peak_b_bytes : 0);
+}
+
+double ActivationProbe::bytes_per_sample() const {
+  if (micro_batch_b == 0) return 0;
+  return std::max(0.0, static_cast<double>(peak_b_bytes - peak_a_bytes) / static_cast<double>(micro_batch_b - micro_batch_a));
+}
+
+ActivationProbe probe_step_memory(const TrainConfig& cfg, const std::string& work_dir, int64_t micro_batch_a,
+                                  int64_t micro_batch_b) {
+  if (micro_batch_a < 1 || (micro_batch_b != 0 && micro_batch_b <= micro_batch_a)) {
+    throw std::invalid_argument("activation probe: micro-batches " + std::to_string(micro_batch_a) + " and " +
+                                std::to_string(micro_batch_b) + " (need 1 <= a < b, or b = 0)");
+  }
+  if (cfg.compute_device.is_cuda()) {
+    throw std::invalid_argument("train.memory_probe: measures host allocations only; off with run.device=cuda");
+  }
+  if (cfg.g_replicate_degree != 1 || cfg.d_replicate_degree != 1) {
+    throw std::invalid_argument("train.memory_probe: not available with hybrid sharding (replicate_degree != 1)");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto level = spdlog::get_level();
+  spdlog::set_level(spdlog::level::warn);  // the stand-in trainer's own info lines
+  ActivationProbe r;
+  r.shadow_world = kShadowWorld;
+  r.micro_batch_a = micro_batch_a;
+  r.micro_batch_b = micro_batch_b;
+  try {
+    r.peak_a_bytes = probe_once(cfg, r.micro_batch_a, work_dir);
+    if (r.micro_batch_b > 0) r.peak_b_bytes = probe_once(cfg, r.micro_batch_b, work_dir);
+  } catch (...) {
+    spdlog::set_level(level);
+    std::filesystem::remove_all(work_dir);
+    throw;
+  }
+  spdlog::set_level(level);
+  std::filesystem::remove_all(work_dir);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+ActivationProbe probe_step_memory(const TrainConfig& cfg, const std::string& work_dir, int64_t micro_batch) {
+  if (micro_batch <= kProbeExactMaxBatch) return probe_step_memory(cfg, work_dir, std::max<int64_t>(micro_batch, 1), 0);
+  return probe_step_memory(cfg, work_dir, kProbeExactMaxBatch, 2 * kProbeExactMaxBatch);
+}
+
+}  // namespace shardgan
