@@ -14,8 +14,10 @@
 #include <torch/torch.h>
 
 #include "progress_thread.h"
+#include "reduced_float.h"
 
 namespace shardgan {
+using detail::is_16bit_float;
 namespace {
 
 MPI_Datatype mpi_type(at::ScalarType t) {
@@ -40,10 +42,6 @@ MPI_Op mpi_op(ReduceOp op) {
     case ReduceOp::kMax: return MPI_MAX;
   }
   return MPI_SUM;
-}
-
-bool is_16bit_float(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
 }
 
 void check_cpu_contiguous(const at::Tensor& t, const char* op, const char* arg, int rank) {

@@ -15,8 +15,10 @@
 
 #include "shardgan/comm/mpi_communicator.h"
 #include "comm/counted.h"
+#include "comm/reduced_float.h"
 
 namespace shardgan {
+using detail::is_16bit_float;
 using detail::counted;
 namespace {
 
@@ -43,10 +45,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
     case ReduceOp::kMax: return ncclMax;
   }
   return ncclSum;
-}
-
-bool is_16bit_float(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
 }
 
 void check_cuda_contiguous(const at::Tensor& t, const char* op, const char* arg, int rank,

@@ -6,8 +6,7 @@
 
 namespace shardgan {
 
-ProgressThread::ProgressThread(MPI_Comm comm, std::chrono::microseconds interval)
-    : interval_(std::max(interval, std::chrono::microseconds(1))) {
+ProgressThread::ProgressThread(MPI_Comm comm, std::chrono::microseconds interval) : interval_(interval) {
   int provided = MPI_THREAD_SINGLE;
   MPI_Query_thread(&provided);
   if (provided < MPI_THREAD_MULTIPLE) {

@@ -5,10 +5,11 @@
 
 #include <torch/torch.h>
 
-namespace shardgan {
-namespace {
+#include "reduced_float.h"
 
-bool is_16bit(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+namespace shardgan {
+using detail::is_16bit_float;
+namespace {
 
 // Holds a reduce-scatter's float32 staging until wait(), as MpiWork does.
 class ShadowWork final : public Work {
@@ -46,7 +47,7 @@ std::unique_ptr<Work> ShadowCommunicator::reduce_scatter_async(at::Tensor& shard
   stats_.reduce_scatter_calls++;
   stats_.reduce_scatter_bytes += full.numel() * full.element_size();
   torch::NoGradGuard no_grad;
-  if (!is_16bit(full)) {
+  if (!is_16bit_float(full)) {
     shard.copy_(full.narrow(0, 0, shard.numel()));
     return std::make_unique<ShadowWork>(shard, at::Tensor(), at::Tensor());
   }
@@ -63,9 +64,9 @@ void ShadowCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
   stats_.all_reduce_calls++;
   stats_.all_reduce_bytes += t.numel() * t.element_size();
   torch::NoGradGuard no_grad;
-  at::Tensor buf = is_16bit(t) ? t.to(at::kFloat) : t;
+  at::Tensor buf = is_16bit_float(t) ? t.to(at::kFloat) : t;
   if (op == ReduceOp::kSum) buf.mul_(world_size_);
-  if (is_16bit(t)) t.copy_(buf);
+  if (is_16bit_float(t)) t.copy_(buf);
 }
 
 }  // namespace shardgan

@@ -139,9 +139,11 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   // persistent training state (exact, the code's own accounting), the data, and one step's
   // transient bytes as the probe measured them at this micro-batch, plus
   // kPredictionMarginBytes.
+  // The node's memory is read once, before the probe: the ranks' probes are transient.
+  const HostMemory host = read_host_memory();
+  const int64_t rss_before = current_rss_bytes();
   if (cfg.memory_probe && !cfg.compute_device.is_cuda() && cfg.g_replicate_degree == 1 && cfg.d_replicate_degree == 1 &&
-      current_rss_bytes() > 0) {
-    const int64_t rss_before = current_rss_bytes();
+      rss_before > 0) {
     const int64_t micro = std::max<int64_t>(1, cfg.global_batch / cfg.micro_batches / world_size);
     const int64_t persistent =
         ge[cfg.g_sharding.stage].persistent_bytes() + de[cfg.d_sharding.stage].persistent_bytes();
@@ -151,7 +153,7 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     // refuse without it, using the estimate's bound on the transient buffers instead.
     const int64_t floor_bytes = rss_before + persistent + data + kPredictionMarginBytes;
     int64_t rss_now = rss_before, transient = 0;
-    if (floor_bytes * local_ranks > read_host_memory().available_bytes) {
+    if (floor_bytes * local_ranks > host.available_bytes) {
       transient = ge[cfg.g_sharding.stage].transient_bytes() + de[cfg.d_sharding.stage].transient_bytes();
       j["probe"] = {{"skipped", "the persistent state alone exceeds the available memory; the transient "
                                 "term is the estimate's bound"}};
@@ -178,19 +180,17 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
                                     {"vmhwm_bytes_per_rank", predicted}};
     j["configured"]["node_bytes_checked"] = predicted * local_ranks;
   }
-  HostMemory host = read_host_memory();
   j["node_memory"] = {{"total_bytes", host.total_bytes}, {"available_bytes", host.available_bytes}};
   return j;
 }
 
 void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
-  const int ranks_here = report["ranks_on_node"].get<int>();
+  const int ranks = report["ranks_on_node"].get<int>();
   const int64_t need = report["configured"].contains("predicted")
                            ? report["configured"]["node_bytes_checked"].get<int64_t>()
-                           : with_margin(report["configured"]["per_rank_peak_bytes"].get<int64_t>()) * ranks_here;
+                           : with_margin(report["configured"]["per_rank_peak_bytes"].get<int64_t>()) * ranks;
   const int64_t avail = report["node_memory"]["available_bytes"].get<int64_t>();
   if (need <= avail) return;
-  const int ranks = report["ranks_on_node"].get<int>();
   std::string fits;
   for (int s = 0; s < 4 && fits.empty(); ++s) {
     const int64_t n = with_margin(report["per_rank"]["stage" + std::to_string(s)]["total_peak_bytes"].get<int64_t>()) * ranks;

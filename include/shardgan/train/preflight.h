@@ -43,13 +43,14 @@ inline constexpr double kPreflightFactor = 1.15;
 inline constexpr int64_t kPreflightRankOverheadBytes = int64_t{5} << 28;  // 1.25 GiB
 
 /// With the probe (train.memory_probe, the default on the CPU): the prediction is this
-/// process's RSS at the pre-flight + the persistent state + the data + the probe's
+/// process's RSS after the probe + the persistent state + the data + the probe's
 /// transient bytes at the configured micro-batch + this margin, which covers what neither
 /// sees: MPI's own buffers (libnbc's reduction temporaries, shared-memory segments), the
 /// allocator's free lists and fragmentation, and the final checkpoint save. Without it,
-/// measured VmHWM exceeded the prediction by 90-494 MiB in the 25 cells of the memory sweep
-/// (67M-1.03e9 parameters, N = 1, 2, 4, stages 0-3, docs/benchmarks.md); with 150 MiB every
-/// cell's VmHWM is within 0.96-1.07x of the prediction.
+/// measured VmHWM exceeded the prediction by 35-531 MiB in every cell of the memory sweep;
+/// with 150 MiB, all 29 cells that trained (67M-1.03e9 parameters, N = 1, 2, 4, stages 0-3,
+/// 1-128 samples per rank, docs/benchmarks.md) are within 0.95-1.07x of the prediction.
+/// A fit on that sweep (one machine, tcmalloc), not a derivation.
 inline constexpr int64_t kPredictionMarginBytes = int64_t{150} << 20;
 
 /// Local. Throws MemoryPreflightError when the configured stages' estimate, with the margin
