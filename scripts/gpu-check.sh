@@ -12,8 +12,15 @@
 # NCCL refuses two ranks on one GPU, so multi-rank NCCL needs a machine with several GPUs:
 # with GPUS=N (N >= 2) step 2 also runs N ranks at stage 3.
 #
-# Build: uses build/ when it has shardgan-train; otherwise configures one with the torch of
-# SHARDGAN_PYTHON (default: .venv/bin/python, else /opt/torch/.venv/bin/python).
+#   5. (BIG=1, the default) the 1.03e9-parameter BigGAN of configs/biggan-1b.yaml on one GPU,
+#      bfloat16 compute, 5 steps: step time and device memory beside the ZeRO formula.
+#
+# Build: uses $SHARDGAN_BUILD (default build/) when it has shardgan-train; otherwise
+# configures build/ with the torch of SHARDGAN_PYTHON (default: .venv/bin/python, else
+# /opt/torch/.venv/bin/python). On a machine without our Debian packages, source the env.sh
+# of scripts/gpu-bundle.sh first: it sets SHARDGAN_BUILD, SHARDGAN_DATA (Fashion-MNIST's
+# folder) and SHARDGAN_SINGLETON (1-rank cells start the binary itself, a singleton MPI
+# process, instead of mpirun).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
@@ -28,26 +35,45 @@ fi
 log "machine: $(head -1 "$R/gpus.txt"); $(nproc) cores; $(date -u +%FT%TZ)"
 PY=${SHARDGAN_PYTHON:-}
 [ -z "$PY" ] && { [ -x .venv/bin/python ] && PY=$PWD/.venv/bin/python || PY=/opt/torch/.venv/bin/python; }
-if [ ! -x build/shardgan-train ] || [ ! -x build/tests/test_gpu ]; then
+B=${SHARDGAN_BUILD:-build}
+DATA=()
+[ -n "${SHARDGAN_DATA:-}" ] && DATA=(--set data.path="$SHARDGAN_DATA")
+launch() {  # np, arguments of shardgan-train; runs at most ${LAUNCH_TIMEOUT:-600} s
+  local np=$1; shift
+  if [ "$np" -eq 1 ] && [ -n "${SHARDGAN_SINGLETON:-}" ]; then
+    timeout "${LAUNCH_TIMEOUT:-600}" "$B/shardgan-train" "$@"
+  else
+    timeout "${LAUNCH_TIMEOUT:-600}" mpirun -np "$np" --oversubscribe "$B/shardgan-train" "$@"
+  fi
+}
+if [ -z "${SHARDGAN_BUILD:-}" ] && { [ ! -x build/shardgan-train ] || [ ! -x build/tests/test_gpu ]; }; then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSHARDGAN_PYTHON="$PY" > "$R/cmake.txt" 2>&1 \
     || { log "cmake failed: see $R/cmake.txt"; tail -20 "$R/cmake.txt"; exit 1; }
   cmake --build build -j "$(nproc)" --target shardgan-train test_gpu > "$R/build.txt" 2>&1 \
     || { log "build failed: see $R/build.txt"; tail -30 "$R/build.txt"; exit 1; }
 fi
-build/shardgan-train --version > "$R/version.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$R/gpus.txt" 2>&1
+"$B/shardgan-train" --version > "$R/version.txt" 2>&1
 log "$(grep -iE 'torch|cuda|nccl' "$R/version.txt" | tr '\n' ';')"
 
 fails=0
 # 1. The gpu tests.
-(cd build && ctest -L gpu --output-on-failure) > "$R/ctest-gpu.txt" 2>&1 && log "PASS: ctest -L gpu" \
-  || { log "FAIL: ctest -L gpu (see $R/ctest-gpu.txt)"; fails=$((fails + 1)); }
-grep -E "^\[ +(OK|FAILED|SKIPPED) +\]" build/Testing/Temporary/LastTest.log 2>/dev/null | tee -a "$R/summary.txt"
+if [ -f "$B/CTestTestfile.cmake" ]; then
+  (cd "$B" && ctest -L gpu --output-on-failure) > "$R/ctest-gpu.txt" 2>&1 && log "PASS: ctest -L gpu" \
+    || { log "FAIL: ctest -L gpu (see $R/ctest-gpu.txt)"; fails=$((fails + 1)); }
+  cp "$B/Testing/Temporary/LastTest.log" "$R/ctest-gpu-full.txt" 2>/dev/null
+else  # a bundle: the test binary itself (a singleton MPI process, as ctest runs it with -np 1)
+  "$B/tests/test_gpu" > "$R/ctest-gpu.txt" 2>&1 && log "PASS: test_gpu" \
+    || { log "FAIL: test_gpu (see $R/ctest-gpu.txt)"; fails=$((fails + 1)); }
+  cp "$R/ctest-gpu.txt" "$R/ctest-gpu-full.txt"
+fi
+grep -E "^\[ +(OK|FAILED|SKIPPED) +\]" "$R/ctest-gpu-full.txt" | tee -a "$R/summary.txt"
 
 # 2./3. 200 demo steps per cell. Peak device memory: the largest `memory.used` nvidia-smi
 # reports while the run lasts (includes the CUDA context, ~0.5 GiB).
 STEPS=${STEPS:-200}
-run_cell() {  # name, np, extra args...
-  local name=$1 np=$2; shift 2
+run_cell() {  # name, np, config, extra args...
+  local name=$1 np=$2 cfg=$3; shift 3
   local dir="$R/$name" mon=""
   rm -rf "$dir"
   if [[ "$name" == cuda* ]]; then
@@ -55,32 +81,48 @@ run_cell() {  # name, np, extra args...
       > "$R/$name.mem" 2>/dev/null &
     mon=$!
   fi
-  mpirun -np "$np" --oversubscribe build/shardgan-train configs/fmnist-dcgan.yaml --set run.dir="$dir" \
-    --set train.steps="$STEPS" --set eval.enabled=false --set train.plots=false "$@" > "$R/$name.log" 2>&1
+  local t0=$SECONDS
+  LAUNCH_TIMEOUT=${CELL_TIMEOUT:-300} launch "$np" "$cfg" --set run.dir="$dir" --set eval.enabled=false \
+    --set train.plots=false "${DATA[@]}" "$@" > "$R/$name.log" 2>&1
   local rc=$?
   [ -n "$mon" ] && kill "$mon" 2>/dev/null
-  mpirun -np "$np" --oversubscribe build/shardgan-train configs/fmnist-dcgan.yaml --set run.dir="$dir.dry" \
-    --dry-run "$@" > "$R/$name.dry.json" 2>/dev/null
+  log "$name: rc $rc after $((SECONDS - t0)) s"
+  launch "$np" "$cfg" --set run.dir="$dir.dry" --dry-run "${DATA[@]}" "$@" > "$R/$name.dry.json" 2>/dev/null
   "$PY" - "$name" "$dir/metrics.jsonl" "$R/$name.mem" "$R/$name.dry.json" "$rc" >> "$R/cells.jsonl" <<'PY'
 import json, statistics, sys, os
 name, metrics, mem, dry, rc = sys.argv[1:6]
 rows = [json.loads(l) for l in open(metrics)] if os.path.exists(metrics) else []
 steps = [r["step_time_s"] for r in rows if "step_time_s" in r][2:]
 peak = max((int(x) for x in open(mem) if x.strip().isdigit()), default=None) if os.path.exists(mem) else None
+used = max((r["device_mem_used_bytes"] for r in rows if "device_mem_used_bytes" in r), default=None)
 try:
     d = json.load(open(dry))
 except Exception:
     d = {}
 print(json.dumps({"cell": name, "rc": int(rc), "steps": len(rows), "median_step_s": statistics.median(steps) if steps else None,
-                  "peak_device_mib": peak, "preflight": d.get("per_rank", d)}))
+                  "peak_device_mib": peak, "device_used_after_step_mib": used and used // 2**20,
+                  "loss_d_last": rows[-1]["loss_d"] if rows else None, "preflight": d.get("per_rank", d)}))
 PY
-  [ $rc -eq 0 ] && log "PASS: $name ($STEPS steps)" || { log "FAIL: $name exited $rc (see $R/$name.log)"; fails=$((fails + 1)); }
+  [ $rc -eq 0 ] && log "PASS: $name" || { log "FAIL: $name exited $rc (see $R/$name.log)"; fails=$((fails + 1)); }
 }
-run_cell cuda-stage3 1 --set run.device=cuda --set sharding.generator.stage=3 --set sharding.discriminator.stage=3
-run_cell cuda-stage0 1 --set run.device=cuda --set sharding.generator.stage=0 --set sharding.discriminator.stage=0
-run_cell cpu-stage3 1 --set run.device=cpu --set sharding.generator.stage=3 --set sharding.discriminator.stage=3
+DEMO=(configs/fmnist-dcgan.yaml --set train.steps="$STEPS" --set train.log_every=1)
+run_cell cuda-stage3 1 "${DEMO[@]}" --set run.device=cuda --set sharding.generator.stage=3 --set sharding.discriminator.stage=3
+run_cell cuda-stage0 1 "${DEMO[@]}" --set run.device=cuda --set sharding.generator.stage=0 --set sharding.discriminator.stage=0
+run_cell cpu-stage3 1 "${DEMO[@]}" --set run.device=cpu --set sharding.generator.stage=3 --set sharding.discriminator.stage=3
+# Mixed precision and offload on the GPU, same 200 steps at stage 3 (bounds: none; each must
+# train without a non-finite step, which the summary's loss_d_last and the log show).
+S3=(--set run.device=cuda --set sharding.generator.stage=3 --set sharding.discriminator.stage=3)
+run_cell cuda-bf16 1 "${DEMO[@]}" "${S3[@]}" --set sharding.generator.compute_dtype=bfloat16 \
+  --set sharding.discriminator.compute_dtype=bfloat16
+run_cell cuda-fp16 1 "${DEMO[@]}" "${S3[@]}" --set sharding.generator.compute_dtype=float16 \
+  --set sharding.discriminator.compute_dtype=float16
+run_cell cuda-offload-cpu 1 "${DEMO[@]}" "${S3[@]}" --set offload.generator.optimizer=cpu \
+  --set offload.discriminator.optimizer=cpu
+run_cell cuda-offload-disk 1 "${DEMO[@]}" "${S3[@]}" --set offload.generator.optimizer=disk \
+  --set offload.discriminator.optimizer=disk --set offload.generator.param=disk --set offload.discriminator.param=disk \
+  --set ema.enabled=false
 if [ "${GPUS:-1}" -ge 2 ]; then
-  run_cell "cuda-stage3-np$GPUS" "$GPUS" --set run.device=cuda
+  run_cell "cuda-stage3-np$GPUS" "$GPUS" "${DEMO[@]}" --set run.device=cuda
 fi
 cat "$R/cells.jsonl" | tee -a "$R/summary.txt"
 
@@ -111,10 +153,25 @@ sys.exit(1 if bad or last is None else 0)
 PY
 
 # 4. The stage-3 GPU checkpoint resumed on the CPU, one more step.
-mpirun -np 1 build/shardgan-train configs/fmnist-dcgan.yaml --set run.dir="$R/cpu-resume" --set run.device=cpu \
+launch 1 configs/fmnist-dcgan.yaml --set run.dir="$R/cpu-resume" --set run.device=cpu "${DATA[@]}" \
   --set sharding.generator.stage=3 --set sharding.discriminator.stage=3 --set eval.enabled=false \
   --set train.steps=$((STEPS + 1)) --resume "$R/cuda-stage3" > "$R/cpu-resume.log" 2>&1 \
   && log "PASS: the GPU checkpoint resumed on the CPU" \
   || { log "FAIL: resuming the GPU checkpoint on the CPU (see $R/cpu-resume.log)"; fails=$((fails + 1)); }
+launch 1 configs/fmnist-dcgan.yaml --set run.dir="$R/cuda-resume" --set run.device=cuda "${DATA[@]}" \
+  --set sharding.generator.stage=3 --set sharding.discriminator.stage=3 --set eval.enabled=false \
+  --set train.steps=$((STEPS + 1)) --resume "$R/cpu-stage3" > "$R/cuda-resume.log" 2>&1 \
+  && log "PASS: the CPU checkpoint resumed on the GPU" \
+  || { log "FAIL: resuming the CPU checkpoint on the GPU (see $R/cuda-resume.log)"; fails=$((fails + 1)); }
+
+# 5. The 1.03e9 BigGAN on one GPU (synthetic data, bfloat16 compute, float32 master state).
+if [ "${BIG:-1}" = 1 ]; then
+  rm -f "$R/cells.jsonl.big"; mv "$R/cells.jsonl" "$R/cells.jsonl.demo"
+  CELL_TIMEOUT=${BIG_TIMEOUT:-240} run_cell cuda-biggan-1b 1 configs/biggan-1b.yaml --set run.device=cuda \
+    --set train.steps=5 --set train.global_batch="${BIG_BATCH:-8}"
+  cat "$R/cells.jsonl" | tee -a "$R/summary.txt"; cat "$R/cells.jsonl" >> "$R/cells.jsonl.demo"
+  mv "$R/cells.jsonl.demo" "$R/cells.jsonl"
+  rm -rf "$R/cuda-biggan-1b/checkpoints"  # 12 GB of float32 state
+fi
 log "$fails failed"
 [ $fails -eq 0 ]

@@ -57,6 +57,7 @@ TEST(DeviceResolve, CpuIsCpuAndCudaNeedsAVisibleGpu) {
   if (!cuda_compiled_in()) GTEST_SKIP() << "no CUDA runtime compiled in";
   const int n = cuda_device_count();  // loads libtorch_cuda.so: must work without a GPU too
   if (n == 0) {
+    EXPECT_EQ(device_memory_used_bytes(), -1);  // no GPU in use: metrics.jsonl gets no device column
     try {
       resolve_device("cuda", 0, "t.yaml");
       ADD_FAILURE() << "run.device=cuda was accepted without a GPU";
@@ -66,6 +67,7 @@ TEST(DeviceResolve, CpuIsCpuAndCudaNeedsAVisibleGpu) {
     }
   } else {
     EXPECT_EQ(resolve_device("cuda", 0, "t.yaml"), c10::Device(c10::kCUDA, 0));
+    EXPECT_GT(device_memory_used_bytes(), 0);  // the context at least
     EXPECT_THROW(resolve_device("cuda", n, "t.yaml"), DeviceError);  // more local ranks than GPUs
   }
 }

@@ -10,6 +10,7 @@
 #include "shardgan/comm/shadow_communicator.h"
 #include "shardgan/train/activation_probe.h"
 #include "shardgan/train/config.h"
+#include "shardgan/train/preflight.h"
 
 using namespace shardgan;
 
@@ -70,6 +71,45 @@ TEST(ActivationProbe, RefusesHybridSharding) {
   TrainConfig cfg = dcgan("/tmp/shardgan-probe-hsdp");
   cfg.g_replicate_degree = 2;
   EXPECT_THROW(probe_step_memory(cfg, "/tmp/shardgan-probe-hsdp/p", 2), std::invalid_argument);
+}
+
+}  // namespace
+
+namespace {
+
+// check_memory's suggestion of a stage that fits uses the prediction when there is one: the
+// configured prediction with that stage's persistent state. Numbers (GiB) chosen so that the
+// old padded bound (estimate x 1.15 + 1.25 GiB per rank) would find no stage that fits.
+TEST(MemoryPreflight, SuggestedStageUsesThePrediction) {
+  const int64_t G = int64_t{1} << 30;
+  auto stage = [&](int64_t peak, int64_t transient) {
+    nlohmann::json m = {{"peak_bytes", peak * G}, {"transient_bytes", transient * G}};
+    return nlohmann::json{{"generator", m}, {"discriminator", m}, {"total_peak_bytes", 2 * peak * G}};
+  };
+  nlohmann::json r;
+  r["ranks_on_node"] = 2;
+  r["per_rank"]["stage0"] = stage(10, 1);  // persistent 9 + 9
+  r["per_rank"]["stage1"] = stage(10, 1);
+  r["per_rank"]["stage2"] = stage(10, 1);
+  r["per_rank"]["stage3"] = stage(3, 2);  // persistent 1 + 1; transient bound 2 GiB above stage 0's
+  r["configured"] = {{"generator_stage", 0}, {"discriminator_stage", 0}, {"per_rank_peak_bytes", 20 * G},
+                     {"node_bytes_checked", 42 * G}, {"predicted", {{"vmhwm_bytes_per_rank", 21 * G}}}};
+  r["node_memory"] = {{"total_bytes", 24 * G}, {"available_bytes", 15 * G}};
+  // (21 - 18 + 2 + 2) GiB per rank, 2 ranks; the old bound: (6 x 1.15 + 1.25) x 2 = 16.3 GiB
+  EXPECT_EQ(stage_need_bytes(r, 3), 14 * G);
+  EXPECT_EQ(stage_need_bytes(r, 0), 42 * G);  // the configured stages give the prediction back
+  TrainConfig cfg;
+  cfg.source = "t.yaml";
+  try {
+    check_memory(cfg, r);
+    ADD_FAILURE() << "42 GiB against 15 GiB available was not refused";
+  } catch (const MemoryPreflightError& e) {
+    EXPECT_NE(std::string(e.what()).find("ZeRO stage 3 for both models would need 14.00 GiB and fits"),
+              std::string::npos) << e.what();
+  }
+  r["configured"].erase("predicted");  // without a probe: the padded bound, and nothing fits
+  r["configured"]["node_bytes_checked"] = 2 * (23 * G + (int64_t{5} << 28));
+  EXPECT_GT(stage_need_bytes(r, 3), 15 * G);
 }
 
 }  // namespace

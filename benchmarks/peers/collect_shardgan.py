@@ -47,7 +47,11 @@ def main():
            "time_collective_s": [r.get("time_collective_s") for r in steps],
            "global_batch": int(cfg["train.global_batch"]), "d_steps": int(cfg.get("train.d_steps", 1)),
            "loss": cfg.get("train.loss"), "loss_rtol_step1": r1, "reduction_sqrt_sum": s,
-           "backend": "mpi", "note": a.note}
+           "note": a.note}
+    # On a GPU: cudaMemGetInfo's bytes in use after each step (context included), largest
+    used = [r["device_mem_used_bytes"] for r in steps if "device_mem_used_bytes" in r]
+    rec.update({"backend": "nccl", "device": "cuda", "cuda_used_after_step_mib": max(used) // 2**20} if used
+               else {"backend": "mpi", "device": "cpu"})
     line = json.dumps(rec)
     print(line)
     if a.out:

@@ -59,7 +59,7 @@ class _SyncBatchNormFn(torch.autograd.Function):
         c = x.size(1)
         dims = [0, 2, 3]
         xd = x.to(torch.float64)
-        stats = torch.empty(2 * c + 1, dtype=torch.float64)
+        stats = torch.empty(2 * c + 1, dtype=torch.float64, device=x.device)
         stats[:c].copy_(xd.sum(dims))
         stats[c:2 * c].copy_((xd * xd).sum(dims))
         stats[2 * c] = float(x.numel() // c)

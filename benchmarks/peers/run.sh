@@ -18,6 +18,11 @@
 #   CONFIGS   folder with fmnist-dcgan.yaml and biggan-1b.yaml         [configs]
 #   WORK      scratch: data, step-0 checkpoints, run dirs, logs        [runs/peers]
 #   PLOT      the plot's path, '' for none                    [docs/images/peers.png]
+#   DEVICE    cpu, or cuda: shardgan with run.device=cuda, the peers on cuda:<local rank> over
+#             NCCL with torch's fused Adam (one GPU per rank)                   [cpu]
+#   FMNIST    Fashion-MNIST's folder                  [/usr/share/datasets/fashion-mnist]
+#   SHARDGAN_SINGLETON=1  1-rank shardgan runs start the binary itself, not mpirun (a machine
+#             without Open MPI's launcher: scripts/gpu-bundle.sh)
 #   WAIT_QUIET=S  before the first cell and each cell, wait up to S seconds for no
 #             compiler (cc1plus) to run                                [0]
 # Each cell's line says "quiet" or "contended" (a cc1plus ran before or after it) in `note`,
@@ -36,6 +41,13 @@ SYSTEMS=${SYSTEMS:-shardgan fsdp2 ddp}
 SG_STAGES=${SG_STAGES:-0 2 3}
 FSDP_STAGES=${FSDP_STAGES:-3 2}
 PEERS=benchmarks/peers
+DEVICE=${DEVICE:-cpu}
+FMNIST=${FMNIST:-/usr/share/datasets/fashion-mnist}
+sg_train() {  # ranks, arguments of shardgan-train
+  local n=$1; shift
+  if [ "$n" -eq 1 ] && [ -n "${SHARDGAN_SINGLETON:-}" ]; then "$BUILD/shardgan-train" "$@"
+  else mpirun -np "$n" --oversubscribe "$BUILD/shardgan-train" "$@"; fi
+}
 [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export PYTHONWARNINGS=ignore::FutureWarning   # DDP's broadcast_buffers notice
 unset OMP_NUM_THREADS                         # both sides pick cores / ranks themselves
@@ -54,18 +66,19 @@ wait_quiet
 machine() { echo "$1: $(date -Is) uptime:$(uptime) compiler: $(compiling && echo running || echo none)"; }
 { machine start; grep -m1 "model name" /proc/cpuinfo; echo "cores: $(nproc), $(free -g | awk '/Mem:/ {print $2}') GiB"
   "$BUILD/shardgan-train" --version 2>/dev/null | head -2; echo "binary: $BUILD/shardgan-train, $(stat -c %y "$BUILD/shardgan-train")"
-  "$PY" -c 'import torch; print("peers: torch", torch.__version__, "over gloo")'; } >> "$OUT.machine.txt"
+  "$PY" -c 'import torch; print("peers: torch", torch.__version__, "over", "nccl" if "'"$DEVICE"'" == "cuda" else "gloo")'
+  [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } >> "$OUT.machine.txt"
 
 DATA=$WORK/fmnist.h5
 if [ ! -f "$DATA" ]; then
-  "$BUILD/shardgan-data" convert /usr/share/datasets/fashion-mnist -o "$DATA" || exit 1
+  "$BUILD/shardgan-data" convert "$FMNIST" -o "$DATA" || exit 1
 fi
 
 # Common settings: the converted Fashion-MNIST read per rank (data.source hdf5), a line of
 # metrics per step, nothing periodic, no EMA (the peers have none), float32 compute.
 COMMON=(--set data.source=hdf5 --set data.path="$DATA" --set train.log_every=1
         --set train.sample_every=0 --set train.checkpoint_every=0 --set train.keep_checkpoints=1
-        --set train.plots=false --set ema.enabled=false)
+        --set train.plots=false --set ema.enabled=false --set run.device="$DEVICE")
 model_args() {  # config and --set arguments of a size
   case "$1" in
     dcgan) echo $CONFIGS/fmnist-dcgan.yaml ;;
@@ -87,7 +100,7 @@ for model in $MODELS; do
   CK=$WORK/$model/step0/checkpoints/step-00000000
   if [ ! -f "$CK/index.h5" ]; then   # shardgan's step 0: the initial weights of every run
     rm -rf "$WORK/$model/step0"; mkdir -p "$WORK/$model"
-    mpirun -np 1 "$BUILD/shardgan-train" "${MARGS[@]}" "${COMMON[@]}" --set run.dir="$WORK/$model/step0" \
+    sg_train 1 "${MARGS[@]}" "${COMMON[@]}" --set run.dir="$WORK/$model/step0" \
       --set train.steps=0 --set sharding.generator.stage=0 --set sharding.discriminator.stage=0 \
       > "$WORK/$model/step0.log" 2>&1 || { echo "[peers] $model: step-0 checkpoint failed (see $WORK/$model/step0.log)"; exit 1; }
   fi
@@ -101,11 +114,18 @@ for model in $MODELS; do
         rec=$WORK/$model/$tag.json
         rm -f "$rec"
         before=$(state)
+        # On a GPU: the device's memory in use (nvidia-smi, every 0.2 s) while the cell runs;
+        # its largest value goes in the cell's line as gpu_peak_mib (the context included).
+        mon=""
+        if [ "$DEVICE" = cuda ]; then
+          nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$WORK/$model/$tag.gpu" 2>/dev/null &
+          mon=$!
+        fi
         t0=$(date +%s)
         if [ "$sys" = shardgan ]; then
           run=$WORK/$model/$tag
           rm -rf "$run"
-          mpirun -np "$n" --oversubscribe "$BUILD/shardgan-train" "${MARGS[@]}" "${COMMON[@]}" \
+          sg_train "$n" "${MARGS[@]}" "${COMMON[@]}" \
             --set run.dir="$run" --set train.steps="$STEPS" \
             --set sharding.generator.stage="$st" --set sharding.discriminator.stage="$st" > "$log" 2>&1
           rc=$?
@@ -120,13 +140,18 @@ for model in $MODELS; do
           OMP_NUM_THREADS=$(( $(nproc) / n > 0 ? $(nproc) / n : 1 )) \
           "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" $PEERS/train_peer.py \
             --ckpt "$CK" --data "$DATA" --system "$sys" --stage "$st" --steps "$STEPS" --model "$model" \
-            --out "$rec" > "$log" 2>&1
+            --out "$rec" --device "$DEVICE" > "$log" 2>&1
           rc=$?
         fi
         after=$(state)
+        [ -n "$mon" ] && kill "$mon" 2>/dev/null
         # the cell's line, with the machine state before and after it in `note`
-        [ -s "$rec" ] && "$PY" -c 'import json, sys; r = json.loads(open(sys.argv[1]).readline()); r["note"] = sys.argv[2]; print(json.dumps(r))' \
-          "$rec" "$([ "$before$after" = quietquiet ] && echo quiet || echo "contended (cc1plus running: $before/$after)")" >> "$OUT"
+        [ -s "$rec" ] && "$PY" -c 'import json, os, sys; r = json.loads(open(sys.argv[1]).readline()); r["note"] = sys.argv[2]
+g = sys.argv[3]
+if os.path.exists(g): r["gpu_peak_mib"] = max((int(x) for x in open(g) if x.strip().isdigit()), default=None)
+print(json.dumps(r))' \
+          "$rec" "$([ "$before$after" = quietquiet ] && echo quiet || echo "contended (cc1plus running: $before/$after)")" \
+          "$WORK/$model/$tag.gpu" >> "$OUT"
         echo "[peers] $tag: exit $rc, $(( $(date +%s) - t0 )) s, $(state)$( [ $rc -ne 0 ] && echo "; log: $log")"
         [ -s "$rec" ] || echo "{\"system\": \"$sys\", \"model\": \"$model\", \"world_size\": $n, \"stage\": $st, \"failed\": true, \"exit\": $rc, \"log\": \"$log\"}" >> "$OUT"
       done

@@ -69,6 +69,8 @@ def parse_args():
                    help="negative control: leave one generator tensor (its name, or 'first': G's first "
                         "weight) at the copy's own N(0, 0.02) init instead of the checkpoint's value")
     p.add_argument("--note", default="")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: each rank on cuda:<LOCAL_RANK>, NCCL instead of gloo, torch's fused Adam")
     return p.parse_args()
 
 
@@ -80,7 +82,13 @@ def main():
     threads = max(1, cores // local_world)
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
-    dist.init_process_group("gloo")
+    cuda = a.device == "cuda"
+    if cuda:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
     assert dist.get_world_size() == world
 
@@ -120,7 +128,7 @@ def main():
             for u in m.units():  # one FSDP unit per shardgan unit (block)
                 fully_shard(u, reshard_after_forward=raf)
             fully_shard(m, reshard_after_forward=raf)
-            m.to_empty(device="cpu")
+            m.to_empty(device=dev)
     else:
         G, D = models.build(cfg)
     skip = None
@@ -133,6 +141,9 @@ def main():
         full = torch.empty(t.shape).normal_(0.0, 0.02, generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             ckpt._copy(t, full.numpy())
+    if a.system != "fsdp2":
+        G.to(dev)
+        D.to(dev)
     ckpt.load_into(G, a.ckpt, "generator", skip=skip)
     ckpt.load_into(D, a.ckpt, "discriminator")
     G.train()
@@ -148,8 +159,9 @@ def main():
         # Buffers (u, BatchNorm statistics) are identical on every rank by construction
         # (global-batch BatchNorm; u follows the all-reduced weights), as in shardgan, so
         # DDP need not broadcast them before each forward.
-        Gw = DDP(G, broadcast_buffers=False)
-        Dw = DDP(D, broadcast_buffers=False)
+        ids = [dev.index] if cuda else None
+        Gw = DDP(G, broadcast_buffers=False, device_ids=ids)
+        Dw = DDP(D, broadcast_buffers=False, device_ids=ids)
         D_frozen = D  # the G step's D: no DDP (no D gradients to reduce)
         d_real_ctx = Dw.no_sync  # shardgan reduces D once per D step, after the fake pass
 
@@ -161,7 +173,7 @@ def main():
             raise SystemExit(f"optim.{name}.weight_decay must be 0")
         return torch.optim.Adam(params, lr=float(cfg[f"optim.{name}.lr"]),
                                 betas=(float(cfg[f"optim.{name}.beta1"]), float(cfg[f"optim.{name}.beta2"])),
-                                eps=float(cfg[f"optim.{name}.eps"]))
+                                eps=float(cfg[f"optim.{name}.eps"]), fused=True if cuda and a.system == "ddp" else None)
 
     opt_g = optim("generator", G.parameters())
     opt_d = optim("discriminator", D.parameters())
@@ -188,7 +200,7 @@ def main():
         x = imgs[idx[order]][inv]  # h5py reads increasing indices
         x = torch.from_numpy(x).to(torch.float32).div_(127.5).sub_(1.0)
         y = torch.from_numpy(labels[idx[order]][inv].astype(np.int64)) if arch == "biggan" else None
-        return x, y
+        return x.to(dev), None if y is None else y.to(dev)
 
     # ---- latents: the trainer's noise generator
     gen = torch.Generator()
@@ -203,7 +215,7 @@ def main():
         return z, y
 
     def mine(t):
-        return None if t is None else t.narrow(0, rank * local, local).contiguous()
+        return None if t is None else t.narrow(0, rank * local, local).contiguous().to(dev)
 
     if loss == "hinge":
         d_loss_real = lambda o: torch.relu(1.0 - o).mean()
@@ -215,7 +227,7 @@ def main():
         g_loss = lambda o: F.softplus(-o).mean()
 
     def step():
-        stats = torch.zeros(2, dtype=torch.float64)
+        stats = torch.zeros(2, dtype=torch.float64, device=dev)
         for _ in range(d_steps):
             z, y = latents()
             xr, yr = real_batch()
@@ -246,7 +258,7 @@ def main():
         opt_g.step()
         opt_g.zero_grad(set_to_none=True)
         dist.all_reduce(stats, op=dist.ReduceOp.SUM)
-        return (stats / world).tolist()
+        return (stats / world).tolist()  # a host copy: on a GPU, the step's end
 
     times, losses = [], []
     for _ in range(a.steps):
@@ -254,8 +266,8 @@ def main():
         ld, lg = step()
         times.append(time.perf_counter() - t0)
         losses.append([ld, lg])
-    hwm = torch.tensor([float(vmhwm_bytes())], dtype=torch.float64)
-    all_hwm = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    hwm = torch.tensor([float(vmhwm_bytes())], dtype=torch.float64, device=dev)
+    all_hwm = [torch.zeros(1, dtype=torch.float64, device=dev) for _ in range(world)]
     dist.all_gather(all_hwm, hwm)
     if rank == 0:
         r1, s_red = tolerance.loss_rtol_step1(cfg)
@@ -270,7 +282,9 @@ def main():
             "losses": losses, "step_times_s": times, "steps": a.steps,
             "global_batch": B, "d_steps": d_steps, "loss": loss, "threads_per_rank": threads,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
-            "torch": torch.__version__, "backend": "gloo",
+            "torch": torch.__version__, "backend": "nccl" if cuda else "gloo", "device": a.device,
+            "cuda_max_reserved_mib": torch.cuda.max_memory_reserved(dev) // 2**20 if cuda else None,
+            "cuda_max_allocated_mib": torch.cuda.max_memory_allocated(dev) // 2**20 if cuda else None,
             "fsdp": ("fully_shard per unit, reshard_after_forward=%s" % (stage == 3)) if a.system == "fsdp2" else None,
             "loss_rtol_step1": r1, "reduction_sqrt_sum": s_red,
             "overrides": a.set, "not_loaded": skip, "note": a.note,

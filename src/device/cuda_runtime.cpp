@@ -50,6 +50,12 @@ void cuda_host_register(void* p, int64_t bytes) {
 
 void cuda_host_unregister(void* p) { cudaHostUnregister(p); }
 
+int64_t cuda_device_used_bytes() {
+  size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return static_cast<int64_t>(total - free);
+}
+
 #else
 
 namespace {
@@ -66,6 +72,7 @@ void cuda_event_record(void*, int) { missing("cudaEventRecord"); }
 void cuda_event_synchronize(void*) { missing("cudaEventSynchronize"); }
 void cuda_host_register(void*, int64_t) { missing("cudaHostRegister"); }
 void cuda_host_unregister(void*) {}
+int64_t cuda_device_used_bytes() { missing("cudaMemGetInfo"); }
 
 #endif
 

@@ -17,5 +17,8 @@ void cuda_event_synchronize(void* ev);
 /// cudaHostRegister / cudaHostUnregister (portable, so any device may use the pages).
 void cuda_host_register(void* p, int64_t bytes);
 void cuda_host_unregister(void* p);
+/// cudaMemGetInfo on the current device: bytes in use on the whole device (total - free),
+/// every process and the CUDA context included.
+int64_t cuda_device_used_bytes();
 
 }  // namespace shardgan::detail

@@ -13,8 +13,12 @@ namespace shardgan {
 
 bool cuda_compiled_in() { return detail::cuda_runtime_compiled_in(); }
 
+namespace {
+bool cuda_loaded = false;
+}  // namespace
+
 void load_cuda_runtime() {
-  static bool loaded = false;
+  bool& loaded = cuda_loaded;
   if (loaded) return;
   if (!cuda_compiled_in()) {
     throw DeviceError("this build of shardgan has no CUDA runtime compiled in (CMake did not find cudart)");
@@ -38,6 +42,11 @@ void load_cuda_runtime() {
 int cuda_device_count() {
   load_cuda_runtime();
   return static_cast<int>(torch::cuda::device_count());
+}
+
+int64_t device_memory_used_bytes() {
+  if (!cuda_loaded || torch::cuda::device_count() == 0) return -1;
+  return detail::cuda_device_used_bytes();
 }
 
 at::Device resolve_device(const std::string& run_device, int local_rank, const std::string& source) {

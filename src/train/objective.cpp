@@ -42,7 +42,10 @@ at::Tensor GanObjective::g_loss(const at::Tensor& fake) const {
 
 StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs& in) {
   const int64_t k = micro_;
-  at::Tensor stats = torch::zeros({4}, torch::kDouble);  // loss_d, loss_g, D(x), D(G(z))
+  // loss_d, loss_g, D(x), D(G(z)) on the host, as the engine's other scalars: the world's
+  // all-reduce of host tensors runs over MPI, also beside NCCL (losses on a GPU are copied).
+  at::Tensor stats = torch::zeros({4}, torch::kDouble);
+  auto host = [](const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); };
   StepMetrics r;
   // D steps: each loss is divided by k so that the accumulated gradient equals the one of
   // the whole global batch. G runs without autograd, so G gets no gradients.
@@ -77,11 +80,11 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
       }
       at::Tensor loss_fake = d_loss_fake(d_fake) / k;
       d.scaler->scale_loss(loss_fake).backward();
-      const at::Tensor loss_d = (loss_real.detach() + loss_fake.detach()).to(at::kDouble);
+      const at::Tensor loss_d = host(loss_real.detach() + loss_fake.detach());
       loss_finite = loss_finite && std::isfinite(loss_d.item<double>());
       stats[0] += loss_d / d_steps_;
-      stats[2] += torch::sigmoid(d_real.detach()).mean().to(at::kDouble) / (k * d_steps_);
-      stats[3] += torch::sigmoid(d_fake.detach()).mean().to(at::kDouble) / (k * d_steps_);
+      stats[2] += host(torch::sigmoid(d_real.detach()).mean()) / (k * d_steps_);
+      stats[3] += host(torch::sigmoid(d_fake.detach()).mean()) / (k * d_steps_);
     }
     double norm = 0;
     bool nonfinite = false;
@@ -103,7 +106,7 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
     at::Tensor out = d.model->forward(TensorList{fake, y}).at(0).reshape({-1});
     at::Tensor loss = g_loss(out.to(gen_in[0].scalar_type())) / k;
     g.scaler->scale_loss(loss).backward();
-    const at::Tensor loss_g = loss.detach().to(at::kDouble);
+    const at::Tensor loss_g = host(loss.detach());
     g_loss_finite = g_loss_finite && std::isfinite(loss_g.item<double>());
     stats[1] += loss_g;
   }

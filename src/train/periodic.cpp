@@ -123,6 +123,7 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
                  m.step_time_s - m.time_collective_s - m.time_offload_read_s - m.time_optimizer_s);
   }
   if (cfg_.r1_gamma > 0) j["r1"] = m.r1;
+  if (m.device_mem_used_bytes >= 0) j["device_mem_used_bytes"] = m.device_mem_used_bytes;
   std::ofstream(cfg_.run_dir + "/metrics.jsonl", std::ios::app) << j.dump() << "\n";
 }
 

@@ -184,6 +184,35 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   return j;
 }
 
+int64_t stage_need_bytes(const nlohmann::json& report, int stage) {
+  const int ranks = report["ranks_on_node"].get<int>();
+  auto both = [&](int s, const char* key) {
+    const nlohmann::json& e = report["per_rank"]["stage" + std::to_string(s)];
+    return e["generator"][key].get<int64_t>() + e["discriminator"][key].get<int64_t>();
+  };
+  const nlohmann::json& c = report["configured"];
+  if (!c.contains("predicted")) return with_margin(report["per_rank"]["stage" + std::to_string(stage)]["total_peak_bytes"].get<int64_t>()) * ranks;
+  // The prediction of the configured stages with their persistent state swapped for that of
+  // `stage`. The measured transient stays (activations do not depend on the stage); where
+  // the estimate's transient bound is larger at `stage` (more gathered units), the
+  // difference is added.
+  const int gs = c["generator_stage"].get<int>(), ds = c["discriminator_stage"].get<int>();
+  auto persistent = [&](int s, const char* m) {
+    const nlohmann::json& e = report["per_rank"]["stage" + std::to_string(s)][m];
+    return e["peak_bytes"].get<int64_t>() - e["transient_bytes"].get<int64_t>();
+  };
+  auto transient = [&](int s, const char* m) {
+    return report["per_rank"]["stage" + std::to_string(s)][m]["transient_bytes"].get<int64_t>();
+  };
+  const int64_t configured_persistent = persistent(gs, "generator") + persistent(ds, "discriminator");
+  const int64_t configured_transient = transient(gs, "generator") + transient(ds, "discriminator");
+  const int64_t stage_persistent = both(stage, "peak_bytes") - both(stage, "transient_bytes");
+  const int64_t extra_transient = std::max<int64_t>(0, both(stage, "transient_bytes") - configured_transient);
+  const int64_t per_rank = c["predicted"]["vmhwm_bytes_per_rank"].get<int64_t>() - configured_persistent +
+                           stage_persistent + extra_transient;
+  return per_rank * ranks;
+}
+
 void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
   const int ranks = report["ranks_on_node"].get<int>();
   const int64_t need = report["configured"].contains("predicted")
@@ -193,7 +222,7 @@ void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
   if (need <= avail) return;
   std::string fits;
   for (int s = 0; s < 4 && fits.empty(); ++s) {
-    const int64_t n = with_margin(report["per_rank"]["stage" + std::to_string(s)]["total_peak_bytes"].get<int64_t>()) * ranks;
+    const int64_t n = stage_need_bytes(report, s);
     if (n <= avail) fits = "ZeRO stage " + std::to_string(s) + " for both models would need " + gib(n) + " and fits";
   }
   if (fits.empty()) {

@@ -13,6 +13,7 @@
 
 #include "shardgan/comm/hybrid_communicator.h"
 #include "shardgan/data/hdf5_dataset.h"
+#include "shardgan/device/device.h"
 #include "shardgan/data/hdf5_loader.h"
 #include "shardgan/optim/factory.h"
 #include "shardgan/sharding/deferred.h"
@@ -268,6 +269,7 @@ StepMetrics Trainer::train_step() {
   r.minor_faults = ru1.ru_minflt - ru0.ru_minflt;
   r.system_s = secs(ru0.ru_stime, ru1.ru_stime);
   r.user_s = secs(ru0.ru_utime, ru1.ru_utime);
+  r.device_mem_used_bytes = device_memory_used_bytes();
   return r;
 }
 

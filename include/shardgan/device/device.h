@@ -11,6 +11,7 @@
 /// docs/benchmarks-torch.md). A rank with `run.device: cuda` loads them once, at startup,
 /// with load_cuda_runtime(); their static initializers register the CUDA kernels, the
 /// caching allocator and the CUDA hooks with the dispatcher, as `import torch` does.
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -38,6 +39,13 @@ void load_cuda_runtime();
 /// Number of GPUs this process can see (after load_cuda_runtime(), which it calls): 0
 /// without a driver or GPU, or with CUDA_VISIBLE_DEVICES empty. Throws as load_cuda_runtime.
 int cuda_device_count();
+
+/// Bytes in use on this process's current GPU (cudaMemGetInfo: total - free, so the CUDA
+/// context, the caching allocator's reserved blocks and other processes on that GPU are
+/// included; the caching allocator keeps what it reserved, so after a step this is that
+/// step's peak reservation plus the context). -1 when no GPU is in use (load_cuda_runtime()
+/// never ran, or no GPU is visible). Local; throws DeviceError if the CUDA call fails.
+int64_t device_memory_used_bytes();
 
 /// The device of `run.device` for the rank with local rank `local_rank` on its node:
 ///  - "cpu": at::kCPU;

@@ -49,6 +49,9 @@ struct StepMetrics {
   /// (SyncBatchNorm, votes, and the models' collectives without HSDP), inside the models'
   /// shard groups, and across replica groups (HSDP's gradient all-reduce).
   int64_t comm_bytes_world = 0, comm_bytes_shard_group = 0, comm_bytes_replicate = 0;
+  /// Rank 0's GPU memory in use after the step (bytes; device_memory_used_bytes()), -1 on
+  /// the CPU.
+  int64_t device_mem_used_bytes = -1;
 };
 
 /// Thrown on every rank when a NaN or Inf ends the job (train.on_nonfinite: abort, or more

@@ -59,4 +59,11 @@ inline constexpr int64_t kPredictionMarginBytes = int64_t{150} << 20;
 /// that none does. `report` is memory_preflight's result.
 void check_memory(const TrainConfig& cfg, const nlohmann::json& report);
 
+/// What check_memory compares for ZeRO `stage` (0-3) on both models: bytes for all ranks of
+/// this node. With a prediction in `report`, the configured prediction with the persistent
+/// state of `stage` in place of the configured stages' (plus any growth of the estimate's
+/// transient bound); without one, the estimate's peak with the margin above. Local; throws
+/// nlohmann::json's errors for a report that is not memory_preflight's.
+int64_t stage_need_bytes(const nlohmann::json& report, int stage);
+
 }  // namespace shardgan

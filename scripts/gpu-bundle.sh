@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Packs what scripts/gpu-check.sh needs to run on a GPU machine that has a PyTorch with CUDA
+# but none of our Debian packages and no network (a borrowed or locked-down node):
+#   <out>/sg.tar.xz   shardgan-train, shardgan-data and tests/test_gpu from BUILD, built
+#                     against the torch of that machine (same version: libshardgan links
+#                     libtorch_cpu/libc10 by name), the shared libraries they need that are
+#                     neither glibc, the C++ runtime, LibTorch nor CUDA/NCCL (those come from
+#                     the machine's torch environment), and Open MPI's components (for a
+#                     singleton rank: no mpirun);
+#   <out>/fashion-mnist/  the training split of Fashion-MNIST;
+#   <out>/env.sh      sourced there: unpacks sg.tar.xz to /tmp/sg and sets SHARDGAN_BUILD,
+#                     SHARDGAN_DATA and SHARDGAN_SINGLETON for gpu-check.sh.
+# Usage: scripts/gpu-bundle.sh BUILD OUT    (docs/gpu.md says how the GPU run used it)
+set -euo pipefail
+build=$(realpath "$1"); out=$2
+mkdir -p "$out"; out=$(realpath "$out")
+stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/build/tests" "$stage/lib"
+ompi=/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
+# Components a singleton rank on one host can use; the network transports (UCX, libfabric,
+# verbs, PSM) stay behind with their libraries.
+mkdir -p "$stage/lib/openmpi3"
+for c in "$ompi"/*.so; do
+  case $(basename "$c") in
+    *ucx*|*ofi*|*psm*|*openib*|*uct*|*verbs*|*portals*|*usnic*) ;;
+    *) cp -L "$c" "$stage/lib/openmpi3/" ;;
+  esac
+done
+wrap() {  # binary -> name.bin plus a wrapper that sets the library path
+  local src=$1 dst=$2
+  cp -L "$src" "$dst.bin"
+  cat > "$dst" <<'EOF'
+#!/usr/bin/env bash
+exec env LD_LIBRARY_PATH="$SHARDGAN_LD_LIBRARY_PATH" "$0.bin" "$@"
+EOF
+  chmod +x "$dst"
+}
+wrap "$build/shardgan-train" "$stage/build/shardgan-train"
+wrap "$build/tests/test_gpu" "$stage/build/tests/test_gpu"
+wrap "$build/shardgan-data" "$stage/build/shardgan-data"
+# Everything the binaries and components load, minus what the target brings itself.
+{ ldd "$build/shardgan-train" "$build/tests/test_gpu" "$build/shardgan-data" "$stage"/lib/openmpi3/*.so; } 2>/dev/null |
+  awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+  grep -vE '/(libc|libm|libdl|libpthread|librt|libutil|libresolv|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so' |
+  grep -vE '/torch/lib/|/nvidia/|/cuda[^/]*/' |
+  while read -r l; do cp -L "$l" "$stage/lib/"; done
+tar -C "$stage" -cf - build lib | xz -T0 -6 > "$out/sg.tar.xz"
+mkdir -p "$out/fashion-mnist"
+cp /usr/share/datasets/fashion-mnist/train-*.gz "$out/fashion-mnist/"
+cat > "$out/env.sh" <<'EOF'
+# Sourced on the GPU machine (bash): unpack, then point gpu-check.sh at the bundle.
+_b=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+mkdir -p /tmp/sg && tar -C /tmp/sg -xJf "$_b/sg.tar.xz"
+_py=${SHARDGAN_PYTHON:-$(command -v python3)}
+_site=$("$_py" -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+_nv=$(ls -d "$_site"/nvidia/*/lib "$_site"/nvidia/cu*/lib 2>/dev/null | sort -u | tr '\n' ':')
+export SHARDGAN_LD_LIBRARY_PATH="$_site/torch/lib:${_nv}/usr/local/cuda/lib64:/tmp/sg/lib"
+export SHARDGAN_BUILD=/tmp/sg/build SHARDGAN_DATA="$_b/fashion-mnist" SHARDGAN_SINGLETON=1 SHARDGAN_PYTHON="$_py"
+# A singleton rank (no mpirun, no orted) with the components carried here.
+export OMPI_MCA_ess_singleton_isolated=1 OMPI_MCA_mca_base_component_path=/tmp/sg/lib/openmpi3
+export OMPI_MCA_mca_base_component_show_load_errors=0
+EOF
+du -sh "$out"/*
