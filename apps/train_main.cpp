@@ -23,6 +23,7 @@
 #include "shardgan/train/preemption.h"
 #include "shardgan/train/trainer.h"
 #include "shardgan/util/log.h"
+#include "shardgan/util/threads.h"
 
 int main(int argc, char** argv) {
   int provided = 0;
@@ -67,7 +68,14 @@ int main(int argc, char** argv) {
     shardgan::init_logging(rank, cfg.run_dir);
     auto [local_rank, local_size] = shardgan::local_rank_and_size(MPI_COMM_WORLD);
     const int cores = std::max(1u, std::thread::hardware_concurrency());
-    const int threads = cfg.threads > 0 ? static_cast<int>(cfg.threads) : std::max(1, cores / local_size);
+    const int affinity = shardgan::affinity_cpu_count();
+    const int threads = shardgan::default_intra_op_threads(static_cast<int>(cfg.threads), cores, local_size, affinity);
+    if (cfg.threads == 0 && rank == 0 && affinity < cores / std::max(1, local_size)) {
+      spdlog::warn("rank 0 may run on {} CPU(s) but its share of this node is {} ({} cores, {} ranks): it uses {} "
+                   "thread(s). mpirun binds each rank to one core when it starts 1 or 2; add `--bind-to none` (or "
+                   "`--map-by slot:PE={}`) to give each rank its share",
+                   affinity, cores / std::max(1, local_size), cores, local_size, threads, cores / std::max(1, local_size));
+    }
     torch::set_num_threads(threads);
     torch::set_num_interop_threads(1);
     // run.device: every rank resolves its own GPU (cuda:<local rank>) and refuses alike when

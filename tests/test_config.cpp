@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "shardgan/train/config.h"
+#include "shardgan/util/threads.h"
 
 using namespace shardgan;
 
@@ -54,6 +55,24 @@ TEST(Config, MissingFileIsNamed) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/cfg.yaml"), std::string::npos);
   }
+}
+
+}  // namespace
+
+namespace {
+
+// train.threads 0: a rank's share of the cores, capped by the CPUs it may run on (mpirun
+// binds 1 or 2 ranks to one core each by default).
+TEST(IntraOpThreads, ShareOfTheCoresCappedByTheAffinityMask) {
+  using shardgan::default_intra_op_threads;
+  EXPECT_EQ(default_intra_op_threads(0, 2, 1, 2), 2);    // unbound, one rank: both cores
+  EXPECT_EQ(default_intra_op_threads(0, 2, 1, 1), 1);    // bound to one core: one thread
+  EXPECT_EQ(default_intra_op_threads(0, 2, 2, 1), 1);    // two ranks, a core each
+  EXPECT_EQ(default_intra_op_threads(0, 64, 2, 1), 1);   // not 32 threads on one bound core
+  EXPECT_EQ(default_intra_op_threads(0, 64, 2, 64), 32);
+  EXPECT_EQ(default_intra_op_threads(0, 2, 4, 2), 1);    // oversubscribed ranks: at least 1
+  EXPECT_EQ(default_intra_op_threads(3, 2, 1, 1), 3);    // train.threads wins
+  EXPECT_GE(shardgan::affinity_cpu_count(), 1);
 }
 
 }  // namespace

@@ -45,8 +45,10 @@ DEVICE=${DEVICE:-cpu}
 FMNIST=${FMNIST:-/usr/share/datasets/fashion-mnist}
 sg_train() {  # ranks, arguments of shardgan-train
   local n=$1; shift
+  # --bind-to none: torchrun binds nothing, and mpirun's default binds 1 or 2 ranks to one
+  # core each, where a 1-rank run's threads would share a core (shardgan then uses 1 thread).
   if [ "$n" -eq 1 ] && [ -n "${SHARDGAN_SINGLETON:-}" ]; then "$BUILD/shardgan-train" "$@"
-  else mpirun -np "$n" --oversubscribe "$BUILD/shardgan-train" "$@"; fi
+  else mpirun -np "$n" --oversubscribe --bind-to none "$BUILD/shardgan-train" "$@"; fi
 }
 [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export PYTHONWARNINGS=ignore::FutureWarning   # DDP's broadcast_buffers notice

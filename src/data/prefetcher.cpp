@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "shardgan/util/threads.h"
+
 namespace shardgan::data {
 
 Prefetcher::Prefetcher(Produce produce, int64_t first, int64_t capacity)
@@ -22,6 +24,7 @@ Prefetcher::~Prefetcher() {
 }
 
 void Prefetcher::loop(int64_t first) {
+  use_one_intra_op_thread();
   for (int64_t seq = first;; ++seq) {
     {
       std::unique_lock<std::mutex> lk(mu_);

@@ -9,6 +9,7 @@
 
 #include "sharding/ownership.h"
 #include "sharding/torch_internals.h"
+#include "shardgan/util/threads.h"
 
 namespace shardgan {
 
@@ -152,6 +153,7 @@ ShardedUnit* ShardedModel::unit_at_offset(const ShardedUnit& u, ptrdiff_t offset
 void ShardedModel::read_ahead(ShardedUnit& u) {
   if (!cfg_.read_ahead || u.stage() != 3 || !u.shard_offloaded() || u.gathered() || reads_.count(&u)) return;
   reads_.emplace(&u, std::async(std::launch::async, [this, &u] {
+                   use_one_intra_op_thread();
                    std::lock_guard<std::mutex> lk(tier_mu_);
                    return u.master_shard();
                  }));
