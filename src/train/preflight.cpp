@@ -191,7 +191,9 @@ int64_t stage_need_bytes(const nlohmann::json& report, int stage) {
     return e["generator"][key].get<int64_t>() + e["discriminator"][key].get<int64_t>();
   };
   const nlohmann::json& c = report["configured"];
-  if (!c.contains("predicted")) return with_margin(report["per_rank"]["stage" + std::to_string(stage)]["total_peak_bytes"].get<int64_t>()) * ranks;
+  if (!c.contains("predicted")) {
+    return with_margin(report["per_rank"]["stage" + std::to_string(stage)]["total_peak_bytes"].get<int64_t>()) * ranks;
+  }
   // The prediction of the configured stages with their persistent state swapped for that of
   // `stage`. The measured transient stays (activations do not depend on the stage); where
   // the estimate's transient bound is larger at `stage` (more gathered units), the
