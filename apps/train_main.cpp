@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
       cfg.compute_device = shardgan::resolve_device(cfg.device, launcher_rank >= 0 ? launcher_rank : local_rank,
                                                     config_path);
       shardgan::set_pin_host_memory(cfg.compute_device.is_cuda());
+      if (cfg.compute_device.is_cuda()) at::globalContext().setAllowTF32CuDNN(cfg.tf32);
     }
     auto comm = shardgan::make_communicator(cfg.backend, MPI_COMM_WORLD, cfg.timeout_s,
                                             cfg.compute_device.is_cuda() ? cfg.compute_device.index() : -1);

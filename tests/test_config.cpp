@@ -32,6 +32,8 @@ TEST(Config, OverridesWin) {
   EXPECT_EQ(c.steps, 200);
   EXPECT_DOUBLE_EQ(c.d_optim.lr, 4e-4);
   EXPECT_EQ(c.model_dtype, at::kDouble);
+  EXPECT_TRUE(c.tf32);  // run.tf32 defaults to PyTorch's cuDNN default
+  EXPECT_FALSE(parse_config("run: {tf32: false}\n", "t.yaml", {}).tf32);
 }
 
 TEST(Config, UnknownKeyIsNamed) {
@@ -44,6 +46,7 @@ TEST(Config, BadValuesAreNamed) {
   EXPECT_NE(error_of("train: {steps: abc}\n").find("'train.steps' has value 'abc'"), std::string::npos);
   EXPECT_NE(error_of("sharding: {generator: {stage: 4}}\n").find("sharding.generator.stage"), std::string::npos);
   EXPECT_NE(error_of("model: {dtype: float8}\n").find("model.dtype"), std::string::npos);
+  EXPECT_NE(error_of("run: {tf32: maybe}\n").find("run.tf32"), std::string::npos);
   EXPECT_NE(error_of("", {"train.steps"}).find("expected key=value"), std::string::npos);
   EXPECT_NE(error_of("train: [1, 2]\n").find("'train'"), std::string::npos);
 }

@@ -20,6 +20,8 @@
 #   PLOT      the plot's path, '' for none                    [docs/images/peers.png]
 #   DEVICE    cpu, or cuda: shardgan with run.device=cuda, the peers on cuda:<local rank> over
 #             NCCL with torch's fused Adam (one GPU per rank)                   [cpu]
+#   TF32      cuda: 1 lets cuDNN convolutions use TF32 on both sides (the default), 0 keeps
+#             them float32 (run.tf32 / torch.backends.cudnn.allow_tf32)               [1]
 #   FMNIST    Fashion-MNIST's folder                  [/usr/share/datasets/fashion-mnist]
 #   SHARDGAN_SINGLETON=1  1-rank shardgan runs start the binary itself, not mpirun (a machine
 #             without Open MPI's launcher: scripts/gpu-bundle.sh)
@@ -42,6 +44,7 @@ SG_STAGES=${SG_STAGES:-0 2 3}
 FSDP_STAGES=${FSDP_STAGES:-3 2}
 PEERS=benchmarks/peers
 DEVICE=${DEVICE:-cpu}
+TF32=${TF32:-1}
 FMNIST=${FMNIST:-/usr/share/datasets/fashion-mnist}
 sg_train() {  # ranks, arguments of shardgan-train
   local n=$1; shift
@@ -80,7 +83,8 @@ fi
 # metrics per step, nothing periodic, no EMA (the peers have none), float32 compute.
 COMMON=(--set data.source=hdf5 --set data.path="$DATA" --set train.log_every=1
         --set train.sample_every=0 --set train.checkpoint_every=0 --set train.keep_checkpoints=1
-        --set train.plots=false --set ema.enabled=false --set run.device="$DEVICE")
+        --set train.plots=false --set ema.enabled=false --set run.device="$DEVICE"
+        --set run.tf32="$([ "$TF32" = 1 ] && echo true || echo false)")
 model_args() {  # config and --set arguments of a size
   case "$1" in
     dcgan) echo $CONFIGS/fmnist-dcgan.yaml ;;
@@ -142,7 +146,7 @@ for model in $MODELS; do
           OMP_NUM_THREADS=$(( $(nproc) / n > 0 ? $(nproc) / n : 1 )) \
           "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" $PEERS/train_peer.py \
             --ckpt "$CK" --data "$DATA" --system "$sys" --stage "$st" --steps "$STEPS" --model "$model" \
-            --out "$rec" --device "$DEVICE" > "$log" 2>&1
+            --out "$rec" --device "$DEVICE" --tf32 "$TF32" > "$log" 2>&1
           rc=$?
         fi
         after=$(state)

@@ -71,6 +71,8 @@ def parse_args():
     p.add_argument("--note", default="")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: each rank on cuda:<LOCAL_RANK>, NCCL instead of gloo, torch's fused Adam")
+    p.add_argument("--tf32", type=int, choices=[0, 1], default=1,
+                   help="cuda: torch.backends.cudnn.allow_tf32 (shardgan's run.tf32)")
     return p.parse_args()
 
 
@@ -86,6 +88,7 @@ def main():
     if cuda:
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(dev)
+        torch.backends.cudnn.allow_tf32 = bool(a.tf32)
     else:
         dev = torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -282,7 +285,7 @@ def main():
             "losses": losses, "step_times_s": times, "steps": a.steps,
             "global_batch": B, "d_steps": d_steps, "loss": loss, "threads_per_rank": threads,
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
-            "torch": torch.__version__, "backend": "nccl" if cuda else "gloo", "device": a.device,
+            "torch": torch.__version__, "backend": "nccl" if cuda else "gloo", "device": a.device, "tf32": bool(a.tf32) if cuda else None,
             "cuda_max_reserved_mib": torch.cuda.max_memory_reserved(dev) // 2**20 if cuda else None,
             "cuda_max_allocated_mib": torch.cuda.max_memory_allocated(dev) // 2**20 if cuda else None,
             "fsdp": ("fully_shard per unit, reshard_after_forward=%s" % (stage == 3)) if a.system == "fsdp2" else None,

@@ -26,6 +26,11 @@ struct TrainConfig {
   /// launcher: OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID), and dist.backend defaults to
   /// nccl (mpi on cpu). See include/shardgan/device/device.h.
   std::string device = "cpu";
+  /// run.tf32 (run.device cuda only): let cuDNN convolutions compute float32 in TensorFloat-32
+  /// on Ampere and later GPUs, as LibTorch and PyTorch do by default
+  /// (torch.backends.cudnn.allow_tf32). false keeps them in full float32, for parity with the
+  /// CPU. Matrix products stay float32 either way (PyTorch's default). Not yet run on a GPU.
+  bool tf32 = true;
   /// The device run.device resolved to on this rank (resolve_device in device.h): set by
   /// shardgan-train before the Trainer is built; not a YAML key. CPU by default.
   c10::Device compute_device = c10::Device(c10::kCPU);
