@@ -4,9 +4,11 @@
 #   2. 200 demo steps (configs/fmnist-dcgan.yaml, synthetic-free: the real Fashion-MNIST)
 #      with run.device=cuda on 1 rank at ZeRO stage 3 and stage 0: step time (median of
 #      metrics.jsonl) and peak device memory (nvidia-smi, sampled every 0.2 s) beside the
-#      ZeRO formula of the pre-flight (--dry-run);
+#      ZeRO formula of the pre-flight (--dry-run); then at stage 3 with bfloat16 and float16
+#      compute, and with the optimizer offloaded to CPU memory and to disk;
 #   3. the same 200 steps on the CPU, and the first 5 steps' losses compared (tolerance below);
-#   4. the stage-3 GPU checkpoint resumed on the CPU for one step (layouts are device-free).
+#   4. the stage-3 GPU checkpoint resumed on the CPU, and the CPU one on the GPU, for one step
+#      each (layouts are device-free).
 # Results go to $OUT/gpu-check (or build/gpu-check) as text and JSON lines.
 #
 # NCCL refuses two ranks on one GPU, so multi-rank NCCL needs a machine with several GPUs:
