@@ -70,11 +70,12 @@ int main(int argc, char** argv) {
     const int cores = std::max(1u, std::thread::hardware_concurrency());
     const int affinity = shardgan::affinity_cpu_count();
     const int threads = shardgan::default_intra_op_threads(static_cast<int>(cfg.threads), cores, local_size, affinity);
-    if (cfg.threads == 0 && rank == 0 && affinity < cores / std::max(1, local_size)) {
+    const int share = cores / std::max(1, local_size);
+    if (cfg.threads == 0 && rank == 0 && affinity < share) {
       spdlog::warn("rank 0 may run on {} CPU(s) but its share of this node is {} ({} cores, {} ranks): it uses {} "
                    "thread(s). mpirun binds each rank to one core when it starts 1 or 2; add `--bind-to none` (or "
                    "`--map-by slot:PE={}`) to give each rank its share",
-                   affinity, cores / std::max(1, local_size), cores, local_size, threads, cores / std::max(1, local_size));
+                   affinity, share, cores, local_size, threads, share);
     }
     torch::set_num_threads(threads);
     torch::set_num_interop_threads(1);

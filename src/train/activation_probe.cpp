@@ -92,6 +92,11 @@ ActivationProbe probe_step_memory(const TrainConfig& cfg, const std::string& wor
   const auto t0 = std::chrono::steady_clock::now();
   const auto level = spdlog::get_level();
   spdlog::set_level(spdlog::level::warn);  // the stand-in trainer's own info lines
+  // Undone whether the probes return or throw.
+  auto restore = [&] {
+    spdlog::set_level(level);
+    std::filesystem::remove_all(work_dir);
+  };
   ActivationProbe r;
   r.shadow_world = kShadowWorld;
   r.micro_batch_a = micro_batch_a;
@@ -100,12 +105,10 @@ ActivationProbe probe_step_memory(const TrainConfig& cfg, const std::string& wor
     r.peak_a_bytes = probe_once(cfg, r.micro_batch_a, work_dir);
     if (r.micro_batch_b > 0) r.peak_b_bytes = probe_once(cfg, r.micro_batch_b, work_dir);
   } catch (...) {
-    spdlog::set_level(level);
-    std::filesystem::remove_all(work_dir);
+    restore();
     throw;
   }
-  spdlog::set_level(level);
-  std::filesystem::remove_all(work_dir);
+  restore();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -80,11 +80,15 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
       }
       at::Tensor loss_fake = d_loss_fake(d_fake) / k;
       d.scaler->scale_loss(loss_fake).backward();
-      const at::Tensor loss_d = host(loss_real.detach() + loss_fake.detach());
-      loss_finite = loss_finite && std::isfinite(loss_d.item<double>());
-      stats[0] += loss_d / d_steps_;
-      stats[2] += host(torch::sigmoid(d_real.detach()).mean()) / (k * d_steps_);
-      stats[3] += host(torch::sigmoid(d_fake.detach()).mean()) / (k * d_steps_);
+      // loss_d, D(x), D(G(z)) of this micro-batch, copied to the host together (one copy
+      // and one wait on a GPU).
+      const at::Tensor v = host(at::stack({loss_real.detach() + loss_fake.detach(),
+                                           torch::sigmoid(d_real.detach()).mean(),
+                                           torch::sigmoid(d_fake.detach()).mean()}));
+      loss_finite = loss_finite && std::isfinite(v[0].item<double>());
+      stats[0] += v[0] / d_steps_;
+      stats[2] += v[1] / (k * d_steps_);
+      stats[3] += v[2] / (k * d_steps_);
     }
     double norm = 0;
     bool nonfinite = false;

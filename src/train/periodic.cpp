@@ -11,17 +11,11 @@
 #include "shardgan/optim/sharded_ema.h"
 #include "shardgan/train/config.h"
 #include "shardgan/train/image_grid.h"
+#include "shardgan/util/proc_status.h"
 
 namespace shardgan {
 
-int64_t peak_rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // kB
-  }
-  return 0;
-}
+int64_t peak_rss_bytes() { return std::max<int64_t>(0, proc_status_bytes("VmHWM")); }
 
 namespace {
 

@@ -3,7 +3,6 @@
 #include <malloc.h>
 
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include <torch/torch.h>
@@ -12,6 +11,7 @@
 #include "shardgan/optim/factory.h"
 #include "shardgan/sharding/memory_estimate.h"
 #include "shardgan/train/activation_probe.h"
+#include "shardgan/util/proc_status.h"
 
 namespace shardgan {
 namespace {
@@ -51,15 +51,9 @@ nlohmann::json stage_json(const ModelMemoryEstimate& e) {
           {"peak_bytes", e.peak_bytes()}};
 }
 
-// This process's resident set now (VmRSS, /proc/self/status): LibTorch, MPI and the
-// allocator before any model exists. -1 if unreadable.
-int64_t current_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // kB
-  }
-  return -1;
-}
+// This process's resident set now (VmRSS): LibTorch, MPI and the allocator before any
+// model exists. -1 if unreadable.
+int64_t current_rss_bytes() { return proc_status_bytes("VmRSS"); }
 
 // The training images the trainer keeps in memory (model dtype) with their labels: data.source
 // synthetic holds data.synthetic_size, fashion-mnist its 60000 training images; hdf5
@@ -186,10 +180,11 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
 
 int64_t stage_need_bytes(const nlohmann::json& report, int stage) {
   const int ranks = report["ranks_on_node"].get<int>();
-  auto both = [&](int s, const char* key) {
-    const nlohmann::json& e = report["per_rank"]["stage" + std::to_string(s)];
-    return e["generator"][key].get<int64_t>() + e["discriminator"][key].get<int64_t>();
+  // bytes(s, model, key): one model's figure at stage s; persistent = peak - transient.
+  auto bytes = [&](int s, const char* model, const char* key) {
+    return report["per_rank"]["stage" + std::to_string(s)][model][key].get<int64_t>();
   };
+  auto persistent = [&](int s, const char* m) { return bytes(s, m, "peak_bytes") - bytes(s, m, "transient_bytes"); };
   const nlohmann::json& c = report["configured"];
   if (!c.contains("predicted")) {
     return with_margin(report["per_rank"]["stage" + std::to_string(stage)]["total_peak_bytes"].get<int64_t>()) * ranks;
@@ -199,17 +194,13 @@ int64_t stage_need_bytes(const nlohmann::json& report, int stage) {
   // the estimate's transient bound is larger at `stage` (more gathered units), the
   // difference is added.
   const int gs = c["generator_stage"].get<int>(), ds = c["discriminator_stage"].get<int>();
-  auto persistent = [&](int s, const char* m) {
-    const nlohmann::json& e = report["per_rank"]["stage" + std::to_string(s)][m];
-    return e["peak_bytes"].get<int64_t>() - e["transient_bytes"].get<int64_t>();
-  };
-  auto transient = [&](int s, const char* m) {
-    return report["per_rank"]["stage" + std::to_string(s)][m]["transient_bytes"].get<int64_t>();
-  };
   const int64_t configured_persistent = persistent(gs, "generator") + persistent(ds, "discriminator");
-  const int64_t configured_transient = transient(gs, "generator") + transient(ds, "discriminator");
-  const int64_t stage_persistent = both(stage, "peak_bytes") - both(stage, "transient_bytes");
-  const int64_t extra_transient = std::max<int64_t>(0, both(stage, "transient_bytes") - configured_transient);
+  const int64_t configured_transient =
+      bytes(gs, "generator", "transient_bytes") + bytes(ds, "discriminator", "transient_bytes");
+  const int64_t stage_persistent = persistent(stage, "generator") + persistent(stage, "discriminator");
+  const int64_t extra_transient = std::max<int64_t>(
+      0, bytes(stage, "generator", "transient_bytes") + bytes(stage, "discriminator", "transient_bytes") -
+             configured_transient);
   const int64_t per_rank = c["predicted"]["vmhwm_bytes_per_rank"].get<int64_t>() - configured_persistent +
                            stage_persistent + extra_transient;
   return per_rank * ranks;
@@ -217,9 +208,8 @@ int64_t stage_need_bytes(const nlohmann::json& report, int stage) {
 
 void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
   const int ranks = report["ranks_on_node"].get<int>();
-  const int64_t need = report["configured"].contains("predicted")
-                           ? report["configured"]["node_bytes_checked"].get<int64_t>()
-                           : with_margin(report["configured"]["per_rank_peak_bytes"].get<int64_t>()) * ranks;
+  // The prediction when the probe ran, else the padded estimate (memory_preflight sets both).
+  const int64_t need = report["configured"]["node_bytes_checked"].get<int64_t>();
   const int64_t avail = report["node_memory"]["available_bytes"].get<int64_t>();
   if (need <= avail) return;
   std::string fits;
