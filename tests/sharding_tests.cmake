@@ -55,3 +55,8 @@ set_tests_properties(hsdp_resume_test PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHAR
 # (ctest -R activation_checkpointing).
 shardgan_test(test_activation_checkpointing)
 shardgan_mpi_test(test_activation_checkpointing 300 1 2)
+
+# train.d_joint_pass: one D pass on cat([fake, real]) equals the separate passes (float64,
+# SGD) and halves D's collectives; R1 updates keep the separate passes.
+shardgan_test(test_d_joint_pass)
+shardgan_mpi_test(test_d_joint_pass 300 1 2)

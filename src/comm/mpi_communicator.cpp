@@ -35,6 +35,10 @@ MPI_Datatype mpi_type(at::ScalarType t) {
   }
 }
 
+// The reduce-scatter's point-to-point messages; no other point-to-point traffic uses the
+// communicators this backend runs on (collectives have a context of their own).
+constexpr int kReduceScatterTag = 0x5247;
+
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
@@ -64,18 +68,21 @@ std::string describe(const char* op, int rank, int world, const at::Tensor& t) {
 
 class MpiWork final : public Work {
  public:
-  MpiWork(MpiCommunicator& comm, MPI_Request req, std::string what,
+  MpiWork(MpiCommunicator& comm, std::vector<MPI_Request> reqs, std::string what,
           std::function<void()> on_done = nullptr)
-      : comm_(comm), req_(req), what_(std::move(what)), on_done_(std::move(on_done)), progress_(comm.progress_) {
+      : comm_(comm), reqs_(std::move(reqs)), what_(std::move(what)), on_done_(std::move(on_done)),
+        progress_(comm.progress_) {
     if (progress_) progress_->begin();
   }
+  MpiWork(MpiCommunicator& comm, MPI_Request req, std::string what, std::function<void()> on_done = nullptr)
+      : MpiWork(comm, std::vector<MPI_Request>{req}, std::move(what), std::move(on_done)) {}
   ~MpiWork() override {
     if (done_) return;
     if (std::uncaught_exceptions() > 0) {
       // The error path: this rank is unwinding to its top-level handler, which ends the job
       // with MPI_Abort. Waiting here could take dist.timeout_s (the peers may be blocked on
-      // this very rank), so leave the request in flight. Its buffers are kept (leaked) in
-      // case MPI progresses it before the abort; the caller's buffers are not ours to keep,
+      // this very rank), so leave the requests in flight. Their buffers are kept (leaked) in
+      // case MPI progresses them before the abort; the caller's buffers are not ours to keep,
       // but nothing calls MPI again on this rank except MPI_Abort.
       std::fprintf(stderr, "shardgan: rank %d leaves %s in flight on an error path\n", comm_.rank(), what_.c_str());
       new std::function<void()>(std::move(on_done_));  // NOLINT: deliberate leak
@@ -89,17 +96,17 @@ class MpiWork final : public Work {
   void wait() override {
     if (done_) return;
     done_ = true;
-    comm_.wait(req_, what_);  // on a throw the job ends (MPI_Abort); the thread may poll on
+    comm_.wait(reqs_, what_);  // on a throw the job ends (MPI_Abort); the thread may poll on
     if (progress_) progress_->end();
     if (on_done_) on_done_();
   }
 
  private:
   MpiCommunicator& comm_;
-  MPI_Request req_;
+  std::vector<MPI_Request> reqs_;
   std::string what_;
-  std::function<void()> on_done_;  // averaging and 16-bit rounding; owns the buffers
-  std::shared_ptr<ProgressThread> progress_;  // polls while this request is in flight
+  std::function<void()> on_done_;  // the local reduction and averaging; owns the buffers
+  std::shared_ptr<ProgressThread> progress_;  // polls while these requests are in flight
   bool done_ = false;
 };
 
@@ -195,13 +202,19 @@ void MpiCommunicator::learn_hosts() {
 }
 
 void MpiCommunicator::wait(MPI_Request& req, const std::string& what) {
+  std::vector<MPI_Request> one{req};
+  wait(one, what);
+  req = one[0];
+}
+
+void MpiCommunicator::wait(std::vector<MPI_Request>& reqs, const std::string& what) {
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s_);
   // Spin briefly, then back off to sleeping: ranks are often oversubscribed on few cores.
   auto nap = std::chrono::microseconds(0);
   for (int polls = 0;; ++polls) {
     int done = 0;
-    int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    int rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) {
       char msg[MPI_MAX_ERROR_STRING];
       int len = 0;
@@ -294,38 +307,63 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(at::Tensor& shard, c
   check_cpu_contiguous(full, "reduce_scatter", "full", rank_);
   check_cpu_contiguous(shard, "reduce_scatter", "shard", rank_);
   check_block_sizes("reduce_scatter", full, shard);
-  if (shard.numel() > max_count_) {
-    // Column range [a, a + len) of every rank's block, staged contiguously (world_size * len
-    // elements), reduce-scattered into shard[a, a + len). Split calls run blocking. MPI's
-    // predefined reductions take predefined datatypes only, so no derived type here (as in
-    // start_all_gather); the staging is bounded instead: at most 2^26 elements per rank
-    // and call (world_size x 256 MiB of float32), not a tensor-sized copy.
-    const int64_t s = shard.numel(), chunk = std::min<int64_t>(max_count_, int64_t{1} << 26);
-    at::Tensor rows = full.view({world_size_, s});
-    for (int64_t a = 0; a < s; a += chunk) {
-      const int64_t len = std::min(chunk, s - a);
-      at::Tensor staged = rows.narrow(1, a, len).contiguous().view({-1});
-      at::Tensor part = at::empty({len}, shard.options());
-      reduce_scatter_async(part, staged, op)->wait();
-      shard.narrow(0, a, len).copy_(part);
-    }
-    return std::make_unique<DoneWork>();
-  }
   stats_.reduce_scatter_calls++;
   stats_.reduce_scatter_bytes += full.numel() * full.element_size();
-  const bool up = is_16bit_float(full);
-  at::Tensor in = up ? full.to(at::kFloat) : full;
-  at::Tensor out = up ? at::empty({shard.numel()}, in.options()) : shard;
-  MPI_Request req;
-  MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), static_cast<int>(out.numel()),
-                            mpi_type(in.scalar_type()), mpi_op(op), comm_, &req);
+  // Direct exchange (the pairwise-exchange reduce-scatter of Thakur, Rabenseifner and Gropp,
+  // "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005, Sec. 4.5,
+  // with every pair posted at once): block q of `full` goes to rank q, the N - 1 blocks
+  // for this rank arrive in its own dtype, and wait() adds them in rank order. Each rank
+  // sends and receives (N - 1) / N of the tensor and reduces only its own block, where
+  // Open MPI's MPI_Ireduce_scatter_block (libnbc) reduces the whole tensor on rank 0 and
+  // scatters it (rank 0 does N times the work while the others wait), and 16-bit blocks
+  // travel as 16 bits instead of being upcast to float32 before the call.
+  const int64_t s = shard.numel();
   const int n = world_size_;
-  at::Tensor dst = shard;
-  auto finish = [in, out, dst, up, op, n]() mutable {
-    if (op == ReduceOp::kAvg) out.div_(n);
-    if (up) dst.copy_(out);
+  at::Tensor recv = at::empty({std::max(n - 1, 0), s}, full.options());
+  MPI_Datatype base = mpi_type(full.scalar_type());
+  const bool large = s > max_count_;  // one element of a derived type as large as a block
+  MPI_Datatype block = large ? large_contiguous(s, max_count_, base, full.element_size()) : base;
+  const int count = large ? 1 : static_cast<int>(s);
+  std::vector<MPI_Request> reqs;
+  reqs.reserve(2 * static_cast<size_t>(std::max(n - 1, 0)));
+  const auto* in = static_cast<const char*>(full.data_ptr());
+  const int64_t block_bytes = s * full.element_size();
+  for (int k = 1; k < n; ++k) {  // peers in the order r+1, r+2, ...: every pair at once
+    const int to = (rank_ + k) % n, from = (rank_ - k + n) % n;
+    MPI_Request rr, sr;
+    // Row k-1 of `recv` holds rank `from`'s block.
+    MPI_Irecv(recv[k - 1].data_ptr(), count, block, from, kReduceScatterTag, comm_, &rr);
+    MPI_Isend(in + to * block_bytes, count, block, to, kReduceScatterTag, comm_, &sr);
+    reqs.push_back(rr);
+    reqs.push_back(sr);
+  }
+  if (large) MPI_Type_free(&block);
+  at::Tensor own = full.narrow(0, rank_ * s, s), dst = shard;
+  const int me = rank_;
+  // Every rank's block in rank order: own at position `me`, rank q's in recv row (me - q) mod n - 1.
+  auto finish = [recv, own, dst, op, n, me]() mutable {
+    torch::NoGradGuard no_grad;
+    auto block_of = [&](int q) { return q == me ? own : recv[(me - q + n) % n - 1]; };
+    if (op == ReduceOp::kMax) {  // exact in every dtype
+      dst.copy_(block_of(0));
+      for (int q = 1; q < n; ++q) at::maximum_out(dst, dst, block_of(q));
+    } else if (n == 1) {
+      if (dst.data_ptr() != own.data_ptr()) dst.copy_(own);
+    } else if (n == 2 || !is_16bit_float(dst)) {
+      // Two 16-bit blocks: ATen adds bfloat16 and float16 in float32 and rounds once, as the
+      // float32 staging did; halving is exact.
+      at::add_out(dst, block_of(0), block_of(1));
+      for (int q = 2; q < n; ++q) dst.add_(block_of(q));
+      if (op == ReduceOp::kAvg) dst.div_(n);
+    } else {  // more 16-bit blocks: sum in float32, round once
+      at::Tensor acc = block_of(0).to(at::kFloat), up = at::empty_like(acc);
+      for (int q = 1; q < n; ++q) acc.add_(up.copy_(block_of(q)));
+      if (op == ReduceOp::kAvg) acc.div_(n);
+      dst.copy_(acc);
+    }
+    recv = at::Tensor();
   };
-  return std::make_unique<MpiWork>(*this, req, describe("reduce_scatter", rank_, world_size_, full),
+  return std::make_unique<MpiWork>(*this, std::move(reqs), describe("reduce_scatter", rank_, world_size_, full),
                                    std::move(finish));
 }
 

@@ -11,7 +11,7 @@ namespace shardgan {
 using detail::is_16bit_float;
 namespace {
 
-// Holds a reduce-scatter's float32 staging until wait(), as MpiWork does.
+// Holds a reduce-scatter's receive buffer until wait(), as MpiWork does.
 class ShadowWork final : public Work {
  public:
   ShadowWork(at::Tensor shard, at::Tensor staged_in, at::Tensor staged_out)
@@ -38,7 +38,9 @@ void ShadowCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
   stats_.all_gather_calls++;
   stats_.all_gather_bytes += full.numel() * full.element_size();
   torch::NoGradGuard no_grad;
-  full.view({world_size_, shard.numel()}).copy_(shard.view({1, -1}).expand({world_size_, shard.numel()}));
+  // The shard may be block 0 of `full` (an in-place all-gather): copy it out first.
+  const at::Tensor src = shard.data_ptr() == full.data_ptr() ? shard.clone() : shard;
+  full.view({world_size_, shard.numel()}).copy_(src.view({1, -1}).expand({world_size_, shard.numel()}));
 }
 
 std::unique_ptr<Work> ShadowCommunicator::reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
@@ -47,13 +49,15 @@ std::unique_ptr<Work> ShadowCommunicator::reduce_scatter_async(at::Tensor& shard
   stats_.reduce_scatter_calls++;
   stats_.reduce_scatter_bytes += full.numel() * full.element_size();
   torch::NoGradGuard no_grad;
-  if (!is_16bit_float(full)) {
-    shard.copy_(full.narrow(0, 0, shard.numel()));
-    return std::make_unique<ShadowWork>(shard, at::Tensor(), at::Tensor());
+  // MpiCommunicator's buffers: the peers' blocks in full's dtype until wait(), and for more
+  // than two 16-bit blocks a float32 sum and one block upcast at a time.
+  const int64_t s = shard.numel();
+  at::Tensor recv = at::empty({world_size_ - 1, s}, full.options());
+  at::Tensor out = full.narrow(0, 0, s).clone();
+  if (world_size_ > 2 && is_16bit_float(full)) {
+    (void)at::empty({2, s}, full.options().dtype(at::kFloat));  // allocated beside recv, as in wait()
   }
-  at::Tensor in = full.to(at::kFloat);  // MpiCommunicator's staging: the whole input and the output
-  at::Tensor out = in.narrow(0, 0, shard.numel()).clone();
-  return std::make_unique<ShadowWork>(shard, in, out);
+  return std::make_unique<ShadowWork>(shard, recv, out);
 }
 
 void ShadowCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {

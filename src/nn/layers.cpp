@@ -32,13 +32,16 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Bias, when there is one, is added outside (in x's dtype), so autograd handles its gradient.
+// `w_float` (no gradient), when not empty, is w already in float32 (custom functions take
+// defined tensors only, so "none" is an empty tensor).
 struct Conv2dViaFloat : torch::autograd::Function<Conv2dViaFloat> {
-  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::Tensor w, int64_t padding, int64_t stride) {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::Tensor w, int64_t padding, int64_t stride,
+                            at::Tensor w_float) {
     ctx->save_for_backward({x, w});
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["stride"] = stride;
-    return at::conv2d(x.to(at::kFloat), w.to(at::kFloat), {}, {stride, stride}, {padding, padding})
-        .to(x.scalar_type());
+    const at::Tensor wf = w_float.numel() > 0 ? w_float : w.to(at::kFloat);
+    return at::conv2d(x.to(at::kFloat), wf, {}, {stride, stride}, {padding, padding}).to(x.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -51,17 +54,18 @@ struct Conv2dViaFloat : torch::autograd::Function<Conv2dViaFloat> {
                                                  w.to(at::kFloat), std::nullopt, {s, s}, {p, p}, {1, 1},
                                                  false, {0, 0}, 1, {gx, gw, false});
     return {gx ? dx.to(x.scalar_type()) : at::Tensor(), gw ? dw.to(w.scalar_type()) : at::Tensor(),
-            at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor conv2d_lowp(const at::Tensor& x, const at::Tensor& w, int64_t padding, int64_t stride,
-                       const at::Tensor& bias) {
+                       const at::Tensor& bias, const at::Tensor& w_float) {
   const bool low = x.device().is_cpu() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
   if (!low) return at::conv2d(x, w, bias, {stride, stride}, {padding, padding});
-  at::Tensor y = Conv2dViaFloat::apply(x, w, padding, stride);
+  const bool usable = w_float.defined() && w_float.scalar_type() == at::kFloat;
+  at::Tensor y = Conv2dViaFloat::apply(x, w, padding, stride, usable ? w_float.detach() : at::empty({0}));
   return bias.defined() ? y + bias.view({1, -1, 1, 1}) : y;
 }
 

@@ -94,7 +94,7 @@ void ShardedUnit::set_master_shard(const at::Tensor& values) { flat_->set_master
 
 double* ShardedUnit::collective_sink() { return owner_ ? &owner_->comm_times().collective_s : nullptr; }
 
-at::Tensor ShardedUnit::gather_source() {
+at::Tensor ShardedUnit::fill_own_block() {
   at::Tensor master;
   {
     Timed t(flat_->offloaded() && owner_ ? &owner_->comm_times().offload_read_s : nullptr);
@@ -102,7 +102,11 @@ at::Tensor ShardedUnit::gather_source() {
     // unit earlier, or read now with the tier serialized against the worker.
     master = flat_->offloaded() && owner_ ? owner_->read_master_shard(*this) : flat_->master_shard();
   }
-  return master.scalar_type() == flat_->compute_dtype() ? master : master.to(flat_->compute_dtype());
+  // Converted straight into this rank's block of the flat parameter: the all-gather then
+  // runs in place, with no send buffer to allocate and no copy of it inside the backend.
+  at::Tensor own = flat_->full().narrow(0, flat_->shard_offset(), flat_->shard_numel());
+  own.copy_(master);
+  return own;
 }
 
 int64_t ShardedUnit::persistent_grad_bytes() const {
@@ -112,7 +116,7 @@ int64_t ShardedUnit::persistent_grad_bytes() const {
 void ShardedUnit::prefetch() {
   if (cfg_.stage != 3 || gathered_) return;
   flat_->allocate_full();
-  prefetch_src_ = gather_source();  // with parameter offload, read from the tier here
+  prefetch_src_ = fill_own_block();  // with parameter offload, read from the tier here
   Timed t(collective_sink());
   prefetch_work_ = comm_.all_gather_async(flat_->full(), prefetch_src_);
   gathered_ = true;
@@ -128,7 +132,7 @@ void ShardedUnit::gather() {
   }
   if (gathered_) return;
   flat_->allocate_full();
-  at::Tensor src = gather_source();
+  at::Tensor src = fill_own_block();
   {
     Timed t(collective_sink());
     comm_.all_gather(flat_->full(), src);
@@ -161,9 +165,13 @@ void ShardedUnit::reduce_gradients() {
 void ShardedUnit::stage_gradients() {
   if (!trainable()) return;
   const bool persistent = cfg_.stage <= 1;
+  // A fresh buffer (stages 2-3) takes the first gradients by copy, not by adding them to
+  // zeros: one pass instead of a fill and an add. Only slots without a gradient and the
+  // padding are zeroed.
+  const bool fresh = !staged_ && !persistent;
   if (!staged_) {
     staged_flat_ = persistent ? grad_flat_
-                              : torch::zeros({flat_->padded_numel()},
+                              : torch::empty({flat_->padded_numel()},
                                              torch::TensorOptions().dtype(reduce_dtype_).device(flat_->device()));
     if (!persistent) peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(staged_flat_));
     staged_ = true;
@@ -171,10 +179,19 @@ void ShardedUnit::stage_gradients() {
   }
   for (auto& s : flat_->slots()) {
     at::Tensor& g = s.param.mutable_grad();
-    if (!g.defined()) continue;  // unused on this rank: its part stays zero, as in FSDP
-    staged_flat_.narrow(0, s.offset, s.numel).add_(g.reshape({-1}));
+    at::Tensor dst = staged_flat_.narrow(0, s.offset, s.numel);
+    if (!g.defined()) {  // unused on this rank: its part stays zero, as in FSDP
+      if (fresh) dst.zero_();
+      continue;
+    }
+    if (fresh) {
+      dst.copy_(g.reshape({-1}));
+    } else {
+      dst.add_(g.reshape({-1}));
+    }
     g.reset();
   }
+  if (fresh) staged_flat_.narrow(0, flat_->numel(), flat_->padded_numel() - flat_->numel()).zero_();
 }
 
 void ShardedUnit::start_reduce() {

@@ -269,6 +269,7 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   c.family = make_family(r);
   c.d_steps = r.get<int64_t>("train.d_steps", c.d_steps);
   require(c.d_steps >= 1, r, "train.d_steps", "must be >= 1 (D steps per G step)");
+  c.d_joint_pass = r.get<bool>("train.d_joint_pass", c.d_joint_pass);
   c.loss = r.get<std::string>("train.loss", c.loss);
   require(c.loss == "nonsaturating" || c.loss == "hinge", r, "train.loss",
           "must be nonsaturating (DCGAN) or hinge (BigGAN)");

@@ -60,26 +60,36 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
         torch::NoGradGuard no_grad;
         fake = g.model->forward(TensorList{in.local(fake_in[0], j), y_fake}).at(0);
       }
-      // Real and fake each get their own forward and backward. One backward through two D
-      // forwards would keep every D unit gathered until the backward of the first forward
-      // reaches it (the engine runs the later forward's path first, and a unit's parameter
-      // gradients are complete only after both); two backwards release each unit as soon as
-      // it is done, at the cost of one more reduce-scatter of D per D step (stages 2-3).
+      // Real and fake each get their own forward and backward, unless they share one joint
+      // pass (d_joint_pass). One backward through two D forwards would keep every D unit
+      // gathered until the backward of the first forward reaches it (the engine runs the
+      // later forward's path first, and a unit's parameter gradients are complete only after
+      // both); two backwards release each unit as soon as it is done, at the cost of one
+      // more reduce-scatter of D per D step (stages 2-3). The joint pass has neither cost.
       const at::ScalarType md = real.at(0).scalar_type();
-      d.model->set_gradient_sync(false);
-      auto [d_real, r1] = d_real_pass(d, real, md);
-      at::Tensor loss_real = d_loss_real(d_real) / k;
-      r.r1 += r1 / d_steps_;
-      d.model->set_gradient_sync(j == k - 1);
-      at::Tensor d_fake;
-      {
-        // BigGAN-PyTorch's D sees real and fake in one forward, so spectral norm advances
-        // u once per D forward of a D step: the real pass did it.
-        PowerIterationPause once;
-        d_fake = d.model->forward(TensorList{fake, y_fake}).at(0).reshape({-1}).to(md);
+      const bool r1_due = r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
+      at::Tensor d_real, d_fake, loss_real, loss_fake;
+      if (d_joint_pass_ && !r1_due) {
+        d.model->set_gradient_sync(j == k - 1);
+        std::tie(d_real, d_fake) = d_joint_pass(d, real, fake, y_fake, md);
+        loss_real = d_loss_real(d_real) / k;
+        loss_fake = d_loss_fake(d_fake) / k;
+      } else {
+        d.model->set_gradient_sync(false);
+        auto [logits, r1] = d_real_pass(d, real, md);
+        d_real = logits;
+        loss_real = d_loss_real(d_real) / k;
+        r.r1 += r1 / d_steps_;
+        d.model->set_gradient_sync(j == k - 1);
+        {
+          // BigGAN-PyTorch's D sees real and fake in one forward, so spectral norm advances
+          // u once per D forward of a D step: the real pass did it.
+          PowerIterationPause once;
+          d_fake = d.model->forward(TensorList{fake, y_fake}).at(0).reshape({-1}).to(md);
+        }
+        loss_fake = d_loss_fake(d_fake) / k;
+        d.scaler->scale_loss(loss_fake).backward();
       }
-      at::Tensor loss_fake = d_loss_fake(d_fake) / k;
-      d.scaler->scale_loss(loss_fake).backward();
       // loss_d, D(x), D(G(z)) of this micro-batch, copied to the host together (one copy
       // and one wait on a GPU).
       const at::Tensor v = host(at::stack({loss_real.detach() + loss_fake.detach(),
@@ -166,6 +176,22 @@ std::pair<at::Tensor, double> GanObjective::d_real_pass(TrainedModel d, const Te
   at::Tensor p = penalty.detach().to(at::kDouble).reshape({1});
   comm_.all_reduce(p, ReduceOp::kAvg);
   return {logits.detach(), p.item<double>() / k};
+}
+
+std::pair<at::Tensor, at::Tensor> GanObjective::d_joint_pass(TrainedModel d, const TensorList& real,
+                                                           const at::Tensor& fake, const at::Tensor& y_fake,
+                                                           at::ScalarType md) {
+  const int64_t k = micro_;
+  const at::Tensor& x = real.at(0);
+  const int64_t b_fake = fake.size(0);
+  // Fake first, as BigGAN-PyTorch's G_D. G's 16-bit output widens exactly to x's dtype, and
+  // D's first unit casts the batch to its compute dtype as it would each part.
+  at::Tensor xs = torch::cat({fake.to(x.scalar_type()), x});
+  at::Tensor ys = y_fake.defined() ? torch::cat({y_fake, real.at(1)}) : at::Tensor();
+  at::Tensor logits = d.model->forward(TensorList{xs, ys}).at(0).reshape({-1}).to(md);
+  at::Tensor d_fake = logits.narrow(0, 0, b_fake), d_real = logits.narrow(0, b_fake, logits.size(0) - b_fake);
+  d.scaler->scale_loss((d_loss_real(d_real) + d_loss_fake(d_fake)) / k).backward();
+  return {d_real.detach(), d_fake.detach()};
 }
 
 bool GanObjective::finish_update(TrainedModel m, double& norm, int64_t step_index, bool loss_finite,

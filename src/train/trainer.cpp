@@ -102,6 +102,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   if (cfg_.ema_enabled) ema_ = std::make_unique<ShardedEma>(*g_, cfg_.ema);
   objective_ = std::make_unique<GanObjective>(cfg_.loss, cfg_.d_steps, cfg_.micro_batches, cfg_.grad_clip, comm_,
                                               cfg_.r1_gamma, cfg_.r1_every);
+  objective_->set_d_joint_pass(cfg_.d_joint_pass);
   if (cfg_.preempt_grace_s > 0) {
     g_->set_unit_hook([this] { grace_vote(); });
     d_->set_unit_hook([this] { grace_vote(); });

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shardgan/comm/communicator.h"
 
@@ -15,8 +16,8 @@ class ProgressThread;
 
 /// Runs each collective as an MPI-3 non-blocking call (MPI_Iallgather, ...) and polls it
 /// with MPI_Test until it completes or timeout_s() passes, so that a peer that never joins
-/// raises CollectiveTimeout instead of hanging. bfloat16 and float16 are reduced by
-/// converting to float32, reducing, and rounding back once. Tensors must be on the CPU.
+/// raises CollectiveTimeout instead of hanging. bfloat16 and float16 are reduced in
+/// float32 and rounded back once. Tensors must be on the CPU.
 class MpiCommunicator final : public Communicator {
  public:
   /// `comm` is not duplicated or freed; it must outlive this object (MPI_COMM_WORLD,
@@ -37,8 +38,12 @@ class MpiCommunicator final : public Communicator {
   /// own, and, after enable_progress_thread(), whenever that thread polls.
   std::unique_ptr<Work> all_gather_async(at::Tensor& full, const at::Tensor& shard) override;
   void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
-  /// MPI_Ireduce_scatter_block; 16-bit inputs are upcast before it starts and the result is
-  /// averaged and rounded in wait().
+  /// Direct exchange over point-to-point messages (MPI_Isend/MPI_Irecv, every pair posted
+  /// at once): rank r receives block r of every peer's `full` in `full`'s dtype, holding
+  /// (N - 1) x shard.numel() elements of it until wait(), and wait() adds the N blocks in
+  /// rank order (16-bit in float32, rounded once) and averages. Each rank moves and
+  /// reduces (N - 1) / N of the tensor, as a ring does. At N <= 2 (one addition) the result
+  /// equals MPI_Reduce_scatter_block's bit for bit.
   std::unique_ptr<Work> reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
                                              ReduceOp op) override;
   void all_reduce(at::Tensor& t, ReduceOp op) override;
@@ -70,16 +75,17 @@ class MpiCommunicator final : public Communicator {
 
   /// Largest element count passed to one MPI call: INT_MAX by default, since MPI counts
   /// are `int`. Above it, an all-gather is one call on a derived datatype as large as the
-  /// shard (no copy); reduce-scatter, all-reduce and broadcast are split into calls of at
-  /// most this many elements per rank (reduce-scatter stages each column range through a
-  /// buffer of world_size() * min(count, 2^26) elements; an async split one completes
-  /// before it returns). Tests lower it to exercise these paths with small tensors. `n` >= 1.
+  /// shard (no copy), and so is each block of a reduce-scatter; all-reduce and broadcast
+  /// are split into calls of at most this many elements per rank. Tests lower it to
+  /// exercise these paths with small tensors. `n` >= 1.
   void set_max_count(int64_t n) { max_count_ = n; }
   int64_t max_count() const { return max_count_; }
 
  private:
   /// Waits for `req`; throws CollectiveTimeout naming `what` after timeout_s().
   void wait(MPI_Request& req, const std::string& what);
+  /// Waits for every request of `reqs` (MPI_Testall), with the same timeout.
+  void wait(std::vector<MPI_Request>& reqs, const std::string& what);
   /// Checks arguments, counts traffic and starts the all-gather (above max_count_ elements
   /// per rank on a derived datatype).
   MPI_Request start_all_gather(at::Tensor& full, const at::Tensor& shard);

@@ -54,8 +54,11 @@ TORCH_MODULE(Conv2d);
 /// autograd function saves the 16-bit x and w themselves, not float32 copies, so nothing
 /// weight-sized stays alive from forward to backward (w remains a view of the sharding
 /// unit's flat parameter) and the float32 copies are recomputed in backward. Local.
+/// `w_float`, optional: w converted to float32 (same shape and values; no gradient flows
+/// into it), which a 16-bit forward then uses instead of converting w again, e.g. the copy
+/// spectral norm's power iteration made. Ignored unless it is float32.
 /// Throws c10::Error on mismatched shapes (as at::conv2d).
 at::Tensor conv2d_lowp(const at::Tensor& x, const at::Tensor& w, int64_t padding, int64_t stride = 1,
-                       const at::Tensor& bias = {});
+                       const at::Tensor& bias = {}, const at::Tensor& w_float = {});
 
 }  // namespace shardgan

@@ -258,7 +258,7 @@ class ShardedUnit {
   std::unique_ptr<Work> prefetch_work_;  // all-gather in flight into the flat parameter
   std::unique_ptr<Work> reduce_work_;    // reduce-scatter in flight
   at::Tensor reduce_in_, reduce_out_;    // its buffers (flat gradient, reduced slice)
-  at::Tensor prefetch_src_;           // its send buffer (compute-dtype copy of the shard)
+  at::Tensor prefetch_src_;           // its send buffer (this rank's block of the flat parameter)
   int64_t peak_comm_bytes_ = 0;
 
   // Runtime hooks.
@@ -271,9 +271,10 @@ class ShardedUnit {
   int input_grads_expected_ = 0;  // inputs that required grad in forwards since the last backward
 
   void on_backward_part_done();
-  /// The send buffer of an all-gather: the shard in the compute dtype (read from the
-  /// source when offloaded).
-  at::Tensor gather_source();
+  /// Stage 3, after allocate_full(): writes the master shard (read from the source when
+  /// offloaded) in the compute dtype into this rank's block of the flat parameter and
+  /// returns that block, the send buffer of an in-place all-gather.
+  at::Tensor fill_own_block();
   /// Where collective time goes: the owner's CommTimes, or nowhere without an owner.
   double* collective_sink();
   [[noreturn]] void throw_offloaded() const;

@@ -54,6 +54,12 @@ struct TrainConfig {
   int64_t keep_checkpoints = 3;   ///< train.keep_checkpoints: newest committed ones kept
 
   int64_t d_steps = 1;            ///< train.d_steps: D steps per G step (BigGAN uses 2)
+  /// train.d_joint_pass: D sees the fake and the real images of a micro-batch in one
+  /// forward and one backward (BigGAN-PyTorch's G_D: D(cat([G(z), x]))), so each D unit is
+  /// gathered twice and reduce-scattered once per micro-batch instead of four times and
+  /// twice. Batch-coupled layers in D (BatchNorm) then see the joint batch. A micro-batch
+  /// whose D update takes R1 keeps separate passes.
+  bool d_joint_pass = false;
   std::string loss = "nonsaturating";  ///< train.loss: nonsaturating | hinge
   bool skip_memory_check = false; ///< train.skip_memory_check: skip the memory pre-flight
   /// train.memory_probe: the pre-flight measures one step's transient memory on a stand-in

@@ -93,6 +93,10 @@ class GanObjective {
   /// Called before every optimizer update of a step (the trainer ends there the part of
   /// the step that a preemption may abandon). Local.
   void set_before_update(std::function<void()> f) { before_update_ = std::move(f); }
+  /// One D forward and backward on cat([fake, real]) per micro-batch instead of one each
+  /// (TrainConfig::d_joint_pass; BigGAN-PyTorch's G_D). Micro-batches whose D update takes
+  /// R1 keep the separate passes. Local; call it alike on every rank.
+  void set_d_joint_pass(bool on) { d_joint_pass_ = on; }
   GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches, double grad_clip,
                Communicator& comm, double r1_gamma = 0.0, int64_t r1_every = 1);
 
@@ -105,8 +109,8 @@ class GanObjective {
 
   /// Collective. d_steps D updates (G under no_grad; real and fake images each get a
   /// forward and a backward of their own, so that D's units are released as in any single
-  /// backward), then one G update with D frozen (input gradients only, no D
-  /// reduce-scatter). Fills every field but step and
+  /// backward, or one joint pass with set_d_joint_pass), then one G update with D frozen
+  /// (input gradients only, no D reduce-scatter). Fills every field but step and
   /// step_time_s.
   StepMetrics step(TrainedModel g, TrainedModel d, const StepInputs& in);
 
@@ -122,6 +126,12 @@ class GanObjective {
   /// runs the backward. Returns {D's logits [B] (detached), the penalty (0 if not due)}.
   std::pair<at::Tensor, double> d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md);
 
+  /// One micro-batch's D forward and backward on cat([fake, real]) (labels alike).
+  /// Returns {real logits [B], fake logits [B]}, detached, in `md`.
+  std::pair<at::Tensor, at::Tensor> d_joint_pass(TrainedModel d, const TensorList& real, const at::Tensor& fake,
+                                                 const at::Tensor& y_fake, at::ScalarType md);
+
+  bool d_joint_pass_ = false;
   std::string loss_;
   int64_t d_steps_, micro_;
   double grad_clip_;

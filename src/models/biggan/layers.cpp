@@ -37,28 +37,61 @@ void init_bias(at::Tensor& b, int64_t fan_in) {
 
 namespace {
 
-at::Tensor spectral_sigma(const at::Tensor& weight, at::Tensor& u, bool update, double eps) {
+// sigma = u' W v^T from the power iteration's W v^T (so no second product with W), as an
+// autograd function of W with u' and v held constant (Miyato et al. 2018, Alg. 1, where
+// the gradient does not flow through u and v). Backward writes dsigma/dW = g u'^T v
+// straight in W's dtype: no float32 copy of a 16-bit W and no [out, in] float32 temporary.
+// Each element is the one float32 product (g u'_j) v_i that autograd through
+// mm(mm(v, W^T), u'^T) gives, rounded once.
+struct SigmaFromPowerIteration : torch::autograd::Function<SigmaFromPowerIteration> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& w, const at::Tensor& wv,
+                            const at::Tensor& v, const at::Tensor& u_new) {
+    ctx->save_for_backward({v, u_new});
+    ctx->saved_data["sizes"] = w.sizes().vec();
+    ctx->saved_data["dtype"] = static_cast<int64_t>(w.scalar_type());
+    return at::mm(wv, u_new.t()).squeeze();
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& v = saved[0];      // [1, in]
+    const at::Tensor& u_new = saved[1];  // [1, out]
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const at::Tensor gu = grads[0].to(u_new.scalar_type()) * u_new;  // [1, out]
+    at::Tensor gw = at::empty(sizes, v.options().dtype(dtype));      // [out, in]
+    at::mul_out(gw, gu.t(), v);  // computed in float32 (or float64), rounded into W's dtype
+    return {gw, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The power iteration and sigma of `weight` viewed as [out, in]. `w_float`, when given,
+// receives W in u's dtype (the copy the power iteration needs anyway; W itself when the
+// dtypes agree), for the layer to reuse.
+at::Tensor spectral_sigma(const at::Tensor& weight, at::Tensor& u, bool update, double eps,
+                          at::Tensor* w_float = nullptr) {
   TORCH_CHECK(weight.dim() >= 2, "spectral_normalize: weight must be at least 2-D, got ",
               weight.sizes());
   TORCH_CHECK(u.dim() == 2 && u.size(0) == 1 && u.size(1) == weight.size(0),
               "spectral_normalize: u must be [1, ", weight.size(0), "], got ", u.sizes());
   const at::Tensor w = weight.reshape({weight.size(0), -1});  // [out, in], differentiable
-  at::Tensor v, u_new;
+  at::Tensor v, wv, u_new;
   {
     torch::NoGradGuard no_grad;
     // The power iteration runs in u's (master) dtype, so that a bfloat16 weight does not
     // round the singular vectors that persist from step to step.
     const at::Tensor wm = w.detach().to(u.scalar_type());
-    v = normalize_row(at::mm(u, wm), eps);            // [1, in]
-    u_new = normalize_row(at::mm(v, wm.t()), eps);    // [1, out]
+    v = normalize_row(at::mm(u, wm), eps);      // [1, in]
+    wv = at::mm(v, wm.t());                     // [1, out]
+    u_new = normalize_row(wv, eps);             // [1, out]
     if (update) u.copy_(u_new);
+    if (w_float) *w_float = wm.view(weight.sizes());
   }
   // sigma in at least float32: a bfloat16 product keeps 8 bits of the sum over `in`, and
-  // every output is divided by it. Differentiable in W through the cast; the float32 copy
-  // of a 16-bit W is transient (the product's backward keeps v, not W).
+  // every output is divided by it.
   const auto dt = at::promote_types(weight.scalar_type(), at::kFloat);
-  const at::Tensor wd = w.scalar_type() == dt ? w : w.to(dt);
-  return at::mm(at::mm(v.to(dt), wd.t()), u_new.to(dt).t()).squeeze();
+  return SigmaFromPowerIteration::apply(w, wv.to(dt), v.to(dt), u_new.to(dt));
 }
 
 }  // namespace
@@ -69,11 +102,11 @@ std::pair<at::Tensor, at::Tensor> spectral_normalize(const at::Tensor& weight, a
   return {weight / sigma, sigma};
 }
 
-at::Tensor SNBase::sigma() {
+at::Tensor SNBase::sigma(at::Tensor* w_float) {
   // A checkpointed unit's replay in backward sees u as it was at the forward and must not
   // advance it again (its buffers are restored afterwards anyway; this keeps the count).
   const bool advance = is_training() && !power_iteration_paused() && !recomputing_activations();
-  at::Tensor s = spectral_sigma(weight, u, advance, kSnEps);
+  at::Tensor s = spectral_sigma(weight, u, advance, kSnEps, w_float);
   if (advance) ++advances_;
   last_sigma_ = s.detach();
   return s;
@@ -87,7 +120,11 @@ SNConv2dImpl::SNConv2dImpl(int64_t in, int64_t out, int64_t kernel, int64_t padd
 }
 
 at::Tensor SNConv2dImpl::forward(const at::Tensor& x) {
-  at::Tensor y = conv2d_lowp(x, weight, padding_) / sigma();
+  // sigma first: its power iteration's float32 copy of a 16-bit W is the one the
+  // convolution computes with (one conversion of W per forward instead of two).
+  at::Tensor w_float;
+  const at::Tensor s = sigma(&w_float);
+  at::Tensor y = conv2d_lowp(x, weight, padding_, 1, {}, w_float) / s;
   return bias.defined() ? y + bias.view({1, -1, 1, 1}) : y;
 }
 

@@ -36,7 +36,8 @@ constexpr double kBnMomentum = 0.1;
 /// `power_iteration` with num_svs = 1). With W the weight viewed as [out, in] (rows = dim 0,
 /// so an embedding [n, d] has out = n):
 ///   v = normalize(u W), u' = normalize(v W^T)  (no grad, in u's dtype; W converted to it)
-///   sigma = v W^T u'^T                          (float32 or W's dtype if wider; differentiable in W)
+///   sigma = v W^T u'^T                          (float32 or W's dtype if wider; differentiable in W
+///                                                with u' and v constant: dsigma/dW = u'^T v, in W's dtype)
 /// normalize(x) = x / max(||x||, eps). When `update`, u' is written into `u` in place.
 /// `u`: [1, out], float32 or float64. Returns {W / sigma (W's shape and dtype), sigma (0-dim,
 /// float32, or float64 for a float64 W)}. Local.
@@ -61,8 +62,9 @@ class SNBase : public torch::nn::Module {
   int64_t advances() const { return advances_; }
 
  protected:
-  /// sigma (differentiable in W), updating u in training mode; remembers it.
-  at::Tensor sigma();
+  /// sigma (differentiable in W), updating u in training mode; remembers it. `w_float`, if
+  /// given, receives W in u's dtype (W's shape; W itself when the dtypes agree).
+  at::Tensor sigma(at::Tensor* w_float = nullptr);
   at::Tensor last_sigma_;
   int64_t advances_ = 0;
 };
