@@ -18,8 +18,9 @@
 //    4 and reduce-scatters it once instead of twice (stage 3).
 //  - Unpaused, every SN layer of D advances u once per D micro-batch in both modes.
 //  - A micro-batch whose D update takes R1 keeps the separate passes (the penalty ran).
-// Negative control, run once by hand: the joint pass with the fake half's loss left out
-// fails the parameter check by 1.0 of the largest update, and the loss check.
+// Negative control, run once by hand: the joint pass with the fake half's loss left out of
+// its backward fails the parameter check of D and G (by up to a quarter of the largest
+// update; the bound is 1e-9).
 #include <algorithm>
 #include <optional>
 

@@ -3,8 +3,8 @@
 /// Alg. 1). BigGAN-PyTorch runs D once per training forward on cat([fake, real]), so D's
 /// singular-vector estimate u advances once per D forward of a D step, and once in the G
 /// step. shardgan runs real and fake as two forwards (each with its own backward, so that
-/// ZeRO-3 units are released early); the second one runs under a PowerIterationPause, so
-/// that u still advances once per D step and micro-batch. While a pause is alive on this
+/// ZeRO-3 units are released early) unless train.d_joint_pass is on; the second one runs
+/// under a PowerIterationPause, so that u still advances once per D step and micro-batch. While a pause is alive on this
 /// thread, spectral-norm layers compute sigma from their stored u (as in eval mode) and
 /// leave it unchanged. Local, no tensors; nestable.
 namespace shardgan {
