@@ -33,6 +33,7 @@
 #include "shardgan/sharding/deferred.h"
 #include "shardgan/train/objective.h"
 #include "test_util.h"
+#include "tiny_biggan.h"
 
 using namespace shardgan;
 
@@ -59,23 +60,8 @@ struct Result {
   int64_t g_units = 0, d_units = 0;
 };
 
-BigGanConfig tiny_biggan() {
-  BigGanConfig c;
-  c.ch = 4;
-  c.d_ch = 4;
-  c.g_ch_mult = {4, 4, 4, 2};
-  c.d_ch_mult = {2, 4, 4, 4};
-  c.g_blocks_per_res = 0;
-  c.d_blocks_per_res = 0;
-  c.z_dim = 8;
-  c.shared_dim = 4;
-  c.n_classes = 3;
-  c.channels = 1;
-  return c;
-}
-
 std::unique_ptr<ModelFamily> family(const std::string& arch) {
-  if (arch == "biggan") return std::make_unique<BigGanFamily>(tiny_biggan());
+  if (arch == "biggan") return std::make_unique<BigGanFamily>(test_util::tiny_biggan());
   DcganConfig c;
   c.z_dim = 8;
   c.g_width = 4;
@@ -86,16 +72,6 @@ std::unique_ptr<ModelFamily> family(const std::string& arch) {
 Named copy(const Named& in) {
   Named out;
   for (auto& [k, v] : in) out.emplace_back(k, v.clone());
-  return out;
-}
-
-std::vector<int64_t> advances(ShardedModel& m) {
-  std::vector<int64_t> out;
-  for (auto& u : m.units()) {
-    for (auto& mod : u->module().modules()) {
-      if (auto* sn = dynamic_cast<biggan::SNBase*>(mod.get())) out.push_back(sn->advances());
-    }
-  }
   return out;
 }
 
@@ -134,8 +110,8 @@ Result train(Communicator& comm, const Case& c, bool checkpointing) {
   r.d_params = d->gather_full_parameters();
   r.g_buffers = copy(g->named_buffers());
   r.d_buffers = copy(d->named_buffers());
-  r.sn_advances = advances(*g);
-  for (int64_t a : advances(*d)) r.sn_advances.push_back(a);
+  r.sn_advances = test_util::sn_advances(*g);
+  for (int64_t a : test_util::sn_advances(*d)) r.sn_advances.push_back(a);
   r.g_units = static_cast<int64_t>(g->units().size());
   r.d_units = static_cast<int64_t>(d->units().size());
   return r;

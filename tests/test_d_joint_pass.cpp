@@ -35,27 +35,13 @@
 #include "shardgan/optim/loss_scaler.h"
 #include "shardgan/train/objective.h"
 #include "test_util.h"
+#include "tiny_biggan.h"
 
 using namespace shardgan;
 
 namespace {
 
 using Named = std::vector<std::pair<std::string, at::Tensor>>;
-
-BigGanConfig tiny_biggan() {
-  BigGanConfig c;
-  c.ch = 4;
-  c.d_ch = 4;
-  c.g_ch_mult = {4, 4, 4, 2};
-  c.d_ch_mult = {2, 4, 4, 4};
-  c.g_blocks_per_res = 0;
-  c.d_blocks_per_res = 0;
-  c.z_dim = 8;
-  c.shared_dim = 4;
-  c.n_classes = 3;
-  c.channels = 1;
-  return c;  // init "ortho"
-}
 
 struct Result {
   StepMetrics step;
@@ -65,18 +51,8 @@ struct Result {
   std::vector<int64_t> d_sn_advances;
 };
 
-std::vector<int64_t> advances(ShardedModel& m) {
-  std::vector<int64_t> out;
-  for (auto& u : m.units()) {
-    for (auto& mod : u->module().modules()) {
-      if (auto* sn = dynamic_cast<biggan::SNBase*>(mod.get())) out.push_back(sn->advances());
-    }
-  }
-  return out;
-}
-
 Result train(MpiCommunicator& comm, int stage, bool joint, double r1_gamma, bool pause = true) {
-  BigGanFamily fam(tiny_biggan());
+  BigGanFamily fam(test_util::tiny_biggan());
   ShardingConfig sc = test_util::sharding(stage);
   auto g = build_sharded_model(fam.generator(comm), comm, sc, 11, at::kDouble);
   auto d = build_sharded_model(fam.discriminator(comm), comm, sc, 12, at::kDouble);
@@ -107,7 +83,7 @@ Result train(MpiCommunicator& comm, int stage, bool joint, double r1_gamma, bool
     if (pause) paused.emplace();
     r.step = obj.step({g.get(), og.get(), &sg}, {d.get(), od.get(), &sd}, in);
   }
-  r.d_sn_advances = advances(*d);
+  r.d_sn_advances = test_util::sn_advances(*d);
   r.gathers = comm.stats().all_gather_calls;
   r.reduce_scatters = comm.stats().reduce_scatter_calls;
   r.g_params = g->gather_full_parameters();

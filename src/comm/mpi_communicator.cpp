@@ -110,11 +110,6 @@ class MpiWork final : public Work {
   bool done_ = false;
 };
 
-class DoneWork final : public Work {  // a collective that already completed
- public:
-  void wait() override {}
-};
-
 const char* to_string(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return "sum";

@@ -4,9 +4,9 @@
 /// singular-vector estimate u advances once per D forward of a D step, and once in the G
 /// step. shardgan runs real and fake as two forwards (each with its own backward, so that
 /// ZeRO-3 units are released early) unless train.d_joint_pass is on; the second one runs
-/// under a PowerIterationPause, so that u still advances once per D step and micro-batch. While a pause is alive on this
-/// thread, spectral-norm layers compute sigma from their stored u (as in eval mode) and
-/// leave it unchanged. Local, no tensors; nestable.
+/// under a PowerIterationPause, so that u still advances once per D step and micro-batch.
+/// While a pause is alive on this thread, spectral-norm layers compute sigma from their
+/// stored u (as in eval mode) and leave it unchanged. Local, no tensors; nestable.
 namespace shardgan {
 
 namespace detail {
