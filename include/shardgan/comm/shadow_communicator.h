@@ -4,9 +4,9 @@
 /// rank's share of the model (the activation probe of the memory pre-flight,
 /// train/activation_probe.h). Values are stand-ins: an all-gather tiles this rank's shard,
 /// a reduce-scatter keeps block 0, a sum all-reduce multiplies by the world size. Buffers
-/// are allocated as MpiCommunicator allocates them: 16-bit reductions stage through
-/// float32, and an async reduce-scatter keeps its staging until wait(). Local, no MPI;
-/// CPU or device tensors alike.
+/// are allocated as MpiCommunicator allocates them: a reduce-scatter holds the peers'
+/// blocks ((N - 1) x shard elements in the input dtype) until wait(), a 16-bit all-reduce
+/// stages through float32. Local, no MPI; CPU or device tensors alike.
 #include "shardgan/comm/communicator.h"
 
 namespace shardgan {
@@ -21,9 +21,9 @@ class ShadowCommunicator final : public Communicator {
 
   /// Every block of `full` becomes `shard` (sizes checked as for a real all-gather).
   void all_gather(at::Tensor& full, const at::Tensor& shard) override;
-  /// Block 0 of `full` (through a float32 copy for 16-bit inputs) into `shard`.
+  /// Block 0 of `full` into `shard`, with the receive buffer a real reduce-scatter holds.
   void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
-  /// As reduce_scatter, the 16-bit staging held until wait().
+  /// As reduce_scatter, the receive buffer held until wait().
   std::unique_ptr<Work> reduce_scatter_async(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
   /// kSum multiplies by world_size(); kAvg and kMax leave `t` (16-bit through float32).
   void all_reduce(at::Tensor& t, ReduceOp op) override;

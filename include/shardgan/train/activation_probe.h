@@ -5,8 +5,8 @@
 /// and sharded 1/W as usual and gathered at its full size when it runs, while the shards
 /// this rank keeps are small. The bytes LibTorch's CPU allocator hands out during the step
 /// (c10's memory-reporting hook, the one torch.profiler's profile_memory uses) peak at the
-/// activations of the passes, the gathered units, the gradient buffers and the 16-bit
-/// reduction staging together, as they coincide in the real step. Up to
+/// activations of the passes, the gathered units, the gradient buffers and the
+/// reduce-scatters' receive buffers together, as they coincide in the real step. Up to
 /// kProbeExactMaxBatch samples per rank the probe runs at the configured micro-batch itself;
 /// above, at kProbeExactMaxBatch and twice that, and the line through both is scaled to the
 /// configured micro-batch. (At 1-2 samples the gathered units and gradient buffers dominate
