@@ -219,9 +219,20 @@ void ShardedUnit::start_reduce() {
   peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(reduce_out_) + (persistent ? 0 : nbytes(flat)));
   {
     Timed t(collective_sink());
-    reduce_work_ = comm_.reduce_scatter_async(reduce_out_, reduce_in_, ReduceOp::kAvg);
+    reduce_work_ = comm_.reduce_scatter_async(reduce_out_, reduce_in_, avg_on_accumulate() ? ReduceOp::kSum : ReduceOp::kAvg);
   }
   if (owner_) owner_->on_reduce_started(*this);
+}
+
+bool ShardedUnit::avg_on_accumulate() const {
+  // A 16-bit reduction into a wider gradient shard: reduce the sum and scale by 1/N while
+  // adding it into the shard, so the average takes no pass of its own. For a power-of-two
+  // N the scaling is exact in both dtypes, so the shard gets the same bits as from an
+  // averaged reduction (halving a 16-bit sum rounds nothing, short of subnormals).
+  const int n = comm_.world_size();
+  return !grad_shard_aliases_flat_ && (n & (n - 1)) == 0 &&
+         (reduce_dtype_ == at::kBFloat16 || reduce_dtype_ == at::kHalf) &&
+         c10::elementSize(flat_->master_dtype()) > c10::elementSize(reduce_dtype_);
 }
 
 void ShardedUnit::finish_reduce() {
@@ -235,7 +246,8 @@ void ShardedUnit::finish_reduce() {
   if (grad_shard_aliases_flat_) {
     grad_shard_.copy_(reduce_out_);  // stage 1: the owned slice of the accumulated flat gradient
   } else {
-    grad_shard_.add_(reduce_out_.to(flat_->master_dtype()));
+    const double scale = avg_on_accumulate() ? 1.0 / comm_.world_size() : 1.0;
+    grad_shard_.add_(reduce_out_.to(flat_->master_dtype()), scale);
   }
   reduce_in_ = at::Tensor();
   reduce_out_ = at::Tensor();

@@ -275,6 +275,8 @@ class ShardedUnit {
   /// offloaded) in the compute dtype into this rank's block of the flat parameter and
   /// returns that block, the send buffer of an in-place all-gather.
   at::Tensor fill_own_block();
+  /// Whether the reduce-scatter sums and finish_reduce() scales by 1/N instead (see there).
+  bool avg_on_accumulate() const;
   /// Where collective time goes: the owner's CommTimes, or nowhere without an owner.
   double* collective_sink();
   [[noreturn]] void throw_offloaded() const;
