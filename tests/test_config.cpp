@@ -47,6 +47,8 @@ TEST(Config, BadValuesAreNamed) {
   EXPECT_NE(error_of("sharding: {generator: {stage: 4}}\n").find("sharding.generator.stage"), std::string::npos);
   EXPECT_NE(error_of("model: {dtype: float8}\n").find("model.dtype"), std::string::npos);
   EXPECT_NE(error_of("run: {tf32: maybe}\n").find("run.tf32"), std::string::npos);
+  EXPECT_NE(error_of("offload: {overlap_copies: maybe}\n").find("offload.overlap_copies"), std::string::npos);
+  EXPECT_NE(error_of("offload: {copy_block_bytes: 5000}\n").find("offload.copy_block_bytes"), std::string::npos);
   EXPECT_NE(error_of("", {"train.steps"}).find("expected key=value"), std::string::npos);
   EXPECT_NE(error_of("train: [1, 2]\n").find("'train'"), std::string::npos);
 }

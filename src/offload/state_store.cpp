@@ -34,12 +34,15 @@ OffloadStore::OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const
                                 std::to_string(elem_) + " bytes)");
   }
   if (buffer_count_ < 2) throw std::invalid_argument("offload.buffer_count must be >= 2");
-  const int64_t slices = arrays_ + scratch_;
+  // The cpu tier's arrays stay where they are, so its ring holds only the staging
+  // (scratch) slices, and a buffer of the same bytes gives longer chunks.
+  if (device_ == OffloadDevice::kCpu && scratch_ > 0) ring_first_ = arrays_;
+  ring_slices_ = arrays_ + scratch_ - ring_first_;
   // Each slice of a buffer holds a whole number of 4096-byte blocks.
-  chunk_numel_ = (buffer_bytes_ / slices) / kAlign * kAlign / elem_;
+  chunk_numel_ = (buffer_bytes_ / ring_slices_) / kAlign * kAlign / elem_;
   if (chunk_numel_ < 1) {
     throw std::invalid_argument("offload.buffer_bytes " + std::to_string(buffer_bytes_) + " is too small: it needs " +
-                                std::to_string(slices * kAlign) + " bytes or more");
+                                std::to_string(ring_slices_ * kAlign) + " bytes or more");
   }
   // No chunk is longer than the largest unit (rounded up to whole blocks), so a small
   // model does not pay for a large ring.
@@ -48,7 +51,7 @@ OffloadStore::OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const
   chunk_numel_ = std::min(chunk_numel_, align_up(largest * elem_) / elem_);
   // The cpu tier streams from memory: one staging buffer is enough, nothing to overlap.
   if (device_ == OffloadDevice::kCpu) buffer_count_ = 1;
-  ring_ = std::make_unique<HostArray>(buffer_count_ * slices * chunk_numel_ * elem_);
+  ring_ = std::make_unique<HostArray>(buffer_count_ * ring_slices_ * chunk_numel_ * elem_);
   if (device_ == OffloadDevice::kCpu) {
     for (int64_t n : numel_) {
       for (int a = 0; a < arrays_; ++a) host_.push_back(std::make_unique<HostArray>(n * elem_));
@@ -86,9 +89,8 @@ void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
     for (int64_t o = 0; o < numel_.at(u); o += chunk_numel_) pieces.push_back({u, o, std::min(chunk_numel_, numel_[u] - o)});
   }
   const int64_t slice_bytes = chunk_numel_ * elem_;
-  const int64_t slices = arrays_ + scratch_;
   auto slot_ptr = [&](size_t piece, int s) {
-    return ring_->p + (static_cast<int64_t>(piece % buffer_count_) * slices + s) * slice_bytes;
+    return ring_->p + (static_cast<int64_t>(piece % buffer_count_) * ring_slices_ + s - ring_first_) * slice_bytes;
   };
   Chunk c;
   c.data.resize(arrays_);

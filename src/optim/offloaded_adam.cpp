@@ -1,11 +1,13 @@
 #include "shardgan/optim/offloaded_adam.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "shardgan/device/host_copy.h"
 #include "shardgan/offload/state_store.h"
 #include "shardgan/sharding/sharded_model.h"
 
@@ -72,6 +74,8 @@ OffloadedAdam::OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadC
                  model.name(), params ? " and master parameters" : "", store_->path(), store_->disk_bytes() / 1073741824.0, store_->direct() ? "on" : "off",
                  offload.buffer_count, offload.buffer_bytes);
   }
+  overlap_ = offload.overlap_copies;
+  block_numel_ = std::max<int64_t>(1, offload.copy_block_bytes / static_cast<int64_t>(c10::elementSize(dtype_)));
   // Each unit's shard is written to the store and freed before the next one.
   if (params) {
     for (auto& u : model.units()) u->offload_shard(this);
@@ -132,34 +136,66 @@ int64_t OffloadedAdam::offloaded_bytes() { return store_->disk_bytes(); }
 
 void OffloadedAdam::update() {
   torch::NoGradGuard no_grad;
+  auto& units = model_.units();
+  // On a GPU the host may be ahead of the device: wait for the work that wrote the
+  // gradients first, so that the copy time below is the copies' alone.
+  if (!units.empty()) {
+    DeviceEvent ready(units[0]->device());
+    ready.record();
+    ready.wait();
+  }
   const auto t_start = Clock::now();
   double compute = 0;
   const AdamCoefficients c = adam_coefficients(lr_, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay,
                                                cfg_.decoupled_weight_decay, step_);
-  auto& units = model_.units();
   std::vector<size_t> all(units.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  const bool params = params_offloaded();
   store_->stream(all, OffloadStore::Mode::kUpdate, [&](const OffloadStore::Chunk& ch) {
+    if (ch.numel == 0) return;
     ShardedUnit& u = *units[ch.unit];
-    const bool params = params_offloaded();
     // With parameter offload the master chunk is an array of the store, updated in the
     // ring and written back with the moments; otherwise it is staged from the unit.
     at::Tensor p_dev = params ? at::Tensor() : u.shard().narrow(0, ch.offset, ch.numel);
+    at::Tensor g_dev = u.grad_shard().narrow(0, ch.offset, ch.numel);
     at::Tensor p = params ? view(ch.data[param_array_], ch.numel, dtype_) : view(ch.scratch[1], ch.numel, dtype_);
     at::Tensor g = view(ch.scratch[0], ch.numel, dtype_);
     at::Tensor m = view(ch.data[moment_array_], ch.numel, dtype_);
     at::Tensor v = view(ch.data[moment_array_ + 1], ch.numel, dtype_);
-    // Stage in: the gradient and the parameters (device-to-host in a CUDA build).
-    if (!params) p.copy_(p_dev);
-    g.copy_(u.grad_shard().narrow(0, ch.offset, ch.numel));
-    const auto t0 = Clock::now();
-    if (dtype_ == at::kFloat) {
-      fused_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), ch.numel, c);
-    } else {
-      adam_torch_step(p, g, m, v, cfg_, lr_, step_);  // ShardedAdam's float64 path
+    // Blocks of the chunk: block i's copies in (device-to-host in a CUDA build) are
+    // enqueued one block ahead and waited for on in[i % 2]; its parameters go back
+    // without a wait, and the chunk's last event covers them all. Copies with
+    // non_blocking run in the device's queue order, so block i+1's gradient is read after
+    // the backward that wrote it; on the CPU they are synchronous and the events no-ops.
+    const int64_t block = overlap_ ? block_numel_ : ch.numel;
+    const int64_t blocks = (ch.numel + block - 1) / block;
+    auto part = [&](const at::Tensor& t, int64_t i) { return t.narrow(0, i * block, std::min(block, ch.numel - i * block)); };
+    const c10::Device dev = g_dev.device();
+    DeviceEvent in0(dev), in1(dev), out(dev);
+    DeviceEvent* in[2] = {&in0, &in1};
+    auto stage_in = [&](int64_t i) {
+      if (!params) part(p, i).copy_(part(p_dev, i), overlap_);
+      part(g, i).copy_(part(g_dev, i), overlap_);
+      in[i % 2]->record();
+    };
+    stage_in(0);
+    for (int64_t i = 0; i < blocks; ++i) {
+      if (i + 1 < blocks) stage_in(i + 1);
+      in[i % 2]->wait();
+      at::Tensor pi = part(p, i), gi = part(g, i), mi = part(m, i), vi = part(v, i);
+      const auto t0 = Clock::now();
+      if (dtype_ == at::kFloat) {
+        fused_adam_step(pi.data_ptr<float>(), gi.data_ptr<float>(), mi.data_ptr<float>(), vi.data_ptr<float>(),
+                        pi.numel(), c);
+      } else {
+        adam_torch_step(pi, gi, mi, vi, cfg_, lr_, step_);  // ShardedAdam's float64 path
+      }
+      compute += since(t0);
+      if (!params) part(p_dev, i).copy_(pi, overlap_);  // stage out (host-to-device in a CUDA build)
     }
-    compute += since(t0);
-    if (!params) p_dev.copy_(p);  // stage out (host-to-device in a CUDA build)
+    // The store reuses the staging buffers for the next chunk: every copy must be done.
+    out.record();
+    out.wait();
   });
   compute_s_ = compute;
   io_s_ = since(t_start) - compute;

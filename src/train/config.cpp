@@ -175,6 +175,11 @@ void read_offload(Reader& r, TrainConfig& c) {
   require(shared.buffer_count >= 2 && shared.buffer_count <= 64, r, "offload.buffer_count", "must be 2 to 64");
   shared.queue_depth = r.get<int64_t>("offload.queue_depth", shared.queue_depth);
   require(shared.queue_depth >= 1 && shared.queue_depth <= 4096, r, "offload.queue_depth", "must be 1 to 4096");
+  shared.overlap_copies = r.get<bool>("offload.overlap_copies", shared.overlap_copies);
+  shared.copy_block_bytes = r.get<int64_t>("offload.copy_block_bytes", shared.copy_block_bytes);
+  require(shared.copy_block_bytes >= 4096 && shared.copy_block_bytes <= (int64_t{1} << 34) &&
+              shared.copy_block_bytes % 4096 == 0,
+          r, "offload.copy_block_bytes", "must be a multiple of 4096 from 4096 to 17179869184 (16 GiB)");
   for (auto [who, oc, sc] : {std::tuple{"generator", &c.g_optim, &c.g_sharding},
                              std::tuple{"discriminator", &c.d_optim, &c.d_sharding}}) {
     OffloadConfig o = shared;

@@ -186,8 +186,10 @@ std::pair<at::Tensor, at::Tensor> GanObjective::d_joint_pass(TrainedModel d, con
   const int64_t b_fake = fake.size(0);
   // Fake first, as BigGAN-PyTorch's G_D. G's 16-bit output widens exactly to x's dtype, and
   // D's first unit casts the batch to its compute dtype as it would each part.
-  at::Tensor xs = torch::cat({fake.to(x.scalar_type()), x});
-  at::Tensor ys = y_fake.defined() ? torch::cat({y_fake, real.at(1)}) : at::Tensor();
+  // The batch is joined on G's device: the real half comes from the host on a GPU.
+  const c10::Device dev = fake.device();
+  at::Tensor xs = torch::cat({fake.to(x.scalar_type()), x.to(dev)});
+  at::Tensor ys = y_fake.defined() ? torch::cat({y_fake.to(dev), real.at(1).to(dev)}) : at::Tensor();
   at::Tensor logits = d.model->forward(TensorList{xs, ys}).at(0).reshape({-1}).to(md);
   at::Tensor d_fake = logits.narrow(0, 0, b_fake), d_real = logits.narrow(0, b_fake, logits.size(0) - b_fake);
   d.scaler->scale_loss((d_loss_real(d_real) + d_loss_fake(d_fake)) / k).backward();

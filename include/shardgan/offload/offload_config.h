@@ -37,6 +37,17 @@ struct OffloadConfig {
   int64_t buffer_count = 4;
   /// offload.queue_depth: io_uring submission queue entries (1 to 4096).
   int64_t queue_depth = 32;
+  /// offload.overlap_copies: with shards on a GPU, stage each chunk of the optimizer step
+  /// through the pinned buffers in blocks of copy_block_bytes, so that the device-to-host
+  /// copy of block k+1 and the host-to-device copy of block k-1's updated parameters run
+  /// while the CPU Adam steps block k (ZeRO-Offload, Ren et al. 2021, Sec. 4). False: one
+  /// synchronous copy per chunk each way. Results are the same bits either way.
+  bool overlap_copies = true;
+  /// offload.copy_block_bytes: bytes of one such block (a multiple of 4096, >= 4096).
+  /// Blocks are cut within each chunk of the store (offload.buffer_bytes over the staged
+  /// arrays, 8 MiB at the defaults), and the first block of every chunk is copied before
+  /// any compute: more blocks per chunk hide more of the copies.
+  int64_t copy_block_bytes = int64_t{2} << 20;
 
   bool any() const { return optimizer != OffloadDevice::kNone || param != OffloadDevice::kNone; }
 };

@@ -47,7 +47,8 @@ class OffloadStore {
 
   /// Builds the store and its ring: cfg.buffer_count buffers (one for cpu, which has no
   /// I/O to overlap) of at most cfg.buffer_bytes, each split into `arrays + scratch_arrays`
-  /// slices of one chunk (no longer than the largest unit). Disk: creates and reserves the file
+  /// slices of one chunk (only the `scratch_arrays` staging slices for cpu, whose arrays
+  /// stay in memory; no chunk is longer than the largest unit). Disk: creates and reserves the file
   /// in the folder cfg.path, which must exist. Throws std::invalid_argument for a device of
   /// kNone or a buffer too small for one aligned element per array, OffloadError (naming
   /// the path) when the file cannot be created or reserved.
@@ -91,6 +92,8 @@ class OffloadStore {
   int64_t elem_;
   int64_t buffer_bytes_, buffer_count_;
   int64_t chunk_numel_ = 0;
+  int ring_first_ = 0;   // first slice kept in the ring (arrays_ for cpu: only its scratch)
+  int ring_slices_ = 0;  // slices per ring buffer
   std::vector<int64_t> region_;          // disk: byte offset of (unit, array) = region_[u*arrays+a]
   std::vector<std::unique_ptr<HostArray>> host_;  // cpu: one per (unit, array); ring buffers
   std::unique_ptr<DirectFile> file_;

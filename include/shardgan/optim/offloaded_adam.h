@@ -9,7 +9,11 @@
 /// (host-to-host here; device-to-host in a CUDA build, the same torch copy), the fused
 /// kernel updates them with the chunk's moments, and the parameters are copied back into
 /// the unit's shard. On disk, chunk k+1 is read and chunk k-1 written while chunk k is
-/// updated. Every element sees the operations ShardedAdam applies, so a run with offload is
+/// updated. Within a chunk, with offload.overlap_copies (the default), the copies go in
+/// blocks of offload.copy_block_bytes, non-blocking through the pinned buffers: block k+1's
+/// gradient comes down and block k-1's parameters go back while the CPU steps block k,
+/// ordered by two DeviceEvents (no-ops on the CPU, where the copies are synchronous). The
+/// chunk waits for its last copy before the store reuses its buffers. Every element sees the operations ShardedAdam applies, so a run with offload is
 /// bit-identical to one without (tests/test_offload.cpp).
 ///
 /// Without parameter offload the master parameters stay in the unit's shard (gradients
@@ -83,6 +87,8 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource {
   at::ScalarType dtype_;
   int param_array_ = -1;  // store array of the master shard (parameter offload), or -1
   int moment_array_ = 0;  // store array of exp_avg; exp_avg_sq follows it
+  bool overlap_ = true;         // offload.overlap_copies
+  int64_t block_numel_ = 0;     // offload.copy_block_bytes in elements of dtype_
   double io_s_ = 0, compute_s_ = 0, io_total_s_ = 0;
 };
 
