@@ -13,8 +13,9 @@
 /// blocks of offload.copy_block_bytes, non-blocking through the pinned buffers: block k+1's
 /// gradient comes down and block k-1's parameters go back while the CPU steps block k,
 /// ordered by two DeviceEvents (no-ops on the CPU, where the copies are synchronous). The
-/// chunk waits for its last copy before the store reuses its buffers. Every element sees the operations ShardedAdam applies, so a run with offload is
-/// bit-identical to one without (tests/test_offload.cpp).
+/// chunk waits for its last copy before the store reuses its buffers. Every element sees
+/// the operations ShardedAdam applies, so a run with offload is bit-identical to one
+/// without (tests/test_offload.cpp; on CUDA shards, tests/test_gpu.cpp).
 ///
 /// Without parameter offload the master parameters stay in the unit's shard (gradients
 /// too): only the optimizer state leaves. With it (`offload.<model>.param`, stage 3; the
