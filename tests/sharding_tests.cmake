@@ -60,3 +60,8 @@ shardgan_mpi_test(test_activation_checkpointing 300 1 2)
 # SGD) and halves D's collectives; R1 updates keep the separate passes.
 shardgan_test(test_d_joint_pass)
 shardgan_mpi_test(test_d_joint_pass 300 1 2)
+
+# The node-shared stage-3 gather (sharding.<model>.node_shared_gather): the same bits as the
+# MPI all-gather with no MPI all-gather, page lifetime, and the timeout naming a silent rank.
+shardgan_test(test_node_shared_gather)
+shardgan_mpi_test(test_node_shared_gather 120 2 3)

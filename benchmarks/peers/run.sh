@@ -92,8 +92,10 @@ model_args() {  # config and --set arguments of a size
       local ch=15; [ "$1" = biggan500m ] && ch=45
       # configs/biggan-1b.yaml's geometry at width ch, in float32 (model.dtype, compute auto):
       # ch 15: 59.2M parameters, ch 45: 514.5M. Global batch 4, d_steps 2, hinge, N02 init.
-      # Separate real and fake D passes, as the PyTorch peers run them (peers/models.py).
+      # Separate real and fake D passes, as the PyTorch peers run them (peers/models.py), and
+      # the MPI all-gather (node_shared_gather off), as the recorded results ran.
       echo $CONFIGS/biggan-1b.yaml --set model.ch=$ch --set model.d_ch=$ch --set train.d_joint_pass=false \
+        --set sharding.generator.node_shared_gather=false --set sharding.discriminator.node_shared_gather=false \
         --set sharding.generator.compute_dtype=auto --set sharding.discriminator.compute_dtype=auto \
         --set sharding.generator.reduce_dtype=auto --set sharding.discriminator.reduce_dtype=auto ;;
     *) echo "unknown model $1" >&2; return 1 ;;

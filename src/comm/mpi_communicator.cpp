@@ -407,4 +407,9 @@ void MpiCommunicator::barrier() {
   wait(req, "barrier (rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) + ")");
 }
 
+void MpiCommunicator::poll() {
+  int flag = 0;
+  MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE);
+}
+
 }  // namespace shardgan

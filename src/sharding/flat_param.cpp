@@ -88,6 +88,10 @@ void FlatParam::allocate_full() {
   detail::refill_storage(full_, static_cast<size_t>(padded_numel_) * full_.element_size());
 }
 
+void FlatParam::attach_full(void* external) {
+  detail::point_storage(full_, external, static_cast<size_t>(padded_numel_) * full_.element_size());
+}
+
 void FlatParam::release_full() { detail::free_storage(full_); }
 
 int64_t FlatParam::full_bytes_alive() const {

@@ -1,5 +1,7 @@
 #include "shardgan/sharding/sharded_model.h"
 
+#include "shardgan/comm/node_shared.h"
+
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
@@ -17,6 +19,23 @@ ShardedModel::ShardedModel(std::string name, Communicator& comm, ShardingConfig 
     : name_(std::move(name)), comm_(comm), cfg_(cfg) {}
 
 ShardedModel::~ShardedModel() { drain_read_ahead(); }
+
+NodeSharedPool* ShardedModel::shared_pool() {
+  if (shared_pool_checked_) return shared_pool_.get();
+  shared_pool_checked_ = true;
+  // Every rank evaluates the same conditions, so the collectives below run on all or none.
+  if (!cfg_.node_shared_gather || cfg_.stage != 3 || comm_.world_size() < 2 || comm_.replicate_degree() != 1) {
+    return nullptr;
+  }
+  int64_t slot_bytes = 0;
+  for (auto& u : units_) {
+    if (!u->device().is_cpu()) return nullptr;
+    slot_bytes = std::max(slot_bytes, u->padded_numel() * static_cast<int64_t>(c10::elementSize(u->compute_dtype())));
+  }
+  if (slot_bytes == 0 || !ranks_share_node(comm_)) return nullptr;
+  shared_pool_ = std::make_unique<NodeSharedPool>(comm_, kSharedSlots, slot_bytes, name_);
+  return shared_pool_.get();
+}
 
 namespace {
 

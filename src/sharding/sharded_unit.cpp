@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include "shardgan/comm/node_shared.h"
 #include "shardgan/sharding/shard_source.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "sharding/torch_internals.h"
@@ -18,6 +19,24 @@ namespace shardgan {
 
 using detail::nbytes;
 using detail::Timed;
+
+namespace {
+// The node-shared all-gather in flight: this rank's block is published; wait() returns once
+// every rank's block of the same gather is.
+class SharedGatherWork final : public Work {
+ public:
+  SharedGatherWork(const NodeSharedPool& pool, int64_t seq, Communicator& comm)
+      : pool_(pool), seq_(seq), comm_(comm) {}
+  void wait() override {
+    pool_.wait_published(seq_, comm_.timeout_s(), [this] { comm_.poll(); });
+  }
+
+ private:
+  const NodeSharedPool& pool_;
+  int64_t seq_;
+  Communicator& comm_;
+};
+}  // namespace
 
 ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> module,
                          Forward forward, Communicator& comm, ShardingConfig cfg,
@@ -58,6 +77,8 @@ ShardedUnit::~ShardedUnit() {
   detail::unregister_live_unit(this);
   // The accumulators may outlive us inside a graph that is still alive; drop our hooks.
   accumulators_.clear();
+  // The module may outlive us too: its parameters must not point into unmapped pages.
+  if (shared_seq_ != 0 && gathered_) flat_->release_full();
 }
 
 const at::Tensor& ShardedUnit::param(size_t slot) const {
@@ -113,8 +134,34 @@ int64_t ShardedUnit::persistent_grad_bytes() const {
   return nbytes(grad_flat_) + (grad_shard_aliases_flat_ ? 0 : nbytes(grad_shard_));
 }
 
+std::unique_ptr<Work> ShardedUnit::start_shared_gather() {
+  NodeSharedPool* pool = cfg_.node_shared_gather && owner_ ? owner_->shared_pool() : nullptr;
+  if (!pool || flat_->padded_numel() == 0) return nullptr;
+  const int64_t seq = owner_->next_shared_seq();
+  // Symmetric on every rank: gathers and releases run in the same program order.
+  if (pool->held_here(seq)) {
+    owner_->count_shared_fallback();
+    return nullptr;
+  }
+  owner_->take_shared_seq();
+  {
+    Timed t(collective_sink());
+    pool->wait_free(seq, comm_.timeout_s(), [this] { comm_.poll(); });
+  }
+  flat_->attach_full(pool->data(pool->slot_of(seq)));
+  fill_own_block();
+  pool->publish(seq);
+  shared_seq_ = seq;
+  return std::make_unique<SharedGatherWork>(*pool, seq, comm_);
+}
+
 void ShardedUnit::prefetch() {
   if (cfg_.stage != 3 || gathered_) return;
+  if ((prefetch_work_ = start_shared_gather())) {
+    gathered_ = true;
+    owner_->on_unit_gathered();
+    return;
+  }
   flat_->allocate_full();
   prefetch_src_ = fill_own_block();  // with parameter offload, read from the tier here
   Timed t(collective_sink());
@@ -131,6 +178,15 @@ void ShardedUnit::gather() {
     prefetch_src_ = at::Tensor();
   }
   if (gathered_) return;
+  if (std::unique_ptr<Work> w = start_shared_gather()) {
+    {
+      Timed t(collective_sink());
+      w->wait();
+    }
+    gathered_ = true;
+    owner_->on_unit_gathered();
+    return;
+  }
   flat_->allocate_full();
   at::Tensor src = fill_own_block();
   {
@@ -145,6 +201,10 @@ void ShardedUnit::free_full() {
   if (cfg_.stage != 3 || !gathered_) return;
   gather();  // an all-gather in flight still writes into the flat parameter: let it finish first
   flat_->release_full();
+  if (shared_seq_ != 0) {
+    owner_->shared_pool()->release(shared_seq_);
+    shared_seq_ = 0;
+  }
   gathered_ = false;
 }
 

@@ -35,6 +35,12 @@ void refill_storage(const at::Tensor& t, size_t nbytes) {
   s->set_nbytes(nbytes);
 }
 
+void point_storage(const at::Tensor& t, void* p, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(p, t.device()));  // no deleter: not ours to free
+  s->set_nbytes(nbytes);
+}
+
 size_t storage_nbytes(const at::Tensor& t) { return t.storage().nbytes(); }
 
 at::Tensor lazy_zeros(int64_t numel, at::ScalarType dtype) {

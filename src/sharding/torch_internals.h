@@ -23,6 +23,9 @@ void free_storage(const at::Tensor& t);
 /// storage was made with (on a GPU: the CUDA caching allocator, on `t`'s device), or the
 /// device's registered allocator. Throws c10::Error if there is none.
 void refill_storage(const at::Tensor& t, size_t nbytes);
+/// Points `t`'s storage at `nbytes` of memory owned elsewhere (a node-shared buffer):
+/// every view stays valid, and free_storage() later drops the pointer without freeing it.
+void point_storage(const at::Tensor& t, void* p, size_t nbytes);
 
 /// Bytes currently allocated behind `t`'s storage.
 size_t storage_nbytes(const at::Tensor& t);

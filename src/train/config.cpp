@@ -77,6 +77,7 @@ ShardingConfig read_sharding(Reader& r, const std::string& who) {
   c.reshard_after_forward = r.get<bool>("sharding." + who + ".reshard_after_forward", true);
   c.activation_checkpointing = r.get<bool>("sharding." + who + ".activation_checkpointing", false);
   c.read_ahead = r.get<bool>("sharding." + who + ".read_ahead", true);
+  c.node_shared_gather = r.get<bool>("sharding." + who + ".node_shared_gather", false);
   for (const char* what : {"compute_dtype", "reduce_dtype"}) {
     const std::string key = "sharding." + who + "." + what;
     const std::string v = r.get<std::string>(key, "auto");

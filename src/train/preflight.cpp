@@ -10,6 +10,7 @@
 #include "shardgan/models/family.h"
 #include "shardgan/optim/factory.h"
 #include "shardgan/sharding/memory_estimate.h"
+#include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/activation_probe.h"
 #include "shardgan/util/proc_status.h"
 
@@ -163,12 +164,21 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
                     {"shadow_world_size", probe.shadow_world},
                     {"seconds", probe.seconds}};
     }
-    const int64_t predicted = rss_now + persistent + data + transient + kPredictionMarginBytes;
+    // node_shared_gather: every rank maps and touches its models' whole pools (so each rank's
+    // RSS counts them), kept for the run. The probe runs without them (its communicator is
+    // a stand-in), so they are added here.
+    auto pool = [&](const ShardingConfig& sc, const ModelMemoryEstimate& e) -> int64_t {
+      const bool on = sc.node_shared_gather && sc.stage == 3 && world_size > 1 && local_ranks == world_size;
+      return on ? ShardedModel::kSharedSlots * e.gathered_unit_bytes : 0;
+    };
+    const int64_t shared_pools = pool(cfg.g_sharding, ge[3]) + pool(cfg.d_sharding, de[3]);
+    const int64_t predicted = rss_now + persistent + data + transient + shared_pools + kPredictionMarginBytes;
     j["configured"]["predicted"] = {{"process_rss_bytes", rss_now},
                                     {"process_rss_before_probe_bytes", rss_before},
                                     {"persistent_state_bytes", persistent},
                                     {"data_bytes", data},
                                     {"step_transient_bytes", transient},
+                                    {"node_shared_pool_bytes", shared_pools},
                                     {"micro_batch", micro},
                                     {"margin_bytes", kPredictionMarginBytes},
                                     {"vmhwm_bytes_per_rank", predicted}};

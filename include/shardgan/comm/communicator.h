@@ -100,6 +100,11 @@ class Communicator {
   /// Collective. Returns once every rank has entered it.
   virtual void barrier() = 0;
 
+  /// Local: lets the backend progress the operations in flight (MPI: one MPI_Iprobe), for
+  /// a rank that waits on something else (a node-shared gather) while its peers wait on
+  /// it. Default: nothing.
+  virtual void poll() {}
+
   /// Collective over this communicator (MPI_Comm_split): the ranks that pass the same
   /// `color` (>= 0) form a new communicator of the same backend and timeout, ordered by
   /// `key` (then by rank here); returns this rank's, which must not outlive MPI. A barrier

@@ -31,6 +31,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   std::string backend() const override { return "mpi"; }
+  void poll() override;
 
   void all_gather(at::Tensor& full, const at::Tensor& shard) override;
   /// MPI_Iallgather; the request progresses whenever this rank calls into MPI (for

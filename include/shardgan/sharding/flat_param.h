@@ -62,6 +62,9 @@ class FlatParam {
   /// Stage 3: gives full() fresh, uninitialized memory (the storage's allocator), keeping
   /// every view valid. Local.
   void allocate_full();
+  /// Stage 3: points full() at `external` (padded_numel() elements of the compute dtype,
+  /// owned by the caller, e.g. a node-shared buffer) instead of allocating. Local.
+  void attach_full(void* external);
   /// Stage 3: frees full()'s memory (FSDP's untyped_storage().resize_(0)). Local.
   void release_full();
   /// Bytes behind full() now at stage 3; 0 at stages 0-2 (persistent, counted below).

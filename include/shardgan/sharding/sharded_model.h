@@ -14,6 +14,8 @@
 
 namespace shardgan {
 
+class NodeSharedPool;
+
 /// Bytes one rank holds for a model's training state, as the sharding layer counts them.
 struct MemoryStats {
   int64_t param_shard_bytes = 0;      ///< parameters kept between steps: the full copy at
@@ -172,6 +174,21 @@ class ShardedModel {
   /// Waits for every reduce-scatter in flight, oldest first (the end-of-backward callback
   /// does this, so gradients are complete when backward() returns).
   void finish_reduces();
+  /// node_shared_gather: slots in the model's node-shared pool (a gather reuses the slot of
+  /// the gather kSharedSlots before it once every rank released that one).
+  static constexpr int kSharedSlots = 4;
+  /// node_shared_gather: the model's pool, created at the first call (a collective: every
+  /// rank makes it at the same gather), or nullptr when the option is off, the model is not
+  /// a stage-3 CPU model on several ranks of one host, or under HSDP. Not for users.
+  NodeSharedPool* shared_pool();
+  /// The number the next gather through the pool gets (1, 2, ...: the same on every rank),
+  /// and taking it. A gather that falls back does not take one, so the gathers that used a
+  /// slot are exactly every kSharedSlots-th number. Not for users.
+  int64_t next_shared_seq() const { return shared_seq_ + 1; }
+  void take_shared_seq() { ++shared_seq_; }
+  /// Gathers that fell back to the communicator because this rank still held their slot.
+  int64_t shared_gather_fallbacks() const { return shared_fallbacks_; }
+  void count_shared_fallback() { ++shared_fallbacks_; }
   /// Most reduce-scatters that were in flight at once so far (<= kMaxReducesInFlight).
   size_t max_reduces_in_flight() const { return max_in_flight_; }
   /// Time spent in collectives and offload reads (the units add to it). Local.
@@ -220,6 +237,9 @@ class ShardedModel {
   /// The unit `offset` places after (negative: before) `u`'s first run in the recorded
   /// order, or in registration order before the first forward; nullptr past either end.
   ShardedUnit* unit_at_offset(const ShardedUnit& u, ptrdiff_t offset);
+  std::unique_ptr<NodeSharedPool> shared_pool_;  // after units_: destroyed before them
+  bool shared_pool_checked_ = false;
+  int64_t shared_seq_ = 0, shared_fallbacks_ = 0;
 };
 
 /// FSDP's summon_full_params (read-only, scoped): while it lives, every unit of the model

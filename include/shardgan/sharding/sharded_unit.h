@@ -67,6 +67,15 @@ struct ShardingConfig {
   /// swapper, ZeRO-Infinity Sec. 6.2). False reads each shard on the compute thread when
   /// its all-gather starts.
   bool read_ahead = true;
+  /// Stage 3 on the CPU with every rank on one host: the gathered flat parameter lives in
+  /// node-shared memory (comm/node_shared.h). Each rank converts its master shard into its
+  /// own block there and the others compute from the same pages: the all-gather copies
+  /// nothing, and the node holds one gathered copy of a unit instead of one per rank.
+  /// Ignored (with the MPI all-gather instead) on a GPU, across hosts, under HSDP and for
+  /// other backends. The same bits as the all-gather. Memory: a pool of
+  /// ShardedModel::kSharedSlots slots of the model's largest gathered unit, kept for the
+  /// run and mapped by every rank of the node.
+  bool node_shared_gather = false;
 };
 
 /// Inputs or outputs of a unit or model. Tensors may be undefined (e.g. no labels).
@@ -200,6 +209,8 @@ class ShardedUnit {
   void set_master_shard(const at::Tensor& values);
   /// dtype of the master shard (of the module as built).
   at::ScalarType master_dtype() const { return flat_->master_dtype(); }
+  /// dtype of the gathered parameters (ShardingConfig::compute_dtype, else the master's).
+  at::ScalarType compute_dtype() const { return flat_->compute_dtype(); }
   /// The averaged gradient for shard(): same shape, dtype and device.
   at::Tensor& grad_shard() { return grad_shard_; }
   /// Bytes this rank keeps between steps for parameters (full copy at stages 0-2, the
@@ -259,6 +270,7 @@ class ShardedUnit {
   std::unique_ptr<Work> reduce_work_;    // reduce-scatter in flight
   at::Tensor reduce_in_, reduce_out_;    // its buffers (flat gradient, reduced slice)
   at::Tensor prefetch_src_;           // its send buffer (this rank's block of the flat parameter)
+  int64_t shared_seq_ = 0;            // node_shared_gather: the model's gather number in use, or 0
   int64_t peak_comm_bytes_ = 0;
 
   // Runtime hooks.
@@ -275,6 +287,11 @@ class ShardedUnit {
   /// offloaded) in the compute dtype into this rank's block of the flat parameter and
   /// returns that block, the send buffer of an in-place all-gather.
   at::Tensor fill_own_block();
+  /// node_shared_gather: maps the flat parameter onto a slot of the model's node-shared
+  /// pool and publishes this rank's block; the returned work waits for the other ranks'
+  /// blocks. nullptr (the caller all-gathers through the communicator) without a pool, for
+  /// a unit without parameters, or when this rank still holds the slot itself.
+  std::unique_ptr<Work> start_shared_gather();
   /// Whether the reduce-scatter sums and finish_reduce() scales by 1/N instead (see there).
   bool avg_on_accumulate() const;
   /// Where collective time goes: the owner's CommTimes, or nowhere without an owner.
