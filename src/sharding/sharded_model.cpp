@@ -1,7 +1,5 @@
 #include "shardgan/sharding/sharded_model.h"
 
-#include "shardgan/comm/node_shared.h"
-
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
@@ -9,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include "shardgan/comm/node_shared.h"
 #include "sharding/ownership.h"
 #include "sharding/torch_internals.h"
 #include "shardgan/util/threads.h"
