@@ -53,7 +53,7 @@ TEST(NodeSharedGather, SameBitsAsTheAllGather) {
   ASSERT_TRUE(ranks_share_node(comm_shared)) << "this test runs its ranks on one host";
   Net ref(comm_ref, false), sh(comm_shared, true);
   ShardedAdam opt_ref(ref.model, AdamConfig{1e-2}), opt_sh(sh.model, AdamConfig{1e-2});
-  ASSERT_NE(sh.model.shared_pool(), nullptr);  // made here (one all-gather), not in the steps
+  ASSERT_NE(sh.model.shared_pool(), nullptr);  // made here (its collectives), not in the steps
   ASSERT_EQ(ref.model.shared_pool(), nullptr);
   comm_ref.reset_stats();
   comm_shared.reset_stats();

@@ -17,6 +17,8 @@
 #include <ATen/ATen.h>
 
 #include "shardgan/comm/communicator.h"
+#include "shardgan/comm/factory.h"
+#include "shardgan/comm/mpi_communicator.h"
 
 namespace shardgan {
 
@@ -36,14 +38,11 @@ struct NodeSharedPool::Control {
 };
 
 bool ranks_share_node(Communicator& comm) {
-  if (comm.backend() != "mpi") return false;
-  char host[256] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  const int64_t h = static_cast<int64_t>(std::hash<std::string>{}(host));
-  at::Tensor mine = at::full({1}, h, at::kLong);
-  at::Tensor all = at::empty({comm.world_size()}, at::kLong);
-  comm.all_gather(all, mine);
-  return (all == h).all().item<bool>();
+  // MPI's own notion of "can share memory" (MPI_COMM_TYPE_SHARED), as the launcher's local
+  // rank comes from: every rank sees its node's rank count, so all agree.
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&comm);
+  if (!mpi) return false;
+  return local_rank_and_size(mpi->comm()).second == comm.world_size();
 }
 
 NodeSharedPool::NodeSharedPool(Communicator& comm, int slots, int64_t slot_bytes, std::string name)

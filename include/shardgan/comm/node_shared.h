@@ -25,8 +25,9 @@ namespace shardgan {
 
 class Communicator;
 
-/// Collective (an all-gather of 8 bytes per rank): whether every rank of `comm` runs on
-/// this host (same host name). False, without communicating, for a backend other than "mpi".
+/// Collective (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED, factory.h's
+/// local_rank_and_size): whether every rank of `comm` can share memory with this one. False,
+/// without communicating, for a communicator that is not an MpiCommunicator.
 bool ranks_share_node(Communicator& comm);
 
 class NodeSharedPool {
