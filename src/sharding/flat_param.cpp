@@ -131,4 +131,11 @@ void FlatParam::set_master_shard(const at::Tensor& values) {
                        values.scalar_type() == master_dtype_ ? values.contiguous() : values.to(master_dtype_));
 }
 
+bool FlatParam::trainable() const {
+  for (const Slot& s : slots_) {
+    if (s.param.requires_grad() || s.param.grad().defined()) return true;
+  }
+  return false;
+}
+
 }  // namespace shardgan

@@ -1,7 +1,7 @@
-// ShardedUnit's runtime hooks (FSDP2's FSDPState): the forward wrapper, the pre-backward
-// gather and prefetch, and the release once a unit's backward is done. The collectives
-// they call are in sharded_unit.cpp; the flat parameter in flat_param.cpp.
-#include "shardgan/sharding/sharded_unit.h"
+// A sharding unit's runtime hooks (unit_hooks.h; FSDP2's FSDPState): the forward wrapper,
+// the pre-backward gather and prefetch, and the release once a unit's backward is done. The
+// collectives they call are in unit_collectives.cpp; the flat parameter in flat_param.cpp.
+#include "sharding/unit_hooks.h"
 
 #include <algorithm>
 #include <mutex>
@@ -10,8 +10,11 @@
 
 #include <torch/torch.h>
 
+#include "shardgan/sharding/flat_param.h"
 #include "shardgan/sharding/sharded_model.h"
-#include "sharding/unit_runtime.h"
+#include "shardgan/sharding/sharded_unit.h"
+#include "sharding/torch_internals.h"
+#include "sharding/unit_collectives.h"
 
 namespace shardgan {
 namespace {
@@ -77,34 +80,44 @@ struct InputGradReady : torch::autograd::Function<InputGradReady> {
 namespace detail {
 void register_live_unit(const ShardedUnit* u) { register_live(u); }
 void unregister_live_unit(const ShardedUnit* u) { unregister_live(u); }
-}  // namespace detail
 
-ShardedUnit::Forward ShardedUnit::single(SingleForward f) {
-  return [f = std::move(f)](const TensorList& in) { return TensorList{f(in.at(0))}; };
+UnitHooks::UnitHooks(ShardedUnit& unit, const std::string& name, torch::nn::Module& module,
+                     const CheckpointedForward& forward, FlatParam& flat, UnitCollectives& coll,
+                     const ShardingConfig& cfg, ShardedModel* owner)
+    : unit_(unit), name_(name), module_(module), forward_(forward), flat_(flat), coll_(coll), cfg_(cfg),
+      owner_(owner) {
+  for (auto& s : flat_.slots()) {
+    if (!s.param.requires_grad()) continue;
+    // Fires once the parameter's .grad for this backward pass is final: where DeepSpeed
+    // and FSDP1 detect gradient readiness.
+    accumulators_.push_back(add_grad_ready_hook(s.param, [this] { on_backward_part_done(); }));
+  }
 }
 
-at::Tensor ShardedUnit::forward(const at::Tensor& x) { return forward(TensorList{x}).at(0); }
+// The accumulators may outlive us inside a graph that is still alive: drop our hooks.
+UnitHooks::~UnitHooks() { accumulators_.clear(); }
 
-TensorList ShardedUnit::forward(const TensorList& inputs) {
-  if (plain_ && !gathered_) {
+TensorList UnitHooks::forward(const TensorList& inputs) {
+  if (plain_ && !coll_.gathered()) {
     throw std::logic_error("unit '" + name_ + "': plain (higher-order) forward needs the unit gathered; "
                            "call ShardedModel::begin_higher_order() first");
   }
   if (!plain_) {
     if (owner_) owner_->before_unit_forward();  // may throw (an abandoned step): nothing gathered yet
-    gather();
-    if (owner_) owner_->on_unit_forward(*this);  // records the order, or prefetches the next
+    coll_.gather();
+    if (owner_) owner_->on_unit_forward(unit_);  // records the order, or prefetches the next
   }
-  // This unit's registry generation, for the autograd hooks below (one lookup per forward).
-  const int64_t gen = plain_ ? 0 : static_cast<int64_t>(generation_of(this));
+  // The unit's registry generation, for the autograd hooks below (one lookup per forward).
+  const int64_t gen = plain_ ? 0 : static_cast<int64_t>(generation_of(&unit_));
+  const auto addr = reinterpret_cast<int64_t>(&unit_);
   TensorList in;
   in.reserve(inputs.size());
   for (const at::Tensor& x : inputs) {
     // Mixed precision: floating inputs are cast to the compute dtype at the unit boundary.
-    at::Tensor t = x.defined() && x.is_floating_point() && x.scalar_type() != flat_->compute_dtype()
-                       ? x.to(flat_->compute_dtype()) : x;
+    at::Tensor t = x.defined() && x.is_floating_point() && x.scalar_type() != flat_.compute_dtype()
+                       ? x.to(flat_.compute_dtype()) : x;
     if (!plain_ && t.defined() && t.requires_grad() && at::GradMode::is_enabled()) {
-      t = InputGradReady::apply(t, reinterpret_cast<int64_t>(this), gen, name_);
+      t = InputGradReady::apply(t, addr, gen, name_);
       ++input_grads_expected_;
     }
     in.push_back(std::move(t));
@@ -112,14 +125,13 @@ TensorList ShardedUnit::forward(const TensorList& inputs) {
   TensorList out;
   if (!plain_ && cfg_.activation_checkpointing && at::GradMode::is_enabled()) {
     std::vector<at::Tensor> params;
-    for (auto& s : flat_->slots()) {
+    for (auto& s : flat_.slots()) {
       if (s.param.requires_grad()) params.push_back(s.param);
     }
     const bool graph = !params.empty() ||
                        std::any_of(in.begin(), in.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
-    out = graph ? detail::checkpointed_forward(
-                      forward_, *module_, in, std::move(params),
-                      [addr = reinterpret_cast<int64_t>(this), gen, name = name_] { live_unit(addr, gen, name)->gather(); })
+    out = graph ? checkpointed_forward(forward_, module_, in, std::move(params),
+                                       [addr, gen, name = name_] { live_unit(addr, gen, name)->gather(); })
                 : forward_(in);
   } else {
     out = forward_(in);
@@ -127,71 +139,73 @@ TensorList ShardedUnit::forward(const TensorList& inputs) {
   if (plain_) return out;
   // Every rank runs the same unit forwards, so this, unlike which parameters got a
   // gradient, is the same on every rank: the unit takes part in the next reduction.
-  if (at::GradMode::is_enabled() && trainable()) expects_reduce_ = true;
+  if (at::GradMode::is_enabled() && flat_.trainable()) coll_.expect_reduce();
   bool any = false;
   for (at::Tensor& y : out) {
     if (!y.defined() || !y.requires_grad()) continue;
     any = true;
-    y.register_hook([addr = reinterpret_cast<int64_t>(this), gen, name = name_](const at::Tensor&) {
-      live_unit(addr, gen, name)->on_pre_backward();
-    });
+    y.register_hook([addr, gen, name = name_](const at::Tensor&) { live_unit(addr, gen, name)->on_pre_backward(); });
   }
   expects_backward_ = expects_backward_ || any;
-  if (cfg_.reshard_after_forward) free_full();
+  if (cfg_.reshard_after_forward) coll_.free_full();
   return out;
 }
 
-void ShardedUnit::on_pre_backward() {
+void UnitHooks::on_pre_backward() {
   if (backward_armed_) return;  // a second output of the same unit (e.g. D on real and fake)
   backward_armed_ = true;
-  gather();
+  coll_.gather();
   // Backward runs the units in reverse of the recorded forward order: start the previous
   // unit's all-gather now, if its forward left it a backward to run.
   if (cfg_.prefetch && owner_) {
-    ShardedUnit* prev = owner_->previous_in_order(*this);
-    if (prev && prev->expects_backward_) {
+    ShardedUnit* prev = owner_->previous_in_order(unit_);
+    if (prev && prev->expects_backward()) {
       prev->prefetch();
       ShardedUnit* before = owner_->previous_in_order(*prev);
-      if (before && before->expects_backward_) owner_->read_ahead(*before);
+      if (before && before->expects_backward()) owner_->read_ahead(*before);
     }
   }
   // Released once every trainable parameter has its gradient and every input that
   // required grad has its gradient: then no node of this unit's backward is left to run.
   pending_grads_ = input_grads_expected_;
-  for (auto& s : flat_->slots()) pending_grads_ += s.param.requires_grad() ? 1 : 0;
+  for (auto& s : flat_.slots()) pending_grads_ += s.param.requires_grad() ? 1 : 0;
   if (owner_) owner_->ensure_backward_callback();
 }
 
-void ShardedUnit::on_param_grad_ready() { on_backward_part_done(); }
-
-void ShardedUnit::on_input_grad_ready() { on_backward_part_done(); }
-
-void ShardedUnit::on_backward_part_done() {
+void UnitHooks::on_backward_part_done() {
   if (!backward_armed_) return;
   if (--pending_grads_ > 0) return;
   if (owner_) {
-    stage_gradients();  // local; the owner starts reductions in an order every rank shares
-    free_full();
+    coll_.stage_gradients();  // local; the owner starts reductions in an order every rank shares
+    coll_.free_full();
     owner_->on_unit_grads_staged();
   } else {
-    reduce_gradients();
-    free_full();
+    unit_.reduce_gradients();
+    coll_.free_full();
   }
   backward_armed_ = false;
   input_grads_expected_ = 0;
   expects_backward_ = false;
 }
 
-void ShardedUnit::finish_backward() {
+void UnitHooks::finish_backward() {
   expects_backward_ = false;
   input_grads_expected_ = 0;
   if (!backward_armed_) {
-    free_full();  // a prefetch for a backward that did not reach this unit
+    coll_.free_full();  // a prefetch for a backward that did not reach this unit
     return;
   }
-  stage_gradients();  // the owner's end-of-backward callback starts the reduction
-  free_full();
+  coll_.stage_gradients();  // the owner's end-of-backward callback starts the reduction
+  coll_.free_full();
   backward_armed_ = false;
 }
 
+void UnitHooks::reset() {
+  backward_armed_ = false;
+  expects_backward_ = false;
+  pending_grads_ = 0;
+  input_grads_expected_ = 0;
+}
+
+}  // namespace detail
 }  // namespace shardgan

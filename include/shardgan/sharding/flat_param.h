@@ -49,6 +49,8 @@ class FlatParam {
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   c10::Device device() const { return device_; }
   const std::vector<Slot>& slots() const { return slots_; }
+  /// Whether some parameter requires grad or holds one (a frozen unit: neither). Local.
+  bool trainable() const;
 
   /// The gathered flat parameter: P elements, compute dtype; the parameters are views of it.
   /// At stage 3 its storage exists only between allocate_full() and release_full().

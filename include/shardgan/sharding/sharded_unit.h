@@ -17,69 +17,17 @@
 
 #include "shardgan/comm/communicator.h"
 #include "shardgan/sharding/flat_param.h"
+#include "shardgan/sharding/sharding_config.h"
 
 namespace shardgan {
 
 class ShardedModel;
 class ShardSource;
+namespace detail {
+class UnitCollectives;
+class UnitHooks;
+}  // namespace detail
 
-/// Per-model sharding options. Changing them after the model is built has no effect.
-///
-/// | stage | sharded                        | parameters between steps      | gradients          |
-/// |-------|--------------------------------|-------------------------------|--------------------|
-/// | 0     | nothing (replicated reference) | full                          | all-reduced        |
-/// | 1     | optimizer state                | full; owned slice updated,    | reduce-scattered at|
-/// |       |                                | then all-gathered             | the accumulation   |
-/// |       |                                |                               | boundary           |
-/// | 2     | + gradients                    | as stage 1                    | reduce-scattered   |
-/// |       |                                |                               | every micro-step   |
-/// | 3     | + parameters                   | shard only; gathered per unit | as stage 2         |
-/// (ZeRO paper, Rajbhandari et al. 2020, Sec. 5.1-5.3.)
-struct ShardingConfig {
-  /// ZeRO stage, 0 to 3 (table above).
-  int stage = 3;
-  /// Stage 3: free the gathered parameters after forward and gather them again for
-  /// backward (FSDP's reshard_after_forward). False keeps them from forward until the
-  /// unit's gradients are reduced, so a D run on real and then fake images is gathered
-  /// once per step (the "gather D once" policy, at the cost of memory).
-  bool reshard_after_forward = true;
-  /// Mixed precision: dtype the parameters are gathered and computed in. Undefined means
-  /// the master dtype (the dtype the module was built in). bfloat16 or float16 keep a
-  /// float32 master shard and float32 optimizer state.
-  c10::optional<at::ScalarType> compute_dtype;
-  /// Dtype gradients are reduced in (undefined: the master dtype).
-  c10::optional<at::ScalarType> reduce_dtype;
-  /// Stage 3: start the next unit's all-gather (non-blocking) before the current unit
-  /// computes, in forward and in backward. At most three units are then gathered at once:
-  /// the one computing, the one prefetched, and in backward the one whose gradients are
-  /// being reduced (two in forward with reshard_after_forward).
-  bool prefetch = true;
-  /// Activation checkpointing (activation_checkpoint.h; FSDP's
-  /// apply_activation_checkpointing on every unit): each unit keeps only its inputs from
-  /// forward to backward and recomputes its forward in backward, gathering its parameters
-  /// again at stage 3 if they were freed. Bit-identical results; costs one more forward
-  /// per unit (and at stage 3 with reshard_after_forward, no extra all-gather: backward
-  /// gathers the unit anyway).
-  bool activation_checkpointing = false;
-  /// Stage 3 with parameter offload (offload_shard): read the master shard of the unit
-  /// after next from its tier on a worker thread while the current unit computes and the
-  /// next one is all-gathered, in forward and in backward (DeepSpeed's partitioned-parameter
-  /// swapper, ZeRO-Infinity Sec. 6.2). False reads each shard on the compute thread when
-  /// its all-gather starts.
-  bool read_ahead = true;
-  /// Stage 3 on the CPU with every rank on one host: the gathered flat parameter lives in
-  /// node-shared memory (comm/node_shared.h). Each rank converts its master shard into its
-  /// own block there and the others compute from the same pages: the all-gather copies
-  /// nothing, and the node holds one gathered copy of a unit instead of one per rank.
-  /// Ignored (with the MPI all-gather instead) on a GPU, across hosts, under HSDP and for
-  /// other backends. The same bits as the all-gather. Memory: a pool of
-  /// ShardedModel::kSharedSlots slots of the model's largest gathered unit, kept for the
-  /// run and mapped by every rank of the node.
-  bool node_shared_gather = false;
-};
-
-/// Inputs or outputs of a unit or model. Tensors may be undefined (e.g. no labels).
-using TensorList = std::vector<at::Tensor>;
 
 class ShardedUnit {
  public:
@@ -140,22 +88,22 @@ class ShardedUnit {
   void start_reduce();
   /// Whether the unit's parameters take part in the next reduction: a forward with
   /// autograd on reached a trainable parameter of it, or a gradient was staged.
-  bool expects_reduce() const { return expects_reduce_; }
+  bool expects_reduce() const;
   /// Whether stage_gradients() staged a gradient that start_reduce() has not sent yet.
-  bool gradients_staged() const { return staged_; }
+  bool gradients_staged() const;
   /// Whether some parameter of the unit requires grad or holds one.
   bool trainable() const;
   /// Waits for this unit's reduce-scatter in flight, if any, and adds its result into
   /// grad_shard(). Local apart from the MPI wait.
   void finish_reduce();
   /// Whether a reduce-scatter of this unit is in flight.
-  bool reduce_in_flight() const { return static_cast<bool>(reduce_work_); }
+  bool reduce_in_flight() const;
   /// Whether a reduction completed into grad_shard() since the last zero_grad() (the same
   /// on every rank: units reduce alike, see reduce_gradients). Local.
-  bool reduced() const { return reduced_; }
+  bool reduced() const;
   /// Whether the next backward ends a gradient-accumulation step (stages 0 and 1 reduce
   /// only then; like DDP's no_sync). Local.
-  void set_gradient_sync(bool on) { sync_ = on; }
+  void set_gradient_sync(bool on);
   /// Collective at stages 1 and 2 (all-gather of the updated owned slices into the full
   /// parameters); copies master to compute dtype at stage 0 with mixed precision; no-op at
   /// stage 3. Call after every optimizer step.
@@ -172,7 +120,7 @@ class ShardedUnit {
   /// Local. Plain mode (for double backward; see ShardedModel::begin_higher_order): forward
   /// only casts the inputs and runs the module, with no gather, no release and no
   /// backward hooks, so the parameters must already be gathered and stay so.
-  void set_plain(bool on) { plain_ = on; }
+  void set_plain(bool on);
 
   const std::string& name() const { return name_; }
   /// Position of this unit in its model's forward order.
@@ -212,7 +160,7 @@ class ShardedUnit {
   /// dtype of the gathered parameters (ShardingConfig::compute_dtype, else the master's).
   at::ScalarType compute_dtype() const { return flat_->compute_dtype(); }
   /// The averaged gradient for shard(): same shape, dtype and device.
-  at::Tensor& grad_shard() { return grad_shard_; }
+  at::Tensor& grad_shard();
   /// Bytes this rank keeps between steps for parameters (full copy at stages 0-2, the
   /// shard at stage 3, plus a separate master shard with mixed precision).
   int64_t persistent_param_bytes() const;
@@ -220,7 +168,7 @@ class ShardedUnit {
   /// stages 0 and 1, plus a separate gradient shard).
   int64_t persistent_grad_bytes() const;
   /// Largest transient communication buffer allocated so far (bytes).
-  int64_t peak_comm_buffer_bytes() const { return peak_comm_bytes_; }
+  int64_t peak_comm_buffer_bytes() const;
   const std::vector<ParamSlot>& slots() const { return flat_->slots(); }
   /// Parameter `slot` of the module (original shape, compute dtype) when its memory is
   /// there: always at stages 0-2, while gathered at stage 3 (in forward/backward or inside
@@ -228,7 +176,9 @@ class ShardedUnit {
   /// was freed, instead of touching memory that is not there. Local.
   const at::Tensor& param(size_t slot) const;
   torch::nn::Module& module() { return *module_; }
-  bool gathered() const { return gathered_; }
+  /// Whether the flat parameter holds (or an all-gather in flight will hold) the full
+  /// parameters: always at stages 0-2.
+  bool gathered() const;
   /// Bytes currently held by the gathered flat parameter at stage 3 (0 when freed, and at
   /// stages 0-2, where the full parameters are persistent).
   int64_t full_bytes_alive() const;
@@ -242,11 +192,14 @@ class ShardedUnit {
   void on_input_grad_ready();
   /// End of a backward pass: reduces and frees a unit whose gradients did not all arrive.
   void finish_backward();
+  /// Whether the last forward left this unit a backward to run (backward prefetch).
+  bool expects_backward() const;
 
  private:
-  // The members below are grouped as FSDP2 groups them: the flat parameter (flat_param.h),
-  // the collectives and their buffers (sharded_unit.cpp), and the runtime hooks' state
-  // (unit_hooks.cpp).
+  // Split as FSDP2 splits its runtime (../shared/STYLE.md): the flat-parameter handle
+  // (flat_param.h: shard, padding, views), the collectives with their buffers and work in
+  // flight (unit_collectives.cpp), and the runtime hooks (unit_hooks.cpp). This class
+  // owns the three and is the interface the model and users see.
   std::string name_;
   std::shared_ptr<torch::nn::Module> module_;
   Forward forward_;
@@ -254,48 +207,12 @@ class ShardedUnit {
   ShardingConfig cfg_;
   ShardedModel* owner_;
   size_t index_ = 0;  // position in the owner's units (forward order)
+  // Destroyed in reverse: the hooks first (a graph may outlive the unit), then the
+  // collectives (a node-shared slot's pointer), then the flat parameter.
   std::unique_ptr<FlatParam> flat_;
+  std::unique_ptr<detail::UnitCollectives> coll_;
+  std::unique_ptr<detail::UnitHooks> hooks_;
 
-  // Collectives: gradients and what is in flight.
-  at::Tensor grad_shard_;  // S elements, master dtype (may alias grad_flat_)
-  at::Tensor grad_flat_;   // P elements, reduce dtype; persistent at stages 0 and 1
-  at::ScalarType reduce_dtype_;
-  bool grad_shard_aliases_flat_ = false;
-  bool gathered_ = false;
-  bool sync_ = true;
-  bool reduced_ = false;              // see reduced()
-  bool staged_ = false;               // staged_flat_ holds this step's flat gradient
-  at::Tensor staged_flat_;            // P elements, reduce dtype (grad_flat_ at stages 0-1)
-  std::unique_ptr<Work> prefetch_work_;  // all-gather in flight into the flat parameter
-  std::unique_ptr<Work> reduce_work_;    // reduce-scatter in flight
-  at::Tensor reduce_in_, reduce_out_;    // its buffers (flat gradient, reduced slice)
-  at::Tensor prefetch_src_;           // its send buffer (this rank's block of the flat parameter)
-  int64_t shared_seq_ = 0;            // node_shared_gather: the model's gather number in use, or 0
-  int64_t peak_comm_bytes_ = 0;
-
-  // Runtime hooks.
-  std::vector<std::shared_ptr<void>> accumulators_;  // gradient-ready hooks (detail::GradReadyHookHandle)
-  bool expects_backward_ = false;     // last forward's output required grad
-  bool expects_reduce_ = false;       // see expects_reduce()
-  bool backward_armed_ = false;
-  bool plain_ = false;
-  int pending_grads_ = 0;
-  int input_grads_expected_ = 0;  // inputs that required grad in forwards since the last backward
-
-  void on_backward_part_done();
-  /// Stage 3, after allocate_full(): writes the master shard (read from the source when
-  /// offloaded) in the compute dtype into this rank's block of the flat parameter and
-  /// returns that block, the send buffer of an in-place all-gather.
-  at::Tensor fill_own_block();
-  /// node_shared_gather: maps the flat parameter onto a slot of the model's node-shared
-  /// pool and publishes this rank's block; the returned work waits for the other ranks'
-  /// blocks. nullptr (the caller all-gathers through the communicator) without a pool, for
-  /// a unit without parameters, or when this rank still holds the slot itself.
-  std::unique_ptr<Work> start_shared_gather();
-  /// Whether the reduce-scatter sums and finish_reduce() scales by 1/N instead (see there).
-  bool avg_on_accumulate() const;
-  /// Where collective time goes: the owner's CommTimes, or nowhere without an owner.
-  double* collective_sink();
   [[noreturn]] void throw_offloaded() const;
 };
 

@@ -1,0 +1,70 @@
+#pragma once
+/// Per-model sharding options (ShardingConfig) and the tensor lists units take and return.
+/// Kept apart from sharded_unit.h so that config parsing and the unit's private parts can
+/// name them without the unit's class.
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+namespace shardgan {
+
+/// Per-model sharding options. Changing them after the model is built has no effect.
+///
+/// | stage | sharded                        | parameters between steps      | gradients          |
+/// |-------|--------------------------------|-------------------------------|--------------------|
+/// | 0     | nothing (replicated reference) | full                          | all-reduced        |
+/// | 1     | optimizer state                | full; owned slice updated,    | reduce-scattered at|
+/// |       |                                | then all-gathered             | the accumulation   |
+/// |       |                                |                               | boundary           |
+/// | 2     | + gradients                    | as stage 1                    | reduce-scattered   |
+/// |       |                                |                               | every micro-step   |
+/// | 3     | + parameters                   | shard only; gathered per unit | as stage 2         |
+/// (ZeRO paper, Rajbhandari et al. 2020, Sec. 5.1-5.3.)
+struct ShardingConfig {
+  /// ZeRO stage, 0 to 3 (table above).
+  int stage = 3;
+  /// Stage 3: free the gathered parameters after forward and gather them again for
+  /// backward (FSDP's reshard_after_forward). False keeps them from forward until the
+  /// unit's gradients are reduced, so a D run on real and then fake images is gathered
+  /// once per step (the "gather D once" policy, at the cost of memory).
+  bool reshard_after_forward = true;
+  /// Mixed precision: dtype the parameters are gathered and computed in. Undefined means
+  /// the master dtype (the dtype the module was built in). bfloat16 or float16 keep a
+  /// float32 master shard and float32 optimizer state.
+  c10::optional<at::ScalarType> compute_dtype;
+  /// Dtype gradients are reduced in (undefined: the master dtype).
+  c10::optional<at::ScalarType> reduce_dtype;
+  /// Stage 3: start the next unit's all-gather (non-blocking) before the current unit
+  /// computes, in forward and in backward. At most three units are then gathered at once:
+  /// the one computing, the one prefetched, and in backward the one whose gradients are
+  /// being reduced (two in forward with reshard_after_forward).
+  bool prefetch = true;
+  /// Activation checkpointing (activation_checkpoint.h; FSDP's
+  /// apply_activation_checkpointing on every unit): each unit keeps only its inputs from
+  /// forward to backward and recomputes its forward in backward, gathering its parameters
+  /// again at stage 3 if they were freed. Bit-identical results; costs one more forward
+  /// per unit (and at stage 3 with reshard_after_forward, no extra all-gather: backward
+  /// gathers the unit anyway).
+  bool activation_checkpointing = false;
+  /// Stage 3 with parameter offload (offload_shard): read the master shard of the unit
+  /// after next from its tier on a worker thread while the current unit computes and the
+  /// next one is all-gathered, in forward and in backward (DeepSpeed's partitioned-parameter
+  /// swapper, ZeRO-Infinity Sec. 6.2). False reads each shard on the compute thread when
+  /// its all-gather starts.
+  bool read_ahead = true;
+  /// Stage 3 on the CPU with every rank on one host: the gathered flat parameter lives in
+  /// node-shared memory (comm/node_shared.h). Each rank converts its master shard into its
+  /// own block there and the others compute from the same pages: the all-gather copies
+  /// nothing, and the node holds one gathered copy of a unit instead of one per rank.
+  /// Ignored (with the MPI all-gather instead) on a GPU, across hosts, under HSDP and for
+  /// other backends. The same bits as the all-gather. Memory: a pool of
+  /// ShardedModel::kSharedSlots slots of the model's largest gathered unit, kept for the
+  /// run and mapped by every rank of the node.
+  bool node_shared_gather = false;
+};
+
+/// Inputs or outputs of a unit or model. Tensors may be undefined (e.g. no labels).
+using TensorList = std::vector<at::Tensor>;
+
+}  // namespace shardgan

@@ -1,0 +1,277 @@
+// A sharding unit's collectives (unit_collectives.h; FSDP2's FSDPParamGroup): all-gather
+// with prefetch, gradient staging, reduce-scatter or all-reduce, and the all-gather after an
+// optimizer step. Contracts: ShardedUnit's methods of the same names (sharded_unit.h).
+#include "sharding/unit_collectives.h"
+
+#include <algorithm>
+
+#include <torch/torch.h>
+
+#include "shardgan/comm/node_shared.h"
+#include "shardgan/sharding/flat_param.h"
+#include "shardgan/sharding/sharded_model.h"
+#include "shardgan/sharding/sharded_unit.h"
+#include "sharding/torch_internals.h"
+#include "sharding/unit_runtime.h"
+
+namespace shardgan::detail {
+namespace {
+// The node-shared all-gather in flight: this rank's block is published; wait() returns once
+// every rank's block of the same gather is.
+class SharedGatherWork final : public Work {
+ public:
+  SharedGatherWork(const NodeSharedPool& pool, int64_t seq, Communicator& comm)
+      : pool_(pool), seq_(seq), comm_(comm) {}
+  void wait() override {
+    pool_.wait_published(seq_, comm_.timeout_s(), [this] { comm_.poll(); });
+  }
+
+ private:
+  const NodeSharedPool& pool_;
+  int64_t seq_;
+  Communicator& comm_;
+};
+}  // namespace
+
+UnitCollectives::UnitCollectives(ShardedUnit& unit, FlatParam& flat, Communicator& comm,
+                                 const ShardingConfig& cfg, ShardedModel* owner)
+    : unit_(unit), flat_(flat), comm_(comm), cfg_(cfg), owner_(owner) {
+  reduce_dtype_ = cfg_.reduce_dtype.value_or(flat_.master_dtype());
+  const int64_t S = flat_.shard_numel(), P = flat_.padded_numel();
+  if (cfg_.stage <= 1) {
+    grad_flat_ = torch::zeros({P}, torch::TensorOptions().dtype(reduce_dtype_).device(flat_.device()));
+    grad_shard_aliases_flat_ = reduce_dtype_ == flat_.master_dtype();
+  }
+  // Not resident until the first gradient arrives (stage 2-3: built models hold shards only).
+  grad_shard_ = grad_shard_aliases_flat_ ? grad_flat_.narrow(0, flat_.shard_offset(), S)
+                : flat_.device().is_cpu()
+                    ? lazy_zeros(S, flat_.master_dtype())
+                    : torch::zeros({S}, torch::TensorOptions().dtype(flat_.master_dtype()).device(flat_.device()));
+  gathered_ = cfg_.stage <= 2;
+}
+
+UnitCollectives::~UnitCollectives() {
+  if (shared_seq_ != 0 && gathered_) flat_.release_full();
+}
+
+double* UnitCollectives::collective_sink() { return owner_ ? &owner_->comm_times().collective_s : nullptr; }
+
+at::Tensor UnitCollectives::fill_own_block() {
+  at::Tensor master;
+  {
+    Timed t(flat_.offloaded() && owner_ ? &owner_->comm_times().offload_read_s : nullptr);
+    // With an owner, an offloaded shard comes through it: from the read-ahead started one
+    // unit earlier, or read now with the tier serialized against the worker.
+    master = flat_.offloaded() && owner_ ? owner_->read_master_shard(unit_) : flat_.master_shard();
+  }
+  // Converted straight into this rank's block of the flat parameter: the all-gather then
+  // runs in place, with no send buffer to allocate and no copy of it inside the backend.
+  at::Tensor own = flat_.full().narrow(0, flat_.shard_offset(), flat_.shard_numel());
+  own.copy_(master);
+  return own;
+}
+
+int64_t UnitCollectives::persistent_grad_bytes() const {
+  return nbytes(grad_flat_) + (grad_shard_aliases_flat_ ? 0 : nbytes(grad_shard_));
+}
+
+std::unique_ptr<Work> UnitCollectives::start_shared_gather() {
+  NodeSharedPool* pool = cfg_.node_shared_gather && owner_ ? owner_->shared_pool() : nullptr;
+  if (!pool || flat_.padded_numel() == 0) return nullptr;
+  const int64_t seq = owner_->next_shared_seq();
+  // Symmetric on every rank: gathers and releases run in the same program order.
+  if (pool->held_here(seq)) {
+    owner_->count_shared_fallback();
+    return nullptr;
+  }
+  owner_->take_shared_seq();
+  {
+    Timed t(collective_sink());
+    pool->wait_free(seq, comm_.timeout_s(), [this] { comm_.poll(); });
+  }
+  flat_.attach_full(pool->data(pool->slot_of(seq)));
+  fill_own_block();
+  pool->publish(seq);
+  shared_seq_ = seq;
+  return std::make_unique<SharedGatherWork>(*pool, seq, comm_);
+}
+
+void UnitCollectives::mark_gathered() {
+  gathered_ = true;
+  if (owner_) owner_->on_unit_gathered();
+}
+
+void UnitCollectives::prefetch() {
+  if (cfg_.stage != 3 || gathered_) return;
+  if ((gather_.work = start_shared_gather())) {
+    mark_gathered();
+    return;
+  }
+  flat_.allocate_full();
+  gather_.send = fill_own_block();  // with parameter offload, read from the tier here
+  {
+    Timed t(collective_sink());
+    gather_.work = comm_.all_gather_async(flat_.full(), gather_.send);
+  }
+  mark_gathered();
+}
+
+void UnitCollectives::gather() {
+  if (gather_.work) {
+    Timed t(collective_sink());
+    gather_.work->wait();
+    gather_ = AllGatherState();
+  }
+  if (gathered_) return;
+  if (std::unique_ptr<Work> w = start_shared_gather()) {
+    Timed t(collective_sink());
+    w->wait();
+  } else {
+    flat_.allocate_full();
+    at::Tensor send = fill_own_block();
+    Timed t(collective_sink());
+    comm_.all_gather(flat_.full(), send);
+  }
+  mark_gathered();
+}
+
+void UnitCollectives::free_full() {
+  if (cfg_.stage != 3 || !gathered_) return;
+  gather();  // an all-gather in flight still writes into the flat parameter: let it finish first
+  flat_.release_full();
+  if (shared_seq_ != 0) {
+    owner_->shared_pool()->release(shared_seq_);
+    shared_seq_ = 0;
+  }
+  gathered_ = false;
+}
+
+void UnitCollectives::stage_gradients() {
+  if (!flat_.trainable()) return;
+  const bool persistent = cfg_.stage <= 1;
+  // A fresh buffer (stages 2-3) takes the first gradients by copy, not by adding them to
+  // zeros: one pass instead of a fill and an add. Only slots without a gradient and the
+  // padding are zeroed.
+  const bool fresh = !staged_ && !persistent;
+  if (!staged_) {
+    staged_flat_ = persistent ? grad_flat_
+                              : torch::empty({flat_.padded_numel()},
+                                             torch::TensorOptions().dtype(reduce_dtype_).device(flat_.device()));
+    if (!persistent) peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(staged_flat_));
+    staged_ = true;
+    expects_reduce_ = true;  // a staged gradient is always reduced
+  }
+  for (auto& s : flat_.slots()) {
+    at::Tensor& g = s.param.mutable_grad();
+    at::Tensor dst = staged_flat_.narrow(0, s.offset, s.numel);
+    if (!g.defined()) {  // unused on this rank: its part stays zero, as in FSDP
+      if (fresh) dst.zero_();
+      continue;
+    }
+    if (fresh) {
+      dst.copy_(g.reshape({-1}));
+    } else {
+      dst.add_(g.reshape({-1}));
+    }
+    g.reset();
+  }
+  if (fresh) staged_flat_.narrow(0, flat_.numel(), flat_.padded_numel() - flat_.numel()).zero_();
+}
+
+void UnitCollectives::start_reduce() {
+  if (!staged_) stage_gradients();  // nothing arrived on this rank: reduce zeros
+  if (!staged_) return;             // no trainable parameter
+  at::Tensor flat = std::move(staged_flat_);
+  staged_flat_ = at::Tensor();
+  staged_ = false;
+  expects_reduce_ = false;
+  const bool persistent = cfg_.stage <= 1;
+  if (persistent && !sync_) return;  // accumulate locally until the boundary (DDP no_sync)
+  if (cfg_.stage == 0) {
+    {
+      Timed t(collective_sink());
+      comm_.all_reduce(flat, ReduceOp::kAvg);
+    }
+    if (!grad_shard_aliases_flat_) grad_shard_.add_(flat.to(flat_.master_dtype()));
+    return;
+  }
+  // Start the reduce-scatter and return: it overlaps the rest of backward. The owner
+  // bounds how many are in flight and finishes them all before backward returns.
+  if (owner_) owner_->before_reduce_start(unit_);
+  reduce_.in = flat;
+  reduce_.out = torch::empty({flat_.shard_numel()}, flat.options());
+  peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(reduce_.out) + (persistent ? 0 : nbytes(flat)));
+  {
+    Timed t(collective_sink());
+    reduce_.work = comm_.reduce_scatter_async(reduce_.out, reduce_.in,
+                                              avg_on_accumulate() ? ReduceOp::kSum : ReduceOp::kAvg);
+  }
+  if (owner_) owner_->on_reduce_started(unit_);
+}
+
+bool UnitCollectives::avg_on_accumulate() const {
+  // A 16-bit reduction into a wider gradient shard: reduce the sum and scale by 1/N while
+  // adding it into the shard, so the average takes no pass of its own. For a power-of-two
+  // N the scaling is exact in both dtypes, so the shard gets the same bits as from an
+  // averaged reduction (halving a 16-bit sum rounds nothing, short of subnormals).
+  const int n = comm_.world_size();
+  return !grad_shard_aliases_flat_ && (n & (n - 1)) == 0 &&
+         (reduce_dtype_ == at::kBFloat16 || reduce_dtype_ == at::kHalf) &&
+         c10::elementSize(flat_.master_dtype()) > c10::elementSize(reduce_dtype_);
+}
+
+void UnitCollectives::finish_reduce() {
+  if (!reduce_.work) return;
+  {
+    Timed t(collective_sink());
+    reduce_.work->wait();
+  }
+  reduce_.work.reset();
+  reduced_ = true;
+  if (grad_shard_aliases_flat_) {
+    grad_shard_.copy_(reduce_.out);  // stage 1: the owned slice of the accumulated flat gradient
+  } else {
+    const double scale = avg_on_accumulate() ? 1.0 / comm_.world_size() : 1.0;
+    grad_shard_.add_(reduce_.out.to(flat_.master_dtype()), scale);
+  }
+  reduce_ = ReduceScatterState();
+}
+
+void UnitCollectives::after_optimizer_step() {
+  torch::NoGradGuard no_grad;
+  if (cfg_.stage == 3) return;  // the next gather reads the updated shard
+  at::Tensor& shard = flat_.shard();
+  if (cfg_.stage == 0) {
+    if (!flat_.shard_aliases_full()) flat_.full().copy_(shard);
+    return;
+  }
+  Timed t(collective_sink());
+  comm_.all_gather(flat_.full(), flat_.shard_aliases_full() ? shard : shard.to(flat_.compute_dtype()));
+}
+
+void UnitCollectives::zero_grad() {
+  finish_reduce();
+  reduced_ = false;
+  if (grad_flat_.defined()) grad_flat_.zero_();
+  grad_shard_.zero_();
+}
+
+void UnitCollectives::abandon() {
+  free_full();  // waits for a prefetch in flight
+  expects_reduce_ = false;
+  staged_ = false;
+  staged_flat_ = at::Tensor();
+  for (auto& s : flat_.slots()) s.param.mutable_grad().reset();
+  zero_grad();  // completes a reduce-scatter in flight first
+}
+
+at::Tensor UnitCollectives::gather_full_copy() {
+  const int64_t T = flat_.numel();
+  if (cfg_.stage == 0) return (flat_.shard_aliases_full() ? flat_.full() : flat_.shard()).narrow(0, 0, T).clone();
+  at::Tensor full = torch::empty({flat_.padded_numel()},
+                                 torch::TensorOptions().dtype(flat_.master_dtype()).device(flat_.device()));
+  comm_.all_gather(full, flat_.master_shard());
+  return full.narrow(0, 0, T).clone();
+}
+
+}  // namespace shardgan::detail
