@@ -9,13 +9,14 @@
 # Not a timed test: run it on an idle machine.
 #   benchmarks/activation_checkpointing.sh [build dir] [out jsonl]
 # Environment: CH (15), N (2), BATCH (64), STEPS (6), STAGE (3), CONFIG (configs/biggan-1b.yaml),
+# SEGMENTS (false; true: the checkpointed run also sets sharding.*.checkpoint_segments),
 # SET (more `key=value` overrides, space-separated; e.g. a 64x64 BigGAN-PyTorch geometry:
 #   CONFIG=configs/fmnist-biggan.yaml SET="data.source=synthetic model.g_ch_mult=[16,16,8,4,2] ...").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}; OUT=${2:-benchmarks/results/activation_checkpointing.jsonl}
 CH=${CH:-15}; N=${N:-2}; BATCH=${BATCH:-64}; STEPS=${STEPS:-6}; STAGE=${STAGE:-3}
-CONFIG=${CONFIG:-configs/biggan-1b.yaml}; SET=${SET:-}
+CONFIG=${CONFIG:-configs/biggan-1b.yaml}; SET=${SET:-}; SEGMENTS=${SEGMENTS:-false}
 extra=(); for kv in $SET; do extra+=(--set "$kv"); done
 PY=${SHARDGAN_PYTHON:-.venv/bin/python}
 [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -23,20 +24,22 @@ mkdir -p "$(dirname "$OUT")"
 WORK=${TMPDIR:-/tmp}/shardgan-ac-bench
 rm -rf "$WORK"; mkdir -p "$WORK"
 for ac in false true; do
+  seg=false; [ "$ac" = true ] && seg=$SEGMENTS
   mpirun -np "$N" --oversubscribe "$BUILD/shardgan-train" "$CONFIG" \
     --set model.ch="$CH" --set model.d_ch="$CH" \
     --set sharding.generator.compute_dtype=auto --set sharding.discriminator.compute_dtype=auto \
     --set sharding.generator.reduce_dtype=auto --set sharding.discriminator.reduce_dtype=auto \
     --set sharding.generator.stage="$STAGE" --set sharding.discriminator.stage="$STAGE" \
     --set sharding.generator.activation_checkpointing=$ac --set sharding.discriminator.activation_checkpointing=$ac \
+    --set sharding.generator.checkpoint_segments=$seg --set sharding.discriminator.checkpoint_segments=$seg \
     --set train.global_batch="$BATCH" --set train.steps="$STEPS" --set train.checkpoint_every=0 --set train.log_every=1 \
     --set train.sample_every=0 --set data.synthetic_size="$BATCH" "${extra[@]}" --set run.dir="$WORK/ac-$ac" > "$WORK/ac-$ac.log" 2>&1 \
     || { echo "run with activation_checkpointing=$ac failed: $WORK/ac-$ac.log" >&2; exit 1; }
 done
-"$PY" - "$WORK" "$OUT" "$CH" "$N" "$BATCH" "$STAGE" "$CONFIG" "$SET" <<'PY'
+"$PY" - "$WORK" "$OUT" "$CH" "$N" "$BATCH" "$STAGE" "$CONFIG" "$SET" "$SEGMENTS" <<'PY'
 import json, os, statistics, sys
 work, out, ch, n, batch, stage = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-config, overrides = os.path.basename(sys.argv[7]).removesuffix(".yaml"), sys.argv[8]
+config, overrides, segments = os.path.basename(sys.argv[7]).removesuffix(".yaml"), sys.argv[8], sys.argv[9] == "true"
 recs = {}
 for ac in ("false", "true"):
     d = f"{work}/ac-{ac}"
@@ -45,6 +48,7 @@ for ac in ("false", "true"):
     gib = [b / 2**30 for b in mem["peak_rss_bytes_per_rank_training"]]
     later = steps[1:]
     recs[ac] = {"bench": "activation_checkpointing", "activation_checkpointing": ac == "true",
+                "checkpoint_segments": ac == "true" and segments,
                 "model": f"{config} geometry, ch {ch}" + (f", {overrides}" if overrides else ""),
                 "params": mem["preflight"]["generator_params"] + mem["preflight"]["discriminator_params"], "world_size": n, "stage": stage,
                 "batch_per_rank": batch // n, "steps": len(steps),

@@ -49,6 +49,11 @@ TEST(Config, BadValuesAreNamed) {
   EXPECT_NE(error_of("run: {tf32: maybe}\n").find("run.tf32"), std::string::npos);
   EXPECT_NE(error_of("offload: {overlap_copies: maybe}\n").find("offload.overlap_copies"), std::string::npos);
   EXPECT_NE(error_of("offload: {copy_block_bytes: 5000}\n").find("offload.copy_block_bytes"), std::string::npos);
+  const std::string seg = error_of("sharding: {discriminator: {checkpoint_segments: true}}\n");
+  EXPECT_NE(seg.find("sharding.discriminator.checkpoint_segments"), std::string::npos) << seg;
+  EXPECT_NE(seg.find("activation_checkpointing: true"), std::string::npos) << seg;
+  EXPECT_TRUE(parse_config("sharding: {generator: {activation_checkpointing: true, checkpoint_segments: true}}\n",
+                           "t.yaml", {}).g_sharding.checkpoint_segments);
   EXPECT_NE(error_of("", {"train.steps"}).find("expected key=value"), std::string::npos);
   EXPECT_NE(error_of("train: [1, 2]\n").find("'train'"), std::string::npos);
 }

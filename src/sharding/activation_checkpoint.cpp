@@ -3,6 +3,7 @@
 // and whose backward replays the forward with autograd on and differentiates it.
 #include "shardgan/sharding/activation_checkpoint.h"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -14,6 +15,7 @@ namespace shardgan {
 namespace {
 
 thread_local int g_recomputing = 0;
+thread_local bool g_segments_on = false;  // replaying a unit whose checkpoint_segments is on
 std::atomic<int64_t> g_recomputes{0};
 
 using torch::autograd::AutogradContext;
@@ -46,6 +48,7 @@ struct Replay : torch::CustomClassHolder {
   std::vector<at::Tensor> buffers_at_forward;  // their values when the forward ran
   c10::Device device{c10::kCPU};
   at::Tensor cpu_rng, device_rng;      // generator states when the forward ran
+  bool segments = false;               // checkpoint_segment() nests inside this replay
 };
 
 // Sets the buffers and generators to their values at the forward for its lifetime, and
@@ -81,6 +84,18 @@ class ReplayState {
   const Replay& r_;
   std::vector<at::Tensor> now_;
   at::Tensor cpu_rng_, device_rng_;
+};
+
+// Sets g_segments_on for its lifetime (a replay), then puts the previous value back.
+class SegmentsScope {
+ public:
+  explicit SegmentsScope(bool on) : before_(g_segments_on) { g_segments_on = on; }
+  ~SegmentsScope() { g_segments_on = before_; }
+  SegmentsScope(const SegmentsScope&) = delete;
+  SegmentsScope& operator=(const SegmentsScope&) = delete;
+
+ private:
+  bool before_;
 };
 
 TensorList expand(const Replay& r, const variable_list& defined) {
@@ -121,6 +136,7 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     {
       ReplayState state(*replay);
       at::AutoGradMode on(true);
+      SegmentsScope segments(replay->segments);
       outs = replay->run(expand(*replay, detached));
     }
     ++g_recomputes;
@@ -158,14 +174,17 @@ bool recomputing_activations() { return g_recomputing > 0; }
 
 int64_t activation_recomputes() { return g_recomputes.load(); }
 
-namespace detail {
+namespace {
 
-std::vector<at::Tensor> checkpointed_forward(CheckpointedForward run, torch::nn::Module& module,
-                                const TensorList& inputs, std::vector<at::Tensor> params,
-                                std::function<void()> before_replay) {
+// The autograd node of a checkpointed unit or segment: `run` on `inputs`, saving only them.
+std::vector<at::Tensor> apply_checkpoint(detail::CheckpointedForward run,
+                                         const std::vector<torch::nn::Module*>& modules, const TensorList& inputs,
+                                         std::vector<at::Tensor> params, std::function<void()> before_replay,
+                                         bool segments) {
   auto replay = c10::make_intrusive<Replay>();
   replay->run = std::move(run);
   replay->before_replay = std::move(before_replay);
+  replay->segments = segments;
   replay->n_inputs = inputs.size();
   replay->params = std::move(params);
   std::vector<at::Tensor> defined;
@@ -181,14 +200,47 @@ std::vector<at::Tensor> checkpointed_forward(CheckpointedForward run, torch::nn:
   }
   {
     torch::NoGradGuard g;
-    for (const auto& b : module.buffers(/*recurse=*/true)) {
-      replay->buffers.push_back(b);
-      replay->buffers_at_forward.push_back(b.clone());
+    for (torch::nn::Module* m : modules) {
+      for (const auto& b : m->buffers(/*recurse=*/true)) {
+        replay->buffers.push_back(b);
+        replay->buffers_at_forward.push_back(b.clone());
+      }
     }
   }
   replay->cpu_rng = rng_state(c10::kCPU);
   if (!replay->device.is_cpu()) replay->device_rng = rng_state(replay->device);
   return CheckpointFn::apply(at::TensorList(defined), at::TensorList(replay->params), replay);
+}
+
+}  // namespace
+
+std::vector<at::Tensor> checkpoint_segment(std::initializer_list<torch::nn::Module*> scope,
+                                           const std::function<TensorList(const TensorList&)>& fn,
+                                           const TensorList& inputs) {
+  // Outside a unit's replay (its forward, a run without segments, eval, the R1 pass), and
+  // inside a segment's own replay, the part just runs.
+  if (!g_segments_on || !at::GradMode::is_enabled()) return fn(inputs);
+  std::vector<at::Tensor> params;
+  for (torch::nn::Module* m : scope) {
+    for (const auto& p : m->parameters(/*recurse=*/true)) {
+      if (p.requires_grad()) params.push_back(p);
+    }
+  }
+  const bool graph = !params.empty() || std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) {
+                       return t.defined() && t.requires_grad();
+                     });
+  if (!graph) return fn(inputs);
+  return apply_checkpoint(fn, std::vector<torch::nn::Module*>(scope), inputs, std::move(params), [] {},
+                          /*segments=*/false);
+}
+
+namespace detail {
+
+std::vector<at::Tensor> checkpointed_forward(CheckpointedForward run, torch::nn::Module& module,
+                                             const TensorList& inputs, std::vector<at::Tensor> params,
+                                             std::function<void()> before_replay, bool segments) {
+  return apply_checkpoint(std::move(run), {&module}, inputs, std::move(params), std::move(before_replay),
+                          segments);
 }
 
 }  // namespace detail

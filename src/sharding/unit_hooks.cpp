@@ -131,7 +131,8 @@ TensorList UnitHooks::forward(const TensorList& inputs) {
     const bool graph = !params.empty() ||
                        std::any_of(in.begin(), in.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
     out = graph ? checkpointed_forward(forward_, module_, in, std::move(params),
-                                       [addr, gen, name = name_] { live_unit(addr, gen, name)->gather(); })
+                                       [addr, gen, name = name_] { live_unit(addr, gen, name)->gather(); },
+                                       cfg_.checkpoint_segments)
                 : forward_(in);
   } else {
     out = forward_(in);

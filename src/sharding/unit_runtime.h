@@ -24,10 +24,11 @@ using CheckpointedForward = std::function<std::vector<at::Tensor>(const std::vec
 /// `before_replay` (which must leave the parameters gathered), then replays `run` with
 /// `module`'s buffers and the generators as they were here. `params` are the unit's
 /// trainable parameters; their gradients come out through the returned outputs' node.
+/// `segments`: checkpoint_segment() calls inside the replay nest (checkpoint_segments).
 std::vector<at::Tensor> checkpointed_forward(CheckpointedForward run, torch::nn::Module& module,
                                              const std::vector<at::Tensor>& inputs,
                                              std::vector<at::Tensor> params,
-                                             std::function<void()> before_replay);
+                                             std::function<void()> before_replay, bool segments);
 
 /// Adds `u` to the registry of live units under a fresh generation (unit_hooks.cpp), so
 /// that autograd hooks holding (address, generation) can tell a destroyed unit apart.

@@ -76,6 +76,10 @@ ShardingConfig read_sharding(Reader& r, const std::string& who) {
   require(c.stage >= 0 && c.stage <= 3, r, k, "must be 0, 1, 2 or 3");
   c.reshard_after_forward = r.get<bool>("sharding." + who + ".reshard_after_forward", true);
   c.activation_checkpointing = r.get<bool>("sharding." + who + ".activation_checkpointing", false);
+  c.checkpoint_segments = r.get<bool>("sharding." + who + ".checkpoint_segments", false);
+  require(!c.checkpoint_segments || c.activation_checkpointing, r, "sharding." + who + ".checkpoint_segments",
+          "needs sharding." + who + ".activation_checkpointing: true (segments are checkpointed inside a "
+          "checkpointed unit)");
   c.read_ahead = r.get<bool>("sharding." + who + ".read_ahead", true);
   c.node_shared_gather = r.get<bool>("sharding." + who + ".node_shared_gather", false);
   for (const char* what : {"compute_dtype", "reduce_dtype"}) {

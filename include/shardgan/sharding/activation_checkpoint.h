@@ -20,9 +20,39 @@
 /// Not checkpointed: a unit in plain (higher-order) mode, i.e. the R1 penalty's pass
 /// between ShardedModel::begin_higher_order and end_higher_order, whose double backward
 /// needs the first-order graph; a forward with autograd off.
+///
+/// Segments (ShardingConfig::checkpoint_segments): a model's forward may mark parts of a unit
+/// with checkpoint_segment(). While a checkpointed unit with segments on is replayed, each
+/// such part runs as a nested checkpoint: the replayed graph keeps the segment's inputs,
+/// not its activations, and the segment is replayed once more when backward reaches it
+/// (with its own buffers and the generators put back, as above). Everywhere else the part
+/// just runs. A segment's inputs should be tensors that the unit's graph uses once, or
+/// whose gradient has at most two terms, so that gradient sums keep their order and the
+/// results their bits (BigGAN computes its conditional BatchNorm gains outside the
+/// segments for this reason).
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace torch::nn {
+class Module;
+}
 
 namespace shardgan {
+
+/// Runs `fn` on `inputs` (tensors of any shape, dtype and device; undefined entries are
+/// passed through) and returns its outputs; see "Segments" above. `scope` are the modules
+/// `fn` uses: their trainable parameters get gradients through the segment (none for one
+/// that `fn` does not use), and their buffers are put back for its replay. `fn` must compute its outputs from `inputs` and
+/// `scope` alone, the same way each time (it runs up to three times per step). Local
+/// unless `fn` itself runs a collective (SyncBatchNorm), which every rank then replays in
+/// the same order. Throws what `fn` throws.
+std::vector<at::Tensor> checkpoint_segment(std::initializer_list<torch::nn::Module*> scope,
+                                           const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& fn,
+                                           const std::vector<at::Tensor>& inputs);
 
 /// Local: whether this thread is replaying a checkpointed unit's forward in backward.
 bool recomputing_activations();

@@ -47,6 +47,14 @@ struct ShardingConfig {
   /// per unit (and at stage 3 with reshard_after_forward, no extra all-gather: backward
   /// gathers the unit anyway).
   bool activation_checkpointing = false;
+  /// With activation_checkpointing: the unit's forward may also checkpoint parts of
+  /// itself (checkpoint_segment in activation_checkpoint.h; a model family marks them, e.g.
+  /// BigGAN's residual and shortcut paths). The unit's replay in backward then keeps only
+  /// each segment's inputs, and each segment is replayed once more when backward reaches
+  /// it: the peak holds one segment's activations instead of one unit's, for one more
+  /// forward of the segmented parts. Bit-identical results. Ignored without
+  /// activation_checkpointing.
+  bool checkpoint_segments = false;
   /// Stage 3 with parameter offload (offload_shard): read the master shard of the unit
   /// after next from its tier on a worker thread while the current unit computes and the
   /// next one is all-gathered, in forward and in backward (DeepSpeed's partitioned-parameter

@@ -90,7 +90,8 @@ struct TrainConfig {
   /// model.arch (dcgan | biggan) and that family's model.* keys.
   std::shared_ptr<const ModelFamily> family;
   ShardingConfig g_sharding;      ///< sharding.generator.{stage,reshard_after_forward,
-                                  ///<   activation_checkpointing,compute_dtype,reduce_dtype}
+                                  ///<   activation_checkpointing,checkpoint_segments,
+                                  ///<   compute_dtype,reduce_dtype}
   ShardingConfig d_sharding;      ///< sharding.discriminator.{...}
   /// sharding.<model>.replicate_degree: hybrid sharding (HSDP, ZeRO++ hpZ). R >= 1 replica
   /// groups of world size / R ranks; the model is sharded inside a group and replicated

@@ -13,6 +13,7 @@ namespace shardgan::biggan {
 namespace {
 
 namespace F = torch::nn::functional;
+using TensorList = std::vector<at::Tensor>;
 
 // F.normalize(x, dim=1, eps) for a row vector: x / max(||x||, eps).
 at::Tensor normalize_row(const at::Tensor& x, double eps) {
@@ -156,15 +157,23 @@ CCBNImpl::CCBNImpl(int64_t channels, int64_t cond_dim, Communicator* comm) : com
 }
 
 at::Tensor CCBNImpl::forward(const at::Tensor& x, const at::Tensor& cond) {
-  TORCH_CHECK(x.dim() == 4 && cond.dim() == 2 && cond.size(0) == x.size(0),
-              "ccbn: expected x [B, C, H, W] and cond [B, D], got ", x.sizes(), " and ",
-              cond.sizes());
-  const int64_t b = x.size(0);
+  auto [scale, shift] = scale_shift(cond);
+  return apply(x, scale, shift);
+}
+
+std::pair<at::Tensor, at::Tensor> CCBNImpl::scale_shift(const at::Tensor& cond) {
+  TORCH_CHECK(cond.dim() == 2, "ccbn: expected cond [B, D], got ", cond.sizes());
+  const int64_t b = cond.size(0);
+  return {(gain->forward(cond) + 1.0).view({b, -1, 1, 1}), bias->forward(cond).view({b, -1, 1, 1})};
+}
+
+at::Tensor CCBNImpl::apply(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift) {
+  TORCH_CHECK(x.dim() == 4 && scale.dim() == 4 && scale.size(0) == x.size(0),
+              "ccbn: expected x [B, C, H, W] and a scale [B, C, 1, 1], got ", x.sizes(), " and ",
+              scale.sizes());
   at::Tensor xhat = sync_batch_norm(x, at::Tensor(), at::Tensor(), running_mean, running_var,
                                     is_training(), kBnEps, kBnMomentum, comm_);
-  at::Tensor g = (gain->forward(cond) + 1.0).view({b, -1, 1, 1});
-  at::Tensor s = bias->forward(cond).view({b, -1, 1, 1});
-  return xhat * g + s;
+  return xhat * scale + shift;
 }
 
 AttentionImpl::AttentionImpl(int64_t ch) : ch_(ch) {
@@ -199,15 +208,27 @@ GBlockImpl::GBlockImpl(int64_t in, int64_t out, int64_t cond_dim, bool upsample,
 }
 
 at::Tensor GBlockImpl::forward(const at::Tensor& x_in, const at::Tensor& cond) {
+  // The four conditional scales and shifts first, outside the segments: `cond` feeds all
+  // four, and its gradient then sums their terms in the unit's own graph, in the same order
+  // with and without checkpoint segments (the same bits). Each segment's inputs are used
+  // once, or twice (x_in), where the order of a sum does not matter.
+  auto [scale1, shift1] = bn1->scale_shift(cond);
+  auto [scale2, shift2] = bn2->scale_shift(cond);
+  at::Tensor h = checkpoint_segment({bn1.get(), conv1.get()}, [this](const TensorList& in) {
+    at::Tensor a = at::relu(bn1->apply(in[0], in[1], in[2]));
+    return TensorList{conv1->forward(upsample_ ? upsample2(a) : a)};
+  }, {x_in, scale1, shift1})[0];
+  h = checkpoint_segment({bn2.get(), conv2.get()}, [this](const TensorList& in) {
+    return TensorList{conv2->forward(at::relu(bn2->apply(in[0], in[1], in[2])))};
+  }, {h, scale2, shift2})[0];
   at::Tensor x = x_in;
-  at::Tensor h = at::relu(bn1->forward(x, cond));
-  if (upsample_) {
-    h = upsample2(h);
+  if (conv_sc) {
+    x = checkpoint_segment({conv_sc.get()}, [this](const TensorList& in) {
+      return TensorList{conv_sc->forward(upsample_ ? upsample2(in[0]) : in[0])};
+    }, {x_in})[0];
+  } else if (upsample_) {
     x = upsample2(x);
   }
-  h = conv1->forward(h);
-  h = conv2->forward(at::relu(bn2->forward(h, cond)));
-  if (conv_sc) x = conv_sc->forward(x);
   return h + x;
 }
 
@@ -219,9 +240,10 @@ DBlockImpl::DBlockImpl(int64_t in, int64_t out, bool preactivation, bool downsam
 }
 
 at::Tensor DBlockImpl::forward(const at::Tensor& x) {
-  at::Tensor h = preactivation_ ? at::relu(x) : x;
-  h = conv2->forward(at::relu(conv1->forward(h)));
-  if (downsample_) h = pool2(h);
+  at::Tensor h = checkpoint_segment({conv1.get(), conv2.get()}, [this](const TensorList& in) {
+    at::Tensor a = conv2->forward(at::relu(conv1->forward(preactivation_ ? at::relu(in[0]) : in[0])));
+    return TensorList{downsample_ ? pool2(a) : a};
+  }, {x})[0];
   at::Tensor sc = x;
   if (preactivation_) {
     if (conv_sc) sc = conv_sc->forward(sc);

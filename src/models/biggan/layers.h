@@ -110,6 +110,12 @@ class CCBNImpl : public torch::nn::Module {
  public:
   CCBNImpl(int64_t channels, int64_t cond_dim, Communicator* comm);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cond);
+  /// The conditional scale and shift of forward: (1 + gain(cond), bias(cond)), each
+  /// [B, C, 1, 1] in cond's dtype. Local.
+  std::pair<at::Tensor, at::Tensor> scale_shift(const at::Tensor& cond);
+  /// forward with the scale and shift given: xhat(x) * scale + shift. Collective in
+  /// training mode, as forward.
+  at::Tensor apply(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift);
   SNLinear gain{nullptr}, bias{nullptr};
   at::Tensor running_mean, running_var;
 
@@ -139,7 +145,9 @@ TORCH_MODULE(Attention);
 /// cond)))), cond))), shortcut = conv_sc(up(x)) (1x1 SN conv, present when in != out or
 /// upsampling), out = h + shortcut. up = nearest x2 when `upsample`. Convs 3x3, padding 1.
 /// forward(x [B, in, H, W], cond [B, cond_dim]) -> [B, out, 2H or H, 2W or W]. Collective
-/// in training mode (two SyncBatchNorms).
+/// in training mode (two SyncBatchNorms). Checkpoint segments (checkpoint_segment): the
+/// residual path up to conv1, the rest of it, and the shortcut; the four conditional
+/// scales and shifts are computed before them, in the unit's own graph.
 class GBlockImpl : public torch::nn::Module {
  public:
   GBlockImpl(int64_t in, int64_t out, int64_t cond_dim, bool upsample, Communicator* comm);
@@ -156,7 +164,8 @@ TORCH_MODULE(GBlock);
 /// then avg-pool 2 when `downsample`; a = relu when `preactivation` (every block but D's
 /// first), else identity. Shortcut: preactivation: pool(conv_sc(x)); otherwise
 /// conv_sc(pool(x)); conv_sc (1x1) present when in != out or downsampling.
-/// x [B, in, H, W] -> [B, out, H/2 or H, W/2 or W]. Local.
+/// x [B, in, H, W] -> [B, out, H/2 or H, W/2 or W]. Local. Checkpoint segment
+/// (checkpoint_segment): the residual path.
 class DBlockImpl : public torch::nn::Module {
  public:
   DBlockImpl(int64_t in, int64_t out, bool preactivation, bool downsample);
