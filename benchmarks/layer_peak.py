@@ -1,0 +1,44 @@
+"""The memory floor of any activation checkpointing at BigGAN's 64x64 geometry: one layer.
+
+G's last block at 64x64 (BigGAN-PyTorch geometry, ch 32) upsamples 128 channels from 32x32
+and convolves them to 64 (conv1). No checkpointing can hold less than this one layer's
+forward and backward at once. This measures it in a fresh process, with PyTorch's own CPU
+kernels (the same LibTorch build and oneDNN as shardgan), one thread, as the growth of the
+peak RSS (ru_maxrss) over the held input. Prints one JSON line.
+
+    .venv/bin/python benchmarks/layer_peak.py [batch per rank, default 32]
+"""
+import json
+import resource
+import sys
+
+import torch
+
+
+def maxrss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main():
+    batch = int(sys.argv[1]) if len(sys.argv) > 1 else 32
+    torch.set_num_threads(1)
+    conv = torch.nn.Conv2d(128, 64, 3, padding=1)
+    up = lambda t: torch.nn.functional.interpolate(t, scale_factor=2)  # nearest, as upsample2
+    conv(up(torch.randn(2, 128, 32, 32))).sum().backward()  # one-time allocations first
+    x = torch.randn(batch, 128, 32, 32, requires_grad=True)
+    base = maxrss_mib()
+    y = conv(up(x))
+    fwd = maxrss_mib()
+    y.backward(torch.randn_like(y))
+    bwd = maxrss_mib()
+    mib = lambda n: n * 4 / 2**20
+    print(json.dumps({
+        "bench": "layer_peak", "layer": "upsample x2 + conv3x3 128->64 at 64x64", "batch": batch,
+        "torch": torch.__version__, "threads": 1,
+        "input_mib": mib(x.numel()), "upsampled_mib": mib(4 * x.numel()), "output_mib": mib(y.numel()),
+        "peak_growth_forward_mib": fwd - base, "peak_growth_forward_backward_mib": bwd - base,
+    }))
+
+
+if __name__ == "__main__":
+    main()
