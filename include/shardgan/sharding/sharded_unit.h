@@ -28,7 +28,6 @@ class UnitCollectives;
 class UnitHooks;
 }  // namespace detail
 
-
 class ShardedUnit {
  public:
   /// Runs the unit's module: the activation plus any conditioning tensors in, one or more
