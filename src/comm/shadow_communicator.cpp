@@ -11,20 +11,21 @@ namespace shardgan {
 using detail::is_16bit_float;
 namespace {
 
-// Holds a reduce-scatter's receive buffer until wait(), as MpiWork does.
+// Holds a reduce-scatter's receive buffer (the peers' blocks) and its result until wait(),
+// as MpiWork does, then writes the result into the shard.
 class ShadowWork final : public Work {
  public:
-  ShadowWork(at::Tensor shard, at::Tensor staged_in, at::Tensor staged_out)
-      : shard_(std::move(shard)), in_(std::move(staged_in)), out_(std::move(staged_out)) {}
+  ShadowWork(at::Tensor shard, at::Tensor recv, at::Tensor result)
+      : shard_(std::move(shard)), recv_(std::move(recv)), result_(std::move(result)) {}
   ~ShadowWork() override { wait(); }
   void wait() override {
-    if (!in_.defined()) return;
-    shard_.copy_(out_);
-    in_ = out_ = at::Tensor();
+    if (!recv_.defined()) return;
+    shard_.copy_(result_);
+    recv_ = result_ = at::Tensor();
   }
 
  private:
-  at::Tensor shard_, in_, out_;
+  at::Tensor shard_, recv_, result_;
 };
 
 }  // namespace
