@@ -26,10 +26,11 @@
 /// such part runs as a nested checkpoint: the replayed graph keeps the segment's inputs,
 /// not its activations, and the segment is replayed once more when backward reaches it
 /// (with its own buffers and the generators put back, as above). Everywhere else the part
-/// just runs. A segment's inputs should be tensors that the unit's graph uses once, or
-/// whose gradient has at most two terms, so that gradient sums keep their order and the
-/// results their bits (BigGAN computes its conditional BatchNorm gains outside the
-/// segments for this reason).
+/// just runs. Bits: a tensor used in several places sums its gradient terms in the order
+/// backward reaches them, and a segment hands back one sum for its uses inside it. Results
+/// keep their bits when every segment input has at most two uses in all (x + y = y + x
+/// exactly); BigGAN computes its conditional BatchNorm scales outside the segments, since
+/// its conditioning vector feeds four.
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -46,10 +47,10 @@ namespace shardgan {
 /// Runs `fn` on `inputs` (tensors of any shape, dtype and device; undefined entries are
 /// passed through) and returns its outputs; see "Segments" above. `scope` are the modules
 /// `fn` uses: their trainable parameters get gradients through the segment (none for one
-/// that `fn` does not use), and their buffers are put back for its replay. `fn` must compute its outputs from `inputs` and
-/// `scope` alone, the same way each time (it runs up to three times per step). Local
-/// unless `fn` itself runs a collective (SyncBatchNorm), which every rank then replays in
-/// the same order. Throws what `fn` throws.
+/// that `fn` does not use), and their buffers are put back for its replay. `fn` must
+/// compute its outputs from `inputs` and `scope` alone, the same way each time (it runs up
+/// to three times per step). Local unless `fn` itself runs a collective (SyncBatchNorm),
+/// which every rank then replays in the same order. Throws what `fn` throws.
 std::vector<at::Tensor> checkpoint_segment(std::initializer_list<torch::nn::Module*> scope,
                                            const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& fn,
                                            const std::vector<at::Tensor>& inputs);
