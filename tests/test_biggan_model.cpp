@@ -19,6 +19,7 @@
 #include "shardgan/sharding/deferred.h"
 #include "shardgan/train/objective.h"
 #include "test_util.h"
+#include "tiny_biggan.h"
 
 using namespace shardgan;
 
@@ -28,17 +29,12 @@ const at::ScalarType kDtypes[] = {at::kFloat, at::kDouble, at::kBFloat16};
 
 // ---- Models through the sharding layer ----
 
+// tiny_biggan.h's model (G 16, 16, 16, 8 channels at 4, 8, 16, 32; D 8, 16, 16, 16 at 16,
+// 8, 4, 4; z_dim 8 in 4 chunks of 2) with one extra block per resolution.
 BigGanConfig tiny_config(int64_t channels) {
-  BigGanConfig c;
-  c.ch = 4;
-  c.d_ch = 4;
-  c.g_ch_mult = {4, 4, 4, 2};  // 16, 16, 16, 8 channels at 4, 8, 16, 32
-  c.d_ch_mult = {2, 4, 4, 4};  // 8, 16, 16, 16 channels at 16, 8, 4, 4
+  BigGanConfig c = test_util::tiny_biggan();
   c.g_blocks_per_res = 1;
   c.d_blocks_per_res = 1;
-  c.z_dim = 8;  // 4 chunks of 2
-  c.shared_dim = 4;
-  c.n_classes = 3;
   c.channels = channels;
   return c;
 }
