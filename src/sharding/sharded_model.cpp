@@ -23,12 +23,12 @@ NodeSharedPool* ShardedModel::shared_pool() {
   if (shared_pool_checked_) return shared_pool_.get();
   shared_pool_checked_ = true;
   // Every rank evaluates the same conditions, so the collectives below run on all or none.
-  if (!cfg_.node_shared_gather || cfg_.stage != 3 || comm_.world_size() < 2 || comm_.replicate_degree() != 1) {
+  const bool on_cpu = std::all_of(units_.begin(), units_.end(), [](const auto& u) { return u->device().is_cpu(); });
+  if (!node_shared_gather_applies(cfg_, comm_.world_size(), comm_.replicate_degree(), on_cpu)) {
     return nullptr;
   }
   int64_t slot_bytes = 0;
   for (auto& u : units_) {
-    if (!u->device().is_cpu()) return nullptr;
     slot_bytes = std::max(slot_bytes, u->padded_numel() * static_cast<int64_t>(c10::elementSize(u->compute_dtype())));
   }
   if (slot_bytes == 0 || !ranks_share_node(comm_)) return nullptr;

@@ -1,6 +1,7 @@
 #pragma once
-// Shared by the two files of ShardedUnit (private): sharded_unit.cpp (the flat parameter's
-// collectives and gradient buffers) and unit_hooks.cpp (the runtime hooks).
+// Shared by ShardedUnit's private parts (sharded_unit.cpp, unit_collectives.cpp,
+// unit_hooks.cpp) and activation_checkpoint.cpp: the checkpointed forward, the registry of
+// live units, byte counts and the collective timer.
 #include <chrono>
 #include <cstdint>
 #include <functional>

@@ -167,11 +167,13 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     // node_shared_gather: every rank maps and touches its models' whole pools (so each rank's
     // RSS counts them), kept for the run. The probe runs without them (its communicator is
     // a stand-in), so they are added here.
-    auto pool = [&](const ShardingConfig& sc, const ModelMemoryEstimate& e) -> int64_t {
-      const bool on = sc.node_shared_gather && sc.stage == 3 && world_size > 1 && local_ranks == world_size;
+    auto pool = [&](const ShardingConfig& sc, int R, const ModelMemoryEstimate& e) -> int64_t {
+      const bool on = ShardedModel::node_shared_gather_applies(sc, world_size, R, !cfg.compute_device.is_cuda()) &&
+                      local_ranks == world_size;
       return on ? ShardedModel::kSharedSlots * e.gathered_unit_bytes : 0;
     };
-    const int64_t shared_pools = pool(cfg.g_sharding, ge[3]) + pool(cfg.d_sharding, de[3]);
+    const int64_t shared_pools =
+        pool(cfg.g_sharding, cfg.g_replicate_degree, ge[3]) + pool(cfg.d_sharding, cfg.d_replicate_degree, de[3]);
     const int64_t predicted = rss_now + persistent + data + transient + shared_pools + kPredictionMarginBytes;
     j["configured"]["predicted"] = {{"process_rss_bytes", rss_now},
                                     {"process_rss_before_probe_bytes", rss_before},

@@ -181,6 +181,14 @@ class ShardedModel {
   /// rank makes it at the same gather), or nullptr when the option is off, the model is not
   /// a stage-3 CPU model on several ranks of one host, or under HSDP. Not for users.
   NodeSharedPool* shared_pool();
+  /// Whether a model with `cfg` on `world_size` ranks, `replicate_degree` replica groups
+  /// (HSDP; 1: none) and CPU (`on_cpu`) or GPU tensors gets a node-shared pool, provided its
+  /// ranks share one node (ranks_share_node, a collective, checked by shared_pool()) and it
+  /// has parameters. The memory pre-flight asks the same. Local.
+  static bool node_shared_gather_applies(const ShardingConfig& cfg, int world_size, int replicate_degree,
+                                         bool on_cpu) {
+    return cfg.node_shared_gather && cfg.stage == 3 && world_size >= 2 && replicate_degree == 1 && on_cpu;
+  }
   /// The number the next gather through the pool gets (1, 2, ...: the same on every rank),
   /// and taking it. A gather that falls back does not take one, so the gathers that used a
   /// slot are exactly every kSharedSlots-th number. Not for users.
