@@ -124,6 +124,24 @@ TEST(HostStaging, AnEventNeverRecordedIsNotWaitedFor) {
   EXPECT_EQ(DeviceEvent::cpu_waits(), w0 + 1);
 }
 
+// CopyStream on the CPU: synchronous copies, events recorded through it counted (and then
+// waited for) as DeviceEvent's own; mismatched tensors refused.
+TEST(HostStaging, CopyStreamOnTheCpuCopiesAndRecords) {
+  CopyStream s(c10::Device(c10::kCPU));
+  at::Tensor src = torch::randn({1000}), dst = torch::zeros({1000});
+  s.copy(dst, src);
+  EXPECT_TRUE(torch::equal(dst, src));
+  const int64_t r0 = DeviceEvent::cpu_records(), w0 = DeviceEvent::cpu_waits();
+  DeviceEvent ev(c10::Device(c10::kCPU));
+  s.record(ev);
+  ev.wait();
+  EXPECT_EQ(DeviceEvent::cpu_records(), r0 + 1);
+  EXPECT_EQ(DeviceEvent::cpu_waits(), w0 + 1);
+  EXPECT_THROW(s.copy(torch::zeros({999}), src), std::invalid_argument);
+  EXPECT_THROW(s.copy(torch::zeros({1000}, torch::kDouble), src), std::invalid_argument);
+  EXPECT_THROW(s.copy(torch::zeros({2000}).slice(0, 0, 2000, 2), src), std::invalid_argument);  // stride 2
+}
+
 // torch's fused Adam (the kernel GPU shards use) against adam_torch_step, the op-for-op
 // copy of torch::optim::Adam that float64 CPU shards use, over 20 steps.
 // float64: both evaluate the same formula; only the order of a few roundings may differ,

@@ -139,7 +139,8 @@ void step_both(Net& ref, Net& off, ShardedOptimizer& ref_opt, ShardedOptimizer& 
 }
 
 void expect_bit_identical_to_sharded_adam(at::ScalarType dt, OffloadDevice dev, bool adamw,
-                                         int64_t block_bytes = OffloadConfig{}.copy_block_bytes, bool overlap = true) {
+                                         int64_t block_bytes = OffloadConfig{}.copy_block_bytes, bool overlap = true,
+                                         int64_t buffer_bytes = int64_t{1} << 20) {
   MpiCommunicator self(MPI_COMM_SELF, 60.0);
   TempDir dir;
   AdamConfig cfg{1e-2, 0.9, 0.999, 1e-8, adamw ? 0.01 : 0.001, adamw};
@@ -149,6 +150,7 @@ void expect_bit_identical_to_sharded_adam(at::ScalarType dt, OffloadDevice dev, 
   oc.optimizer = dev;
   oc.copy_block_bytes = block_bytes;
   oc.overlap_copies = overlap;
+  oc.buffer_bytes = buffer_bytes;
   OffloadedAdam off_opt(off.model, cfg, oc);
   step_both(ref, off, ref_opt, off_opt, dt);
   for (size_t u = 0; u < 2; ++u) {
@@ -176,31 +178,40 @@ TEST(OffloadedAdam, BitIdenticalToShardedAdam) {
   }
 }
 
-// offload.overlap_copies: each chunk is staged in blocks, block k+1 copied in while block
-// k is stepped (on a GPU; here the copies are synchronous and the events no-ops that
-// count). Blocks of 4096 bytes split the 1 MiB ring's chunks into many: the step is
-// still ShardedAdam's, bit for bit, with and without the overlap, and every block's
-// event is recorded and waited for (blocks + 1 per chunk: its copies in, and the last
-// copies back). Negative control, run once: copying block 0's gradient in place of block
-// 1's fails this test, while the one-block test above (8 MiB blocks) still passes.
+// offload.overlap_copies: the gradient and parameters are staged in blocks, the next
+// blocks copied in while block k is stepped (on a GPU; here the copies are synchronous and
+// the events no-ops that count). Blocks of 4096 bytes split the 1 MiB ring's chunks into
+// many; on the cpu tier one pipeline runs across chunks and units through the ring's
+// slots, so rings of 2 and 3 slots (16 and 24 KiB: each slot refilled while others are in
+// flight) are tried too. The step is still ShardedAdam's, bit for bit, with and without
+// the overlap, and every event is recorded once and waited for once (records == waits).
+// Negative controls, run once: copying block 0's gradient in place of block 1's fails
+// this test while the one-block test above (8 MiB blocks) still passes; on the cpu tier,
+// staging one block ahead into the slot being stepped (slot (b + 1) % slots read as b's)
+// fails it in the 2- and 3-slot rings.
 TEST(OffloadedAdam, CopiesInBlocksBitIdenticalToShardedAdam) {
   for (auto dt : {at::kFloat, at::kDouble}) {
     for (auto dev : {OffloadDevice::kCpu, OffloadDevice::kDisk}) {
-      for (bool overlap : {true, false}) {
-        SCOPED_TRACE(std::string(c10::toString(dt)) + " " + to_string(dev) + (overlap ? " overlap" : " one block"));
-        const int64_t r0 = DeviceEvent::cpu_records(), w0 = DeviceEvent::cpu_waits();
-        expect_bit_identical_to_sharded_adam(dt, dev, false, 4096, overlap);
-        const int64_t records = DeviceEvent::cpu_records() - r0, waits = DeviceEvent::cpu_waits() - w0;
-        EXPECT_EQ(records, waits);
-        // 6 steps (5 compared, 1 to show the comparison can fail) over 2 units of 210700
-        // and 2103 elements: at least one event per block of 4096 bytes with the overlap,
-        // one in and one out per chunk without.
-        const int64_t per_block = 4096 / static_cast<int64_t>(c10::elementSize(dt));
-        const int64_t blocks = (210700 + per_block - 1) / per_block + (2103 + per_block - 1) / per_block;
-        if (overlap) {
-          EXPECT_GE(records, 6 * blocks);
-        } else {
-          EXPECT_LT(records, 6 * blocks / 4);
+      for (int64_t ring : {int64_t{1} << 20, int64_t{16384}, int64_t{24576}}) {
+        // The disk tier's ring keeps two arrays and two staging slices per buffer: 1 MiB only.
+        if (dev == OffloadDevice::kDisk && ring != (int64_t{1} << 20)) continue;
+        for (bool overlap : {true, false}) {
+          SCOPED_TRACE(std::string(c10::toString(dt)) + " " + to_string(dev) + " ring " + std::to_string(ring) +
+                       (overlap ? " overlap" : " one block"));
+          const int64_t r0 = DeviceEvent::cpu_records(), w0 = DeviceEvent::cpu_waits();
+          expect_bit_identical_to_sharded_adam(dt, dev, false, 4096, overlap, ring);
+          const int64_t records = DeviceEvent::cpu_records() - r0, waits = DeviceEvent::cpu_waits() - w0;
+          EXPECT_EQ(records, waits);
+          // 6 steps (5 compared, 1 to show the comparison can fail) over 2 units of 210700
+          // and 2103 elements: at least one event per block of 4096 bytes with the overlap,
+          // one in and one out per chunk without.
+          const int64_t per_block = 4096 / static_cast<int64_t>(c10::elementSize(dt));
+          const int64_t blocks = (210700 + per_block - 1) / per_block + (2103 + per_block - 1) / per_block;
+          if (overlap) {
+            EXPECT_GE(records, 6 * blocks);
+          } else if (ring == (int64_t{1} << 20)) {
+            EXPECT_LT(records, 6 * blocks / 4);
+          }
         }
       }
     }

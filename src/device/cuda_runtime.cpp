@@ -44,6 +44,28 @@ void cuda_event_synchronize(void* ev) {
   check(cudaEventSynchronize(static_cast<cudaEvent_t>(ev)), "cudaEventSynchronize");
 }
 
+void* cuda_stream_create(int index) {
+  check(cudaSetDevice(index), "cudaSetDevice");
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  return s;
+}
+
+void cuda_stream_destroy(void* stream) {
+  if (stream) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+void cuda_event_record_on(void* ev, void* stream, int index) {
+  check(cudaSetDevice(index), "cudaSetDevice");
+  check(cudaEventRecord(static_cast<cudaEvent_t>(ev), static_cast<cudaStream_t>(stream)), "cudaEventRecord");
+}
+
+void cuda_memcpy_async(void* dst, const void* src, int64_t bytes, void* stream, int index) {
+  check(cudaSetDevice(index), "cudaSetDevice");
+  check(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
+        "cudaMemcpyAsync");
+}
+
 void cuda_host_register(void* p, int64_t bytes) {
   check(cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterPortable), "cudaHostRegister");
 }
@@ -70,6 +92,10 @@ void* cuda_event_create(int) { missing("cudaEventCreate"); }
 void cuda_event_destroy(void*) {}
 void cuda_event_record(void*, int) { missing("cudaEventRecord"); }
 void cuda_event_synchronize(void*) { missing("cudaEventSynchronize"); }
+void* cuda_stream_create(int) { missing("cudaStreamCreate"); }
+void cuda_stream_destroy(void*) {}
+void cuda_event_record_on(void*, void*, int) { missing("cudaEventRecord"); }
+void cuda_memcpy_async(void*, const void*, int64_t, void*, int) { missing("cudaMemcpyAsync"); }
 void cuda_host_register(void*, int64_t) { missing("cudaHostRegister"); }
 void cuda_host_unregister(void*) {}
 int64_t cuda_device_used_bytes() { missing("cudaMemGetInfo"); }

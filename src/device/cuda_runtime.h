@@ -14,6 +14,15 @@ void cuda_event_destroy(void* ev);
 /// Records `ev` on the legacy default stream of device `index` (LibTorch's default stream).
 void cuda_event_record(void* ev, int index);
 void cuda_event_synchronize(void* ev);
+/// A cudaStream_t created with cudaStreamNonBlocking on device `index` (it does not
+/// synchronize with the legacy default stream).
+void* cuda_stream_create(int index);
+void cuda_stream_destroy(void* stream);
+/// Records `ev` on `stream` (device `index`).
+void cuda_event_record_on(void* ev, void* stream, int index);
+/// cudaMemcpyAsync of `bytes` from `src` to `dst` (cudaMemcpyDefault: unified addressing
+/// tells host from device) on `stream` (device `index`).
+void cuda_memcpy_async(void* dst, const void* src, int64_t bytes, void* stream, int index);
 /// cudaHostRegister / cudaHostUnregister (portable, so any device may use the pages).
 void cuda_host_register(void* p, int64_t bytes);
 void cuda_host_unregister(void* p);

@@ -152,6 +152,40 @@ void DeviceEvent::wait() {
   detail::cuda_event_synchronize(event_);
 }
 
+CopyStream::CopyStream(c10::Device device) : device_(device) {
+  if (device_.is_cuda()) stream_ = detail::cuda_stream_create(device_.index() < 0 ? 0 : device_.index());
+}
+
+CopyStream::~CopyStream() { detail::cuda_stream_destroy(stream_); }
+
+void CopyStream::copy(const at::Tensor& dst, const at::Tensor& src) {
+  if (!dst.is_contiguous() || !src.is_contiguous() || dst.scalar_type() != src.scalar_type() ||
+      dst.numel() != src.numel()) {
+    throw std::invalid_argument("CopyStream::copy: tensors must be contiguous with one dtype and numel");
+  }
+  if (!stream_) {
+    dst.copy_(src);
+    return;
+  }
+  for (const at::Tensor* t : {&dst, &src}) {
+    if (!t->is_cpu() && t->device() != device_) {
+      throw std::invalid_argument("CopyStream::copy: a tensor on " + t->device().str() + ", the stream is on " +
+                                  device_.str());
+    }
+  }
+  detail::cuda_memcpy_async(dst.data_ptr(), src.data_ptr(), static_cast<int64_t>(src.nbytes()), stream_,
+                            device_.index() < 0 ? 0 : device_.index());
+}
+
+void CopyStream::record(DeviceEvent& ev) {
+  ev.recorded_ = true;
+  if (!ev.event_) {
+    g_cpu_records.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  detail::cuda_event_record_on(ev.event_, stream_, device_.index() < 0 ? 0 : device_.index());
+}
+
 int64_t DeviceEvent::cpu_records() { return g_cpu_records.load(std::memory_order_relaxed); }
 int64_t DeviceEvent::cpu_waits() { return g_cpu_waits.load(std::memory_order_relaxed); }
 

@@ -160,6 +160,18 @@ void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
   }
 }
 
+void* OffloadStore::host_array(size_t unit, int a) const {
+  if (device_ != OffloadDevice::kCpu) throw std::logic_error("OffloadStore::host_array: the disk tier has no host arrays");
+  if (unit >= numel_.size() || a < 0 || a >= arrays_) throw std::out_of_range("OffloadStore::host_array: no such array");
+  return host_[unit * arrays_ + a]->p;
+}
+
+void* OffloadStore::staging(int s) const {
+  if (device_ != OffloadDevice::kCpu) throw std::logic_error("OffloadStore::staging: only the cpu tier lends its ring");
+  if (s < 0 || s >= scratch_) throw std::out_of_range("OffloadStore::staging: no such slice");
+  return ring_->p + static_cast<int64_t>(arrays_ + s - ring_first_) * chunk_numel_ * elem_;
+}
+
 int64_t OffloadStore::ram_bytes() const {
   int64_t b = ring_ ? ring_->bytes : 0;
   for (const auto& h : host_) b += h->bytes;

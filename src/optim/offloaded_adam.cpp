@@ -134,6 +134,15 @@ void OffloadedAdam::write_unit_state(size_t unit, const StateVisitor& fn) {
 int64_t OffloadedAdam::state_bytes() { return store_->ram_bytes(); }
 int64_t OffloadedAdam::offloaded_bytes() { return store_->disk_bytes(); }
 
+void OffloadedAdam::adam_block(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
+                               const AdamCoefficients& c) {
+  if (dtype_ == at::kFloat) {
+    fused_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), p.numel(), c);
+  } else {
+    adam_torch_step(p, g, m, v, cfg_, lr_, step_);  // ShardedAdam's float64 path
+  }
+}
+
 void OffloadedAdam::update() {
   torch::NoGradGuard no_grad;
   auto& units = model_.units();
@@ -145,9 +154,131 @@ void OffloadedAdam::update() {
     ready.wait();
   }
   const auto t_start = Clock::now();
-  double compute = 0;
   const AdamCoefficients c = adam_coefficients(lr_, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay,
                                                cfg_.decoupled_weight_decay, step_);
+  compute_s_ = store_->device() == OffloadDevice::kCpu ? update_in_memory(c) : update_streamed(c);
+  io_s_ = since(t_start) - compute_s_;
+  io_total_s_ += io_s_;
+}
+
+// The cpu tier. The moments (and, with parameter offload, the master shard) are host
+// arrays, so only the gradient (and the parameters) go through the staging ring, and one
+// pipeline of blocks runs across every chunk and unit boundary: the copies in of the next
+// `ahead` blocks are queued before block b is stepped, and block b's parameters go back
+// without a wait (ZeRO-Offload, Ren et al. 2021, Sec. 4.2: the CPU step overlapped with
+// the transfers). The ring's staging slices are cut into `slots` blocks; a slot is
+// refilled only after the parameters it sent back have arrived (its `out` event).
+// With the overlap the copies down and up run on two copy streams of their own, so that
+// on a GPU they use its two copy engines at once. They need no order against the default
+// stream: update() waited for its work first, and drain() waits for every copy up before
+// the parameters are used. On the CPU the copies are synchronous and the events no-ops
+// that count.
+double OffloadedAdam::update_in_memory(const AdamCoefficients& c) {
+  auto& units = model_.units();
+  const bool params = params_offloaded();
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype_));
+  const int64_t align = std::max<int64_t>(1, 4096 / esize);
+  const int64_t slice = store_->chunk_numel();
+  // With the overlap, at least two slots, each a whole number of 4096-byte blocks.
+  int64_t block = slice;
+  if (overlap_) block = std::min({block_numel_, slice, std::max(align, slice / 2 / align * align)});
+  const int64_t slots = std::max<int64_t>(1, slice / block);
+  const int64_t ahead = slots >= 3 ? slots - 2 : slots - 1;
+  struct Block {
+    size_t unit;
+    int64_t offset, numel;
+  };
+  std::vector<Block> blocks;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t n = units[u]->shard_numel();
+    for (int64_t o = 0; o < n; o += block) blocks.push_back({u, o, std::min(block, n - o)});
+  }
+  if (blocks.empty()) return 0;
+  const c10::Device dev = units[0]->device();
+  std::vector<std::unique_ptr<DeviceEvent>> in, out;
+  std::vector<char> out_pending(slots, 0);
+  for (int64_t s = 0; s < slots; ++s) {
+    in.push_back(std::make_unique<DeviceEvent>(dev));
+    out.push_back(std::make_unique<DeviceEvent>(dev));
+  }
+  auto drain = [&] {
+    for (int64_t s = 0; s < slots; ++s) {
+      if (out_pending[s]) out[s]->wait();
+      out_pending[s] = 0;
+    }
+  };
+  auto at = [&](void* base, int64_t offset, int64_t n) {
+    return view(static_cast<char*>(base) + offset * esize, n, dtype_);
+  };
+  auto staged = [&](int s, size_t b) { return at(store_->staging(s), static_cast<int64_t>(b % slots) * block, blocks[b].numel); };
+  CopyStream down(dev), up(dev);
+  auto copy = [&](CopyStream& stream, const at::Tensor& dst, const at::Tensor& src) {
+    if (overlap_) {
+      stream.copy(dst, src);
+    } else {
+      dst.copy_(src);  // synchronous
+    }
+  };
+  auto mark = [&](CopyStream& stream, DeviceEvent& ev) {
+    if (overlap_) {
+      stream.record(ev);
+    } else {
+      ev.record();
+    }
+  };
+  auto stage_in = [&](size_t b) {
+    const Block& k = blocks[b];
+    const size_t slot = b % slots;
+    if (out_pending[slot]) out[slot]->wait();  // its last parameters have gone back
+    out_pending[slot] = 0;
+    ShardedUnit& u = *units[k.unit];
+    if (!params) copy(down, staged(1, b), u.shard().narrow(0, k.offset, k.numel));
+    copy(down, staged(0, b), u.grad_shard().narrow(0, k.offset, k.numel));
+    mark(down, *in[slot]);
+  };
+  double compute = 0;
+  size_t next = 0;
+  try {
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      for (; next < blocks.size() && next <= b + static_cast<size_t>(ahead); ++next) stage_in(next);
+      const Block& k = blocks[b];
+      const size_t slot = b % slots;
+      in[slot]->wait();
+      at::Tensor p = params ? at(store_->host_array(k.unit, param_array_), k.offset, k.numel) : staged(1, b);
+      at::Tensor g = staged(0, b);
+      at::Tensor m = at(store_->host_array(k.unit, moment_array_), k.offset, k.numel);
+      at::Tensor v = at(store_->host_array(k.unit, moment_array_ + 1), k.offset, k.numel);
+      const auto t0 = Clock::now();
+      adam_block(p, g, m, v, c);
+      compute += since(t0);
+      if (!params) {  // stage out (host-to-device in a CUDA build)
+        copy(up, units[k.unit]->shard().narrow(0, k.offset, k.numel), p);
+        mark(up, *out[slot]);
+        out_pending[slot] = 1;
+      }
+    }
+    drain();
+  } catch (...) {
+    // No copy may still be writing the staging ring after we return.
+    try {
+      for (size_t b = 0; b < next; ++b) in[b % slots]->wait();
+      drain();
+    } catch (...) {
+    }
+    throw;
+  }
+  return compute;
+}
+
+// The disk tier: the store streams chunks through its ring (reads ahead, writes behind).
+// Within a chunk, block i's copies in (device-to-host in a CUDA build) are enqueued one
+// block ahead and waited for on in[i % 2]; its parameters go back without a wait, and the
+// chunk's last event covers them all before the store reuses the chunk's buffers. Copies
+// with non_blocking run in the device's queue order, so block i+1's gradient is read after
+// the backward that wrote it; on the CPU they are synchronous and the events no-ops.
+double OffloadedAdam::update_streamed(const AdamCoefficients& c) {
+  auto& units = model_.units();
+  double compute = 0;
   std::vector<size_t> all(units.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   const bool params = params_offloaded();
@@ -162,11 +293,6 @@ void OffloadedAdam::update() {
     at::Tensor g = view(ch.scratch[0], ch.numel, dtype_);
     at::Tensor m = view(ch.data[moment_array_], ch.numel, dtype_);
     at::Tensor v = view(ch.data[moment_array_ + 1], ch.numel, dtype_);
-    // Blocks of the chunk: block i's copies in (device-to-host in a CUDA build) are
-    // enqueued one block ahead and waited for on in[i % 2]; its parameters go back
-    // without a wait, and the chunk's last event covers them all. Copies with
-    // non_blocking run in the device's queue order, so block i+1's gradient is read after
-    // the backward that wrote it; on the CPU they are synchronous and the events no-ops.
     const int64_t block = overlap_ ? block_numel_ : ch.numel;
     const int64_t blocks = (ch.numel + block - 1) / block;
     auto part = [&](const at::Tensor& t, int64_t i) { return t.narrow(0, i * block, std::min(block, ch.numel - i * block)); };
@@ -184,22 +310,14 @@ void OffloadedAdam::update() {
       in[i % 2]->wait();
       at::Tensor pi = part(p, i), gi = part(g, i), mi = part(m, i), vi = part(v, i);
       const auto t0 = Clock::now();
-      if (dtype_ == at::kFloat) {
-        fused_adam_step(pi.data_ptr<float>(), gi.data_ptr<float>(), mi.data_ptr<float>(), vi.data_ptr<float>(),
-                        pi.numel(), c);
-      } else {
-        adam_torch_step(pi, gi, mi, vi, cfg_, lr_, step_);  // ShardedAdam's float64 path
-      }
+      adam_block(pi, gi, mi, vi, c);
       compute += since(t0);
       if (!params) part(p_dev, i).copy_(pi, overlap_);  // stage out (host-to-device in a CUDA build)
     }
-    // The store reuses the staging buffers for the next chunk: every copy must be done.
     out.record();
     out.wait();
   });
-  compute_s_ = compute;
-  io_s_ = since(t_start) - compute;
-  io_total_s_ += io_s_;
+  return compute;
 }
 
 }  // namespace shardgan

@@ -37,9 +37,37 @@ class DeviceEvent {
   static int64_t cpu_waits();
 
  private:
+  friend class CopyStream;
   c10::Device device_;
   void* event_ = nullptr;  // cudaEvent_t on CUDA
   bool recorded_ = false;
+};
+
+/// A copy queue of its own on `device`: on a GPU, a CUDA stream that does not synchronize
+/// with the default stream, so that its copies run beside the default stream's work and,
+/// with two of them, host-to-device beside device-to-host on the GPU's separate copy
+/// engines (ZeRO-Offload's gradient and parameter transfers). Ordering against other work
+/// is the caller's: record a DeviceEvent here and wait for it. On the CPU copies are
+/// synchronous and record() counts as DeviceEvent::record does. Local. Not copyable.
+class CopyStream {
+ public:
+  explicit CopyStream(c10::Device device);
+  ~CopyStream();
+  CopyStream(const CopyStream&) = delete;
+  CopyStream& operator=(const CopyStream&) = delete;
+
+  /// Queues the copy of `src` into `dst`: contiguous tensors of one dtype and numel, one on
+  /// the host and the other on this stream's device (or both on the host). The host side
+  /// must be pinned for the copy to be asynchronous, and both must stay alive and untouched
+  /// until an event recorded after it has completed. Throws std::invalid_argument on a
+  /// mismatch, DeviceError on a CUDA error.
+  void copy(const at::Tensor& dst, const at::Tensor& src);
+  /// Marks the copies queued so far: `ev` (of this stream's device) completes after them.
+  void record(DeviceEvent& ev);
+
+ private:
+  c10::Device device_;
+  void* stream_ = nullptr;  // cudaStream_t on CUDA
 };
 
 /// Bytes of each of the two staging buffers that copy_to_host / copy_from_host use (and

@@ -44,9 +44,10 @@ struct OffloadConfig {
   /// synchronous copy per chunk each way. Results are the same bits either way.
   bool overlap_copies = true;
   /// offload.copy_block_bytes: bytes of one such block (a multiple of 4096, >= 4096).
-  /// Blocks are cut within each chunk of the store (offload.buffer_bytes over the staged
-  /// arrays, 8 MiB at the defaults), and the first block of every chunk is copied before
-  /// any compute: more blocks per chunk hide more of the copies.
+  /// cpu tier: the staging ring (offload.buffer_bytes over the staged arrays, 8 MiB at the
+  /// defaults) is cut into slots of this size, at most half of it, and one pipeline runs
+  /// across chunks and units. disk tier: blocks are cut within each chunk of the ring, and
+  /// the first block of every chunk is copied before any compute.
   int64_t copy_block_bytes = int64_t{2} << 20;
 
   bool any() const { return optimizer != OffloadDevice::kNone || param != OffloadDevice::kNone; }

@@ -67,6 +67,15 @@ class OffloadStore {
   void stream(const std::vector<size_t>& units, Mode mode, const std::function<void(const Chunk&)>& fn,
               uint32_t arrays = kAllArrays);
 
+  /// cpu tier only: array `a` of unit `unit` itself (unit_numel[unit] elements), for a
+  /// caller that pipelines its own copies across chunks (OffloadedAdam's step). Valid for
+  /// the store's lifetime. Throws std::logic_error on the disk tier, std::out_of_range for
+  /// a bad index.
+  void* host_array(size_t unit, int a) const;
+  /// cpu tier only: staging slice `s` (in [0, scratch_arrays)) of the ring, chunk_numel()
+  /// elements, the memory stream() hands out as Chunk::scratch[s]. Throws as host_array.
+  void* staging(int s) const;
+
   OffloadDevice device() const { return device_; }
   /// Elements of one array in a full chunk (a multiple of 4096 / elem_bytes).
   int64_t chunk_numel() const { return chunk_numel_; }

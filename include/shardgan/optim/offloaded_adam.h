@@ -4,18 +4,23 @@
 /// ZeRO-Infinity's NVMe tier (Rajbhandari et al. 2021, Sec. 5.1), for the shards this rank
 /// owns (ZeRO paper, Sec. 5.1).
 ///
-/// The step streams each unit's state through the store's ring (state_store.h), chunk by
-/// chunk. Per chunk: the gradient and parameter slices are copied into staging buffers
-/// (host-to-host here; device-to-host in a CUDA build, the same torch copy), the fused
-/// kernel updates them with the chunk's moments, and the parameters are copied back into
-/// the unit's shard. On disk, chunk k+1 is read and chunk k-1 written while chunk k is
-/// updated. Within a chunk, with offload.overlap_copies (the default), the copies go in
-/// blocks of offload.copy_block_bytes, non-blocking through the pinned buffers: block k+1's
-/// gradient comes down and block k-1's parameters go back while the CPU steps block k,
-/// ordered by two DeviceEvents (no-ops on the CPU, where the copies are synchronous). The
-/// chunk waits for its last copy before the store reuses its buffers. Every element sees
-/// the operations ShardedAdam applies, so a run with offload is bit-identical to one
-/// without (tests/test_offload.cpp; on CUDA shards, tests/test_gpu.cpp).
+/// The step updates each unit's shard block by block. The gradient and parameter slices
+/// are copied into staging buffers (host-to-host here; device-to-host in a CUDA build, the
+/// same torch copy), the fused kernel updates them with the block's moments, and the
+/// parameters are copied back into the unit's shard. With offload.overlap_copies (the
+/// default), the copies are non-blocking through the pinned buffers, ordered by
+/// DeviceEvents (no-ops on the CPU, where copies are synchronous), in blocks of
+/// offload.copy_block_bytes:
+///   - cpu tier: the moments stay in host memory, so the staging ring is cut into slots
+///     and one pipeline runs across every chunk and unit: the next blocks' gradients come
+///     down, and earlier blocks' parameters go back, while the CPU steps block k. Copies
+///     down and up run on two copy streams of their own (CopyStream), which a GPU serves
+///     with separate copy engines;
+///   - disk tier: the store's ring streams chunks (chunk k+1 read and chunk k-1 written
+///     while chunk k is updated), and the blocks pipeline within a chunk, which waits for
+///     its last copy before the store reuses its buffers.
+/// Every element sees the operations ShardedAdam applies, so a run with offload is
+/// bit-identical to one without (tests/test_offload.cpp; on CUDA shards, tests/test_gpu.cpp).
 ///
 /// Without parameter offload the master parameters stay in the unit's shard (gradients
 /// too): only the optimizer state leaves. With it (`offload.<model>.param`, stage 3; the
@@ -38,6 +43,7 @@
 namespace shardgan {
 
 class OffloadStore;
+struct AdamCoefficients;
 
 class OffloadedAdam final : public ShardedOptimizer, public ShardSource {
  public:
@@ -83,6 +89,16 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource {
   void update() override;
 
  private:
+  /// The step on the cpu tier: one pipeline of copy blocks across chunks and units.
+  /// Returns the seconds spent in the kernel.
+  double update_in_memory(const AdamCoefficients& c);
+  /// The step on the disk tier: chunk by chunk through the store's ring, blocks within a
+  /// chunk. Returns the seconds spent in the kernel.
+  double update_streamed(const AdamCoefficients& c);
+  /// One Adam step on a block: the fused kernel for float32, ShardedAdam's torch ops for
+  /// float64. Host tensors of dtype_, numel equal.
+  void adam_block(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v, const AdamCoefficients& c);
+
   AdamConfig cfg_;
   std::unique_ptr<OffloadStore> store_;
   at::ScalarType dtype_;
