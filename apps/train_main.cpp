@@ -89,7 +89,8 @@ int main(int argc, char** argv) {
       if (cfg.compute_device.is_cuda()) at::globalContext().setAllowTF32CuDNN(cfg.tf32);
     }
     auto comm = shardgan::make_communicator(cfg.backend, MPI_COMM_WORLD, cfg.timeout_s,
-                                            cfg.compute_device.is_cuda() ? cfg.compute_device.index() : -1);
+                                            cfg.compute_device.is_cuda() ? cfg.compute_device.index() : -1,
+                                            cfg.blocking_wait);
     if (cfg.progress_thread) shardgan::enable_progress_thread(*comm, cfg.progress_interval_us);
     // Memory pre-flight before anything of the models is allocated: every rank computes
     // the same estimate locally (no collectives), so every rank refuses alike.

@@ -5,9 +5,15 @@
 //    same model on the CPU with MPI, float64: gradients and an Adam step (torch's fused CUDA
 //    Adam against the CPU path);
 //  - the chunked host-staging copy from and to device memory, with pinned staging buffers;
+//  - NCCL's device-side wait (the default): Work::wait() returns while the collective, queued
+//    behind about 0.1 s of matrix products, has not run yet, and the results (float32
+//    all-gather, bfloat16 reduce-scatter rounded after the wait) are right; with
+//    dist.blocking_wait it returns only after them;
 //  - ZeRO-Offload with CUDA shards: the gradient blocks come down and the parameters go back
 //    through pinned buffers, overlapped with the CPU Adam (offload.overlap_copies) or not,
 //    bit-identical to ShardedAdam on the CPU.
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 
 #include <gtest/gtest.h>
@@ -117,6 +123,54 @@ TEST(Gpu, ZeroThreeOnCudaWithNcclMatchesTheCpu) {
 // on CPU shards (the copies are exact), so the shards must be the same bits after 5 steps,
 // with the copies overlapped in 4096-byte blocks (hundreds per unit) and without.
 // Negative control: one step more on one side is seen.
+TEST(Gpu, DeviceSideWaitLeavesTheHostFree) {
+  NEED_GPU();
+  const c10::Device dev = resolve_device("cuda", 0, "test_gpu");
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  const auto opts = torch::TensorOptions().device(dev);
+  for (bool blocking : {false, true}) {
+    SCOPED_TRACE(blocking ? "blocking_wait" : "device-side wait");
+    NcclCommunicator comm(MPI_COMM_SELF, dev.index(), 60.0, blocking);
+    at::Tensor a = torch::randn({4096, 4096}, opts) / 64;
+    // Warm-up: a communicator's first collective sets NCCL up and synchronizes the device,
+    // and the first product initializes cuBLAS (the first GPU run of this test, without
+    // this, saw the host wait 0.25 s for both).
+    {
+      at::Tensor one = torch::ones({8}, opts), eight = torch::empty({8}, opts);
+      comm.all_gather_async(eight, one)->wait();
+      at::Tensor h16 = one.to(at::kBFloat16), o16 = torch::empty({8}, opts.dtype(at::kBFloat16));
+      comm.reduce_scatter_async(o16, h16, ReduceOp::kSum)->wait();
+      (void)torch::mm(a, a);
+    }
+    torch::cuda::synchronize();
+    const auto t0 = Clock::now();
+    at::Tensor b = a;
+    for (int i = 0; i < 40; ++i) b = torch::mm(a, b);  // 40 x 137 GFLOP, queued
+    at::Tensor shard = b.flatten().narrow(0, 0, 4096).contiguous();
+    at::Tensor full = torch::empty({4096}, opts);
+    auto work = comm.all_gather_async(full, shard);
+    at::Tensor grad16 = b.flatten().narrow(0, 0, 4096).to(at::kBFloat16);
+    at::Tensor out16 = torch::empty({4096}, opts.dtype(at::kBFloat16));
+    auto rs = comm.reduce_scatter_async(out16, grad16, ReduceOp::kSum);
+    work->wait();
+    rs->wait();
+    const double host_s = since(t0);
+    torch::cuda::synchronize();
+    const double total_s = since(t0);
+    std::printf("[ gpu ] %s: wait returned after %.4f s, the device finished after %.4f s\n",
+                blocking ? "blocking_wait" : "device-side wait", host_s, total_s);
+    EXPECT_GT(total_s, 0.02) << "the queued products were too short to tell the waits apart";
+    if (blocking) {
+      EXPECT_GT(host_s, 0.9 * total_s);
+    } else {
+      EXPECT_LT(host_s, 0.5 * total_s);
+    }
+    EXPECT_TRUE(torch::equal(full.cpu(), shard.cpu()));
+    EXPECT_TRUE(torch::equal(out16.cpu(), grad16.cpu()));  // one rank: the sum is the input
+  }
+}
+
 TEST(Gpu, OffloadedAdamOnCudaShardsBitIdenticalToTheCpu) {
   NEED_GPU();
   const c10::Device dev = resolve_device("cuda", 0, "test_gpu");

@@ -42,7 +42,7 @@ void enable_progress_thread(Communicator& comm, double interval_us) {
 }
 
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
-                                                double timeout_s, int device_index) {
+                                                double timeout_s, int device_index, bool blocking_wait) {
   if (backend == "mpi") {
     auto c = std::make_unique<MpiCommunicator>(comm, timeout_s);
     c->learn_hosts();
@@ -51,8 +51,9 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_
   if (backend == "nccl") {
 #ifdef SHARDGAN_HAVE_NCCL
     return std::make_unique<NcclCommunicator>(
-        comm, device_index >= 0 ? device_index : local_rank_and_size(comm).first, timeout_s);
+        comm, device_index >= 0 ? device_index : local_rank_and_size(comm).first, timeout_s, blocking_wait);
 #else
+    (void)blocking_wait;
     throw std::invalid_argument(
         "dist.backend 'nccl': this build has no NCCL backend (CUDA and NCCL were not found "
         "at configure time). Use dist.backend=mpi or rebuild with CUDA and NCCL");

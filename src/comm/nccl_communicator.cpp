@@ -6,14 +6,18 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
 #include <ATen/ATen.h>
 
 #include "shardgan/comm/mpi_communicator.h"
+#include "shardgan/comm/watchdog.h"
 #include "comm/counted.h"
 #include "comm/reduced_float.h"
 
@@ -90,6 +94,16 @@ bool poll_until(Clock::time_point deadline, const std::function<bool()>& done) {
 
 }  // namespace
 
+// A CUDA event recorded after a collective, shared by its Work and the watchdog: destroyed
+// when both have let go.
+struct SharedEvent {
+  cudaEvent_t ev = nullptr;
+  ~SharedEvent() {
+    if (ev) cudaEventDestroy(ev);
+  }
+};
+using EventPtr = std::shared_ptr<SharedEvent>;
+
 #define SG_NCCL_CHECK(impl, call, what) (impl).check_nccl((call), #call, __FILE__, __LINE__, (what))
 #define SG_CUDA_CHECK(impl, call, what) (impl).check_cuda((call), #call, __FILE__, __LINE__, (what))
 
@@ -100,8 +114,15 @@ struct NcclCommunicator::Impl {
   cudaEvent_t ready = nullptr;  // recorded on the legacy default stream before a collective
   float* barrier_buf = nullptr;
   int device = 0;
+  bool blocking_wait = false;  // dist.blocking_wait: Work::wait() polls on the host
+  std::atomic<bool> aborted{false};
+  // Guards `comm` between the compute thread and the watchdog thread, which may abort it
+  // (ncclCommAbort frees it). Recursive: an error inside start() aborts.
+  std::recursive_mutex comm_mu;
+  std::unique_ptr<CollectiveWatchdog> watchdog;  // with device-side waits
 
   ~Impl() {
+    watchdog.reset();  // joins its thread before the communicator goes
     abort();
     if (ready) cudaEventDestroy(ready);
     if (gather_stream) cudaStreamDestroy(gather_stream);
@@ -109,10 +130,20 @@ struct NcclCommunicator::Impl {
     if (barrier_buf) cudaFree(barrier_buf);
   }
 
-  /// Aborts the communicator (idempotent); later collectives throw CollectiveError.
+  /// Aborts the communicator (idempotent; the watchdog thread may call it too); later
+  /// collectives throw CollectiveError.
   void abort() {
-    if (comm) ncclCommAbort(comm);
-    comm = nullptr;
+    std::lock_guard<std::recursive_mutex> lock(comm_mu);
+    if (comm && !aborted.exchange(true)) ncclCommAbort(comm);
+  }
+
+  /// Throws if the communicator was aborted: the watchdog's message when it failed.
+  void check_alive(const std::string& what) const {
+    if (!aborted.load()) return;
+    const std::string why = watchdog ? watchdog->failure() : std::string();
+    if (why.find("timed out") != std::string::npos) throw CollectiveTimeout(what + " failed: " + why);
+    throw CollectiveError(what + " failed: the NCCL communicator was aborted after an earlier error or timeout" +
+                          (why.empty() ? std::string() : ": " + why));
   }
 
   /// ncclInProgress is not an error on a non-blocking communicator: wait_async resolves it.
@@ -122,7 +153,7 @@ struct NcclCommunicator::Impl {
     std::ostringstream s;
     s << file << ":" << line << ": " << what << " failed: " << expr << ": "
       << ncclGetErrorString(r);
-    const char* last = ncclGetLastError(comm);
+    const char* last = comm && !aborted.load() ? ncclGetLastError(comm) : nullptr;
     if (last && *last) s << " (" << last << ")";
     abort();  // NCCL requires aborting a communicator after an error
     throw CollectiveError(s.str());
@@ -158,36 +189,61 @@ struct NcclCommunicator::Impl {
   }
 
   /// Issues one collective: `enqueue` puts it on `stream`, after the work already queued on
-  /// the legacy default stream. Returns an event recorded after it on `stream` (the caller
-  /// owns it and passes it to finish()).
-  cudaEvent_t start(const std::string& what, Clock::time_point deadline, double timeout_s, cudaStream_t stream,
-                    const std::function<ncclResult_t()>& enqueue) {
-    if (!comm) {
-      throw CollectiveError(what + " failed: the NCCL communicator was aborted after an "
-                                   "earlier error or timeout");
-    }
+  /// the legacy default stream. Returns an event recorded after it on `stream`, for
+  /// finish() or wait_on_device(); when `watched`, the watchdog polls it from now on.
+  EventPtr start(const std::string& what, Clock::time_point deadline, double timeout_s, cudaStream_t stream,
+                 const std::function<ncclResult_t()>& enqueue, bool watched) {
+    std::lock_guard<std::recursive_mutex> lock(comm_mu);
+    check_alive(what);
     SG_CUDA_CHECK(*this, cudaSetDevice(device), what);
     SG_CUDA_CHECK(*this, cudaEventRecord(ready, cudaStreamLegacy), what);
     SG_CUDA_CHECK(*this, cudaStreamWaitEvent(stream, ready, 0), what);
     SG_NCCL_CHECK(*this, enqueue(), what);
     wait_async(what, deadline, timeout_s);
-    cudaEvent_t ev = nullptr;
-    SG_CUDA_CHECK(*this, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), what);
-    SG_CUDA_CHECK(*this, cudaEventRecord(ev, stream), what);
+    auto ev = std::make_shared<SharedEvent>();
+    SG_CUDA_CHECK(*this, cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming), what);
+    SG_CUDA_CHECK(*this, cudaEventRecord(ev->ev, stream), what);
+    if (watched && watchdog) {
+      watchdog->watch(what, deadline, timeout_s, [this, ev] { return finished_on_device(ev->ev); }, [] {});
+    }
     return ev;
   }
 
-  /// Polls `ev` (from start()) until the collective finished on the device, or times out;
-  /// destroys `ev` either way.
-  void finish(const std::string& what, Clock::time_point deadline, double timeout_s, cudaEvent_t ev) {
-    struct Destroy {
-      cudaEvent_t e;
-      ~Destroy() { cudaEventDestroy(e); }
-    } destroy{ev};
+  /// Watchdog thread: whether the collective behind `ev` has finished; throws on a CUDA
+  /// error or the communicator's asynchronous error (a peer's failure surfaces here).
+  bool finished_on_device(cudaEvent_t ev) {
+    const cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) throw std::runtime_error(std::string("cudaEventQuery: ") + cudaGetErrorString(e));
+    std::lock_guard<std::recursive_mutex> lock(comm_mu);
+    if (aborted.load()) throw std::runtime_error("the NCCL communicator was aborted");
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) throw std::runtime_error(std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r));
+    if (state != ncclSuccess && state != ncclInProgress) {
+      throw std::runtime_error(std::string("NCCL: ") + ncclGetErrorString(state));
+    }
+    return false;
+  }
+
+  /// Device-side wait (c10d's default): the legacy default stream, where LibTorch computes,
+  /// waits for `ev`; the host goes on at once. The watchdog enforces the timeout.
+  void wait_on_device(const std::string& what, const EventPtr& ev) {
+    check_alive(what);
+    SG_CUDA_CHECK(*this, cudaSetDevice(device), what);
+    SG_CUDA_CHECK(*this, cudaStreamWaitEvent(cudaStreamLegacy, ev->ev, 0), what);
+  }
+
+  /// Polls `ev` (from start()) on the host until the collective finished on the device, or
+  /// times out.
+  void finish(const std::string& what, Clock::time_point deadline, double timeout_s, const EventPtr& event) {
+    cudaEvent_t ev = event->ev;
     const bool ok = poll_until(deadline, [&] {
       const cudaError_t e = cudaEventQuery(ev);
       if (e == cudaSuccess) return true;
       if (e != cudaErrorNotReady) check_cuda(e, "cudaEventQuery", __FILE__, __LINE__, what);
+      std::lock_guard<std::recursive_mutex> lock(comm_mu);
+      check_alive(what);
       ncclResult_t state = ncclSuccess;  // a peer's failure surfaces here
       SG_NCCL_CHECK(*this, ncclCommGetAsyncError(comm, &state), what);
       check_nccl(state, "communicator state", __FILE__, __LINE__, what);
@@ -200,21 +256,24 @@ struct NcclCommunicator::Impl {
   void run(const std::string& what, double timeout_s,
            const std::function<ncclResult_t()>& enqueue) {
     const auto deadline = deadline_after(timeout_s);
-    finish(what, deadline, timeout_s, start(what, deadline, timeout_s, reduce_stream, enqueue));
+    finish(what, deadline, timeout_s, start(what, deadline, timeout_s, reduce_stream, enqueue, false));
   }
 };
 
 namespace {
 
-// A collective in flight on the communicator's stream. wait() polls its event on the host;
-// `on_done` (16-bit rounding) then runs, and `keep` holds the buffers alive until then.
+// A collective in flight on the communicator's stream. wait() makes the compute stream wait
+// for its event (or, with dist.blocking_wait, polls it on the host); `on_done` (16-bit
+// rounding, queued on the compute stream) then runs. `keep` holds the buffers until then:
+// after a device-side wait, freeing them is safe for the caching allocator, whose next
+// user of the memory is ordered after the collective on the compute stream (as FSDP).
 class NcclWork final : public Work {
  public:
   NcclWork(NcclCommunicator::Impl& im, std::string what, Clock::time_point deadline,
-           double timeout_s, cudaEvent_t ev, std::vector<at::Tensor> keep,
+           double timeout_s, EventPtr ev, std::vector<at::Tensor> keep,
            std::function<void()> on_done)
-      : im_(im), what_(std::move(what)), deadline_(deadline), timeout_s_(timeout_s), ev_(ev),
-        keep_(std::move(keep)), on_done_(std::move(on_done)) {}
+      : im_(im), what_(std::move(what)), deadline_(deadline), timeout_s_(timeout_s),
+        ev_(std::move(ev)), keep_(std::move(keep)), on_done_(std::move(on_done)) {}
   ~NcclWork() override {
     if (done_) return;
     try {
@@ -225,7 +284,11 @@ class NcclWork final : public Work {
   void wait() override {
     if (done_) return;
     done_ = true;
-    im_.finish(what_, deadline_, timeout_s_, ev_);
+    if (im_.blocking_wait) {
+      im_.finish(what_, deadline_, timeout_s_, ev_);
+    } else {
+      im_.wait_on_device(what_, ev_);
+    }
     if (on_done_) on_done_();
     keep_.clear();
   }
@@ -235,7 +298,7 @@ class NcclWork final : public Work {
   std::string what_;
   Clock::time_point deadline_;
   double timeout_s_;
-  cudaEvent_t ev_;
+  EventPtr ev_;
   std::vector<at::Tensor> keep_;
   std::function<void()> on_done_;
   bool done_ = false;
@@ -243,13 +306,14 @@ class NcclWork final : public Work {
 
 }  // namespace
 
-NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int device_index, double timeout_s)
+NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int device_index, double timeout_s, bool blocking_wait)
     : impl_(std::make_unique<Impl>()), device_index_(device_index) {
   timeout_s_ = timeout_s;
   MPI_Comm_rank(bootstrap, &rank_);
   MPI_Comm_size(bootstrap, &world_size_);
   Impl& im = *impl_;
   im.device = device_index;
+  im.blocking_wait = blocking_wait;
   const std::string what = "NCCL init (rank " + std::to_string(rank_) + " of " +
                            std::to_string(world_size_) + ", device " +
                            std::to_string(device_index) + ")";
@@ -292,6 +356,12 @@ NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int device_index, double 
   SG_NCCL_CHECK(im, ncclCommInitRankConfig(&im.comm, world_size_, boot.id, rank_, &config),
                 what);
   im.wait_async(what, deadline, timeout_s_);
+  if (!blocking_wait) {
+    // Polls every 2 ms; ends the process a minute after a failure the compute thread has
+    // not turned into an exit (it throws at its next collective, and main() calls MPI_Abort).
+    im.watchdog = std::make_unique<CollectiveWatchdog>(std::chrono::microseconds(2000),
+                                                       [&im](const std::string&) { im.abort(); }, 60.0);
+  }
   host_ = std::make_unique<MpiCommunicator>(bootstrap, timeout_s_);
 }
 
@@ -316,10 +386,10 @@ std::unique_ptr<Work> NcclCommunicator::all_gather_async(at::Tensor& full, const
   Impl& im = *impl_;
   const std::string what = describe("all_gather", rank_, world_size_, full);
   const auto deadline = deadline_after(timeout_s_);
-  cudaEvent_t ev = im.start(what, deadline, timeout_s_, im.gather_stream, [&] {
+  EventPtr ev = im.start(what, deadline, timeout_s_, im.gather_stream, [&] {
     return ncclAllGather(shard.data_ptr(), full.data_ptr(), static_cast<size_t>(shard.numel()),
                          dt, im.comm, im.gather_stream);
-  });
+  }, true);
   return std::make_unique<NcclWork>(im, what, deadline, timeout_s_, ev,
                                     std::vector<at::Tensor>{full, shard}, nullptr);
 }
@@ -341,10 +411,10 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(at::Tensor& shard, 
   Impl& im = *impl_;
   const std::string what = describe("reduce_scatter", rank_, world_size_, full);
   const auto deadline = deadline_after(timeout_s_);
-  cudaEvent_t ev = im.start(what, deadline, timeout_s_, im.reduce_stream, [&] {
+  EventPtr ev = im.start(what, deadline, timeout_s_, im.reduce_stream, [&] {
     return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
                              nccl_type(in.scalar_type()), nccl_op(op), im.comm, im.reduce_stream);
-  });
+  }, true);
   at::Tensor dst = shard;
   std::function<void()> on_done;
   if (up) on_done = [dst, out]() mutable { dst.copy_(out); };

@@ -337,6 +337,9 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   c.timeout_s = r.get<double>("dist.timeout_s", c.timeout_s);
   // At most about 31 years: longer ones overflow the clock's deadline arithmetic.
   require(c.timeout_s > 0 && c.timeout_s <= 1e9, r, "dist.timeout_s", "must be > 0 and at most 1e9 (seconds)");
+  c.blocking_wait = r.get<bool>("dist.blocking_wait", c.blocking_wait);
+  require(!c.blocking_wait || c.backend == "nccl", r, "dist.blocking_wait",
+          "needs dist.backend nccl: the MPI backend always waits on the host (set it to false)");
   c.progress_thread = r.get<bool>("dist.progress_thread", c.progress_thread);
   require(!c.progress_thread || c.backend == "mpi", r, "dist.progress_thread",
           "needs dist.backend mpi: NCCL progresses on its own streams (set it to false)");

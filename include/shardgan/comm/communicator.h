@@ -51,6 +51,9 @@ struct CommStats {
 /// Handle of a collective in flight (c10d's Work). wait() blocks until it completes, or
 /// throws CollectiveTimeout after the communicator's timeout; the tensors passed to the
 /// collective must stay alive and untouched until then. Destroying an unwaited Work waits.
+/// On a GPU (NcclCommunicator), as in c10d, wait() by default blocks the device's compute
+/// stream rather than the host: work queued after it sees the results, and a watchdog
+/// thread keeps the timeout.
 class Work {
  public:
   virtual ~Work() = default;

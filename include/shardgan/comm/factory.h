@@ -11,9 +11,11 @@ namespace shardgan {
 /// Builds the communicator for `backend` ("mpi" or "nccl") over `comm` (collective over
 /// `comm`: NCCL's bootstrap broadcasts its unique id). NCCL runs on CUDA device
 /// `device_index` (-1: this rank's local rank on its node). Throws std::invalid_argument
-/// for an unknown backend, or for "nccl" in a build without CUDA and NCCL.
+/// for an unknown backend, or for "nccl" in a build without CUDA and NCCL. `blocking_wait`
+/// (NCCL only): NcclCommunicator's host-side waits instead of device-side ones.
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
-                                                double timeout_s, int device_index = -1);
+                                                double timeout_s, int device_index = -1,
+                                                bool blocking_wait = false);
 
 /// Collective over `comm`. Starts the MPI progress thread (MpiCommunicator::
 /// enable_progress_thread) polling every `interval_us` microseconds. Throws

@@ -14,16 +14,25 @@
 namespace shardgan {
 
 /// Runs collectives on dedicated non-blocking CUDA streams of a non-blocking NCCL
-/// communicator, and polls each until it completes or timeout_s() passes, so that a peer that
-/// never joins raises CollectiveTimeout instead of hanging; the communicator is then aborted
-/// and every later call throws CollectiveError.
+/// communicator. A collective that does not finish within timeout_s() aborts the
+/// communicator, so that a peer that never joins ends the job instead of hanging it; every
+/// later call then throws (CollectiveTimeout for a timeout, else CollectiveError).
+///
+/// Waits (as c10d's ProcessGroupNCCL): by default the Work of an async all-gather or
+/// reduce-scatter waits on the device. wait() makes the legacy default stream wait for the
+/// collective's event and returns at once, so the host keeps queueing compute; a watchdog
+/// thread (watchdog.h) polls every such collective from its launch and enforces the
+/// timeout. With `blocking_wait` (dist.blocking_wait, c10d's TORCH_NCCL_BLOCKING_WAIT)
+/// wait() polls the event on the host instead and throws CollectiveTimeout itself. The
+/// blocking calls (all_gather, reduce_scatter, all_reduce, broadcast, barrier) always
+/// return only once the collective has finished on the device.
 ///
 /// Streams (as FSDP): all-gathers run on one stream and reduce-scatters on another, so a
 /// prefetched all-gather never queues behind a gradient reduction; all-reduce, broadcast
 /// and barrier use the reduce-scatter stream. Ordering: each collective first waits (on the
 /// GPU, not the host) for an event recorded on the legacy default CUDA stream (stream 0,
-/// where LibTorch computes), and its Work's wait() returns only once the collective has
-/// finished, so results are ready for any stream afterwards.
+/// where LibTorch computes); after its Work's wait(), the default stream's later work sees
+/// its results (and, with blocking_wait or a blocking call, any stream's).
 ///
 /// Host tensors: bookkeeping collectives of the engine (votes, norms, checkpoint status)
 /// use small CPU tensors; they go through an MpiCommunicator over the same ranks (as
@@ -48,8 +57,9 @@ class NcclCommunicator final : public Communicator {
   /// object. MPI must be initialized.
   /// Throws CollectiveError on an MPI/CUDA/NCCL error, CollectiveTimeout if the NCCL
   /// initialization does not finish within `timeout_s` seconds.
+  /// `blocking_wait`: Work::wait() blocks the host (see above); false starts the watchdog.
   NcclCommunicator(MPI_Comm bootstrap, int device_index,
-                   double timeout_s = kDefaultCollectiveTimeoutS);
+                   double timeout_s = kDefaultCollectiveTimeoutS, bool blocking_wait = false);
   /// Aborts (never destroys: that can block on a dead peer) the NCCL communicator and frees
   /// the stream, events and buffer. Does not throw.
   ~NcclCommunicator() override;
@@ -69,8 +79,9 @@ class NcclCommunicator final : public Communicator {
   /// See Communicator::reduce_scatter. Shapes as in all_gather. Runs ncclReduceScatter.
   void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
   /// Non-blocking variants: the collective is queued on the communicator's own CUDA stream
-  /// (after the work already on the legacy default stream) and wait() polls a CUDA event
-  /// recorded after it, with the same timeout. Compiled here; not yet run on a GPU.
+  /// (after the work already on the legacy default stream). wait() makes the default stream
+  /// wait for a CUDA event recorded after it (or, with blocking_wait, polls that event on
+  /// the host), with the same timeout.
   std::unique_ptr<Work> all_gather_async(at::Tensor& full, const at::Tensor& shard) override;
   std::unique_ptr<Work> reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
                                              ReduceOp op) override;

@@ -111,6 +111,10 @@ struct TrainConfig {
 
   std::string backend = "mpi";    ///< dist.backend: mpi | nccl (default: nccl on cuda, mpi on cpu)
   double timeout_s = 600.0;       ///< dist.timeout_s: per collective (seconds)
+  /// dist.blocking_wait (nccl only; c10d's TORCH_NCCL_BLOCKING_WAIT): an async collective's
+  /// wait blocks the host until it finished, instead of making the compute stream wait for
+  /// it while a watchdog thread enforces the timeout (the default, false).
+  bool blocking_wait = false;
   /// dist.progress_thread (mpi only): a helper thread enters MPI every
   /// dist.progress_interval_us while a prefetched all-gather or reduce-scatter is in flight,
   /// so it advances during compute (Open MPI has no asynchronous progress of its own).
