@@ -12,10 +12,12 @@
 # Results go to $OUT/gpu-check (or build/gpu-check) as text and JSON lines.
 #
 # NCCL refuses two ranks on one GPU, so multi-rank NCCL needs a machine with several GPUs:
-# with GPUS=N (N >= 2) step 2 also runs N ranks at stage 3.
+# with GPUS=N (N >= 2) step 2 also runs N ranks at stage 3. DEMO_CELLS=0 skips steps 2-4;
+# BIG_STEPS (default 5) sets the steps of the 1e9 cells (one fewer with offload).
 #
 #   5. (BIG=1, the default) the 1.03e9-parameter BigGAN of configs/biggan-1b.yaml on one GPU,
 #      bfloat16 compute, 5 steps: step time and device memory beside the ZeRO formula;
+#      and again with dist.blocking_wait (host-side waits): same losses, step times compared;
 #   6. (BIG=1) the same model with Adam offloaded to pinned CPU memory (ZeRO-Offload), 4 steps
 #      with offload.overlap_copies true and false: step time, and the optimizer's copy
 #      (time_optimizer_io_s) and compute time. The updated parameters must be the same bits
@@ -116,6 +118,7 @@ print(json.dumps({"cell": name, "rc": int(rc), "steps": len(rows), "median_step_
 PY
   [ $rc -eq 0 ] && log "PASS: $name" || { log "FAIL: $name exited $rc (see $R/$name.log)"; fails=$((fails + 1)); }
 }
+if [ "${DEMO_CELLS:-1}" = 1 ]; then  # DEMO_CELLS=0 skips steps 2-4 (the demo cells and the resumes)
 DEMO=(configs/fmnist-dcgan.yaml --set train.steps="$STEPS" --set train.log_every=1)
 run_cell cuda-stage3 1 "${DEMO[@]}" --set run.device=cuda --set sharding.generator.stage=3 --set sharding.discriminator.stage=3
 run_cell cuda-stage0 1 "${DEMO[@]}" --set run.device=cuda --set sharding.generator.stage=0 --set sharding.discriminator.stage=0
@@ -175,19 +178,38 @@ launch 1 configs/fmnist-dcgan.yaml --set run.dir="$R/cuda-resume" --set run.devi
   && log "PASS: the CPU checkpoint resumed on the GPU" \
   || { log "FAIL: resuming the CPU checkpoint on the GPU (see $R/cuda-resume.log)"; fails=$((fails + 1)); }
 
+fi  # DEMO_CELLS
 # 5. The 1.03e9 BigGAN on one GPU (synthetic data, bfloat16 compute, float32 master state).
 if [ "${BIG:-1}" = 1 ]; then
-  rm -f "$R/cells.jsonl.big"; mv "$R/cells.jsonl" "$R/cells.jsonl.demo"
+  : >> "$R/cells.jsonl"  # none yet with DEMO_CELLS=0
+  mv "$R/cells.jsonl" "$R/cells.jsonl.demo"
   CELL_TIMEOUT=${BIG_TIMEOUT:-240} run_cell cuda-biggan-1b 1 configs/biggan-1b.yaml --set run.device=cuda \
-    --set train.steps=5 --set train.global_batch="${BIG_BATCH:-8}"
+    --set train.steps="${BIG_STEPS:-5}" --set train.global_batch="${BIG_BATCH:-8}"
   cat "$R/cells.jsonl" | tee -a "$R/summary.txt"; cat "$R/cells.jsonl" >> "$R/cells.jsonl.demo"
   mv "$R/cells.jsonl.demo" "$R/cells.jsonl"
   rm -rf "$R/cuda-biggan-1b/checkpoints"  # 12 GB of float32 state
+  # 5b. The same with dist.blocking_wait (the host waits for every all-gather and
+  # reduce-scatter, as before device-side waits): the same kernels in the same stream
+  # order, so the same loss bits; the step times compare the two waits.
+  mv "$R/cells.jsonl" "$R/cells.jsonl.demo"
+  CELL_TIMEOUT=${BIG_TIMEOUT:-240} run_cell cuda-biggan-1b-blocking-wait 1 configs/biggan-1b.yaml --set run.device=cuda \
+    --set train.steps="${BIG_STEPS:-5}" --set train.global_batch="${BIG_BATCH:-8}" --set dist.blocking_wait=true
+  cat "$R/cells.jsonl" | tee -a "$R/summary.txt"; cat "$R/cells.jsonl" >> "$R/cells.jsonl.demo"
+  mv "$R/cells.jsonl.demo" "$R/cells.jsonl"
+  rm -rf "$R/cuda-biggan-1b-blocking-wait/checkpoints"
+  "$PY" - "$R/cuda-biggan-1b/metrics.jsonl" "$R/cuda-biggan-1b-blocking-wait/metrics.jsonl" \
+    >> "$R/summary.txt" <<'PY' && log "PASS: device-side and host-side waits give the same losses" \
+    || { log "FAIL: device-side waits changed the losses (see $R/summary.txt)"; fails=$((fails + 1)); }
+import json, sys
+a, b = ([(r["loss_d"], r["loss_g"], r.get("step_time_s")) for r in map(json.loads, open(f))] for f in sys.argv[1:3])
+print("device-side wait (loss_d, loss_g, step_time_s):", a); print("blocking_wait:", b)
+sys.exit(0 if a and [x[:2] for x in a] == [x[:2] for x in b] else 1)
+PY
   # 6. ZeRO-Offload on the GPU: overlapped against synchronous copies, same bits.
   for ov in true false; do
     mv "$R/cells.jsonl" "$R/cells.jsonl.demo"
     CELL_TIMEOUT=${BIG_TIMEOUT:-240} run_cell "cuda-biggan-1b-offload-overlap-$ov" 1 configs/biggan-1b.yaml \
-      --set run.device=cuda --set train.steps=4 --set train.global_batch="${BIG_BATCH:-8}" \
+      --set run.device=cuda --set train.steps=$((${BIG_STEPS:-5} - 1)) --set train.global_batch="${BIG_BATCH:-8}" \
       --set offload.generator.optimizer=cpu --set offload.discriminator.optimizer=cpu --set offload.overlap_copies=$ov
     cat "$R/cells.jsonl" | tee -a "$R/summary.txt"; cat "$R/cells.jsonl" >> "$R/cells.jsonl.demo"
     mv "$R/cells.jsonl.demo" "$R/cells.jsonl"
