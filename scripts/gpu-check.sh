@@ -182,47 +182,37 @@ fi  # DEMO_CELLS
 # 5. The 1.03e9 BigGAN on one GPU (synthetic data, bfloat16 compute, float32 master state).
 if [ "${BIG:-1}" = 1 ]; then
   : >> "$R/cells.jsonl"  # none yet with DEMO_CELLS=0
-  mv "$R/cells.jsonl" "$R/cells.jsonl.demo"
-  CELL_TIMEOUT=${BIG_TIMEOUT:-240} run_cell cuda-biggan-1b 1 configs/biggan-1b.yaml --set run.device=cuda \
-    --set train.steps="${BIG_STEPS:-5}" --set train.global_batch="${BIG_BATCH:-8}"
-  cat "$R/cells.jsonl" | tee -a "$R/summary.txt"; cat "$R/cells.jsonl" >> "$R/cells.jsonl.demo"
-  mv "$R/cells.jsonl.demo" "$R/cells.jsonl"
-  rm -rf "$R/cuda-biggan-1b/checkpoints"  # 12 GB of float32 state
+  big_cell() {  # name, extra args: one cell, its line shown; its 12 GB checkpoint removed
+    local name=$1; shift
+    mv "$R/cells.jsonl" "$R/cells.jsonl.demo"
+    CELL_TIMEOUT=${BIG_TIMEOUT:-240} run_cell "$name" 1 configs/biggan-1b.yaml --set run.device=cuda \
+      --set train.global_batch="${BIG_BATCH:-8}" "$@"
+    cat "$R/cells.jsonl" | tee -a "$R/summary.txt"; cat "$R/cells.jsonl" >> "$R/cells.jsonl.demo"
+    mv "$R/cells.jsonl.demo" "$R/cells.jsonl"
+    rm -rf "$R/$name/checkpoints"
+  }
+  same_losses() {  # what, cell a, cell b: every step's (loss_d, loss_g) the same bits
+    "$PY" - "$R/$2/metrics.jsonl" "$R/$3/metrics.jsonl" "$2" "$3" >> "$R/summary.txt" <<'PY' \
+      && log "PASS: $1 give the same losses" || { log "FAIL: $1 changed the losses (see $R/summary.txt)"; fails=$((fails + 1)); }
+import json, sys
+a, b = ([(r["loss_d"], r["loss_g"], r.get("step_time_s")) for r in map(json.loads, open(f))] for f in sys.argv[1:3])
+print(sys.argv[3], "(loss_d, loss_g, step_time_s):", a); print(sys.argv[4], ":", b)
+sys.exit(0 if a and [x[:2] for x in a] == [x[:2] for x in b] else 1)
+PY
+  }
+  big_cell cuda-biggan-1b --set train.steps="${BIG_STEPS:-5}"
   # 5b. The same with dist.blocking_wait (the host waits for every all-gather and
   # reduce-scatter, as before device-side waits): the same kernels in the same stream
   # order, so the same loss bits; the step times compare the two waits.
-  mv "$R/cells.jsonl" "$R/cells.jsonl.demo"
-  CELL_TIMEOUT=${BIG_TIMEOUT:-240} run_cell cuda-biggan-1b-blocking-wait 1 configs/biggan-1b.yaml --set run.device=cuda \
-    --set train.steps="${BIG_STEPS:-5}" --set train.global_batch="${BIG_BATCH:-8}" --set dist.blocking_wait=true
-  cat "$R/cells.jsonl" | tee -a "$R/summary.txt"; cat "$R/cells.jsonl" >> "$R/cells.jsonl.demo"
-  mv "$R/cells.jsonl.demo" "$R/cells.jsonl"
-  rm -rf "$R/cuda-biggan-1b-blocking-wait/checkpoints"
-  "$PY" - "$R/cuda-biggan-1b/metrics.jsonl" "$R/cuda-biggan-1b-blocking-wait/metrics.jsonl" \
-    >> "$R/summary.txt" <<'PY' && log "PASS: device-side and host-side waits give the same losses" \
-    || { log "FAIL: device-side waits changed the losses (see $R/summary.txt)"; fails=$((fails + 1)); }
-import json, sys
-a, b = ([(r["loss_d"], r["loss_g"], r.get("step_time_s")) for r in map(json.loads, open(f))] for f in sys.argv[1:3])
-print("device-side wait (loss_d, loss_g, step_time_s):", a); print("blocking_wait:", b)
-sys.exit(0 if a and [x[:2] for x in a] == [x[:2] for x in b] else 1)
-PY
+  big_cell cuda-biggan-1b-blocking-wait --set train.steps="${BIG_STEPS:-5}" --set dist.blocking_wait=true
+  same_losses "device-side and host-side waits" cuda-biggan-1b cuda-biggan-1b-blocking-wait
   # 6. ZeRO-Offload on the GPU: overlapped against synchronous copies, same bits.
   for ov in true false; do
-    mv "$R/cells.jsonl" "$R/cells.jsonl.demo"
-    CELL_TIMEOUT=${BIG_TIMEOUT:-240} run_cell "cuda-biggan-1b-offload-overlap-$ov" 1 configs/biggan-1b.yaml \
-      --set run.device=cuda --set train.steps=$((${BIG_STEPS:-5} - 1)) --set train.global_batch="${BIG_BATCH:-8}" \
+    big_cell "cuda-biggan-1b-offload-overlap-$ov" --set train.steps=$((${BIG_STEPS:-5} - 1)) \
       --set offload.generator.optimizer=cpu --set offload.discriminator.optimizer=cpu --set offload.overlap_copies=$ov
-    cat "$R/cells.jsonl" | tee -a "$R/summary.txt"; cat "$R/cells.jsonl" >> "$R/cells.jsonl.demo"
-    mv "$R/cells.jsonl.demo" "$R/cells.jsonl"
-    rm -rf "$R/cuda-biggan-1b-offload-overlap-$ov/checkpoints"
   done
-  "$PY" - "$R/cuda-biggan-1b-offload-overlap-true/metrics.jsonl" "$R/cuda-biggan-1b-offload-overlap-false/metrics.jsonl" \
-    >> "$R/summary.txt" <<'PY' && log "PASS: offload with and without overlapped copies gives the same losses" \
-    || { log "FAIL: overlapped offload copies changed the losses (see $R/summary.txt)"; fails=$((fails + 1)); }
-import json, sys
-a, b = ([(r["loss_d"], r["loss_g"]) for r in map(json.loads, open(f))] for f in sys.argv[1:3])
-print("overlap true:", a); print("overlap false:", b)
-sys.exit(0 if a and a == b else 1)
-PY
+  same_losses "offload with and without overlapped copies" cuda-biggan-1b-offload-overlap-true \
+    cuda-biggan-1b-offload-overlap-false
 fi
 log "$fails failed"
 [ $fails -eq 0 ]
