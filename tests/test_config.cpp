@@ -54,6 +54,13 @@ TEST(Config, BadValuesAreNamed) {
   EXPECT_NE(seg.find("activation_checkpointing: true"), std::string::npos) << seg;
   EXPECT_TRUE(parse_config("sharding: {generator: {activation_checkpointing: true, checkpoint_segments: true}}\n",
                            "t.yaml", {}).g_sharding.checkpoint_segments);
+  // dist.blocking_wait is NCCL's (c10d's TORCH_NCCL_BLOCKING_WAIT): refused on the MPI backend.
+  const std::string bw = error_of("dist: {blocking_wait: true}\n");
+  EXPECT_NE(bw.find("dist.blocking_wait"), std::string::npos) << bw;
+  EXPECT_NE(bw.find("needs dist.backend nccl"), std::string::npos) << bw;
+  EXPECT_NE(error_of("dist: {blocking_wait: maybe}\n").find("dist.blocking_wait"), std::string::npos);
+  EXPECT_FALSE(parse_config("", "t.yaml", {}).blocking_wait);
+  EXPECT_TRUE(parse_config("run: {device: cuda}\ndist: {blocking_wait: true}\n", "t.yaml", {}).blocking_wait);
   EXPECT_NE(error_of("", {"train.steps"}).find("expected key=value"), std::string::npos);
   EXPECT_NE(error_of("train: [1, 2]\n").find("'train'"), std::string::npos);
 }
