@@ -6,7 +6,10 @@ forward and backward at once. This measures it in a fresh process, with PyTorch'
 kernels (the same LibTorch build and oneDNN as shardgan), one thread, as the growth of the
 peak RSS (ru_maxrss) over the held input. Prints one JSON line.
 
-    .venv/bin/python benchmarks/layer_peak.py [batch per rank, default 32]
+    .venv/bin/python benchmarks/layer_peak.py [batch per rank, default 32] [channels_last]
+
+With `channels_last` the input and the layer are in channels-last memory format (NHWC),
+which oneDNN computes without reordering the activations to its blocked layout.
 """
 import json
 import resource
@@ -21,11 +24,13 @@ def maxrss_mib():
 
 def main():
     batch = int(sys.argv[1]) if len(sys.argv) > 1 else 32
+    channels_last = len(sys.argv) > 2 and sys.argv[2] == "channels_last"
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
     torch.set_num_threads(1)
-    conv = torch.nn.Conv2d(128, 64, 3, padding=1)
+    conv = torch.nn.Conv2d(128, 64, 3, padding=1).to(memory_format=fmt)
     up = lambda t: torch.nn.functional.interpolate(t, scale_factor=2)  # nearest, as upsample2
-    conv(up(torch.randn(2, 128, 32, 32))).sum().backward()  # one-time allocations first
-    x = torch.randn(batch, 128, 32, 32, requires_grad=True)
+    conv(up(torch.randn(2, 128, 32, 32).to(memory_format=fmt))).sum().backward()  # one-time allocations first
+    x = torch.randn(batch, 128, 32, 32).to(memory_format=fmt).requires_grad_()
     base = maxrss_mib()
     y = conv(up(x))
     fwd = maxrss_mib()
@@ -34,7 +39,7 @@ def main():
     mib = lambda n: n * 4 / 2**20
     print(json.dumps({
         "bench": "layer_peak", "layer": "upsample x2 + conv3x3 128->64 at 64x64", "batch": batch,
-        "torch": torch.__version__, "threads": 1,
+        "torch": torch.__version__, "threads": 1, "memory_format": "channels_last" if channels_last else "contiguous",
         "input_mib": mib(x.numel()), "upsampled_mib": mib(4 * x.numel()), "output_mib": mib(y.numel()),
         "peak_growth_forward_mib": fwd - base, "peak_growth_forward_backward_mib": bwd - base,
     }))

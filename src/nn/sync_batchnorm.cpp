@@ -63,7 +63,8 @@ struct SyncBatchNormFn : torch::autograd::Function<SyncBatchNormFn> {
                 "StyleGAN's have none: model.arch biggan), or turn the penalty off");
     auto saved = ctx->get_saved_variables();
     at::Tensor xhat = saved[0], invstd = saved[1], weight = saved[2];
-    at::Tensor dy = grads[0].contiguous();
+    // Dense in xhat's layout (channels-last stays channels-last: no NCHW copy).
+    at::Tensor dy = grads[0].contiguous(xhat.suggest_memory_format());
     const double n = ctx->saved_data["n"].toDouble();
     const int64_t c = xhat.size(1);
     const std::vector<int64_t> dims{0, 2, 3};
@@ -109,7 +110,7 @@ at::Tensor sync_batch_norm(const at::Tensor& x, const at::Tensor& weight, const 
   }
   TORCH_CHECK(comm != nullptr, "sync_batch_norm: training mode needs a communicator");
   const at::Tensor none = weight.defined() ? at::Tensor() : at::empty({0}, x.options());
-  return SyncBatchNormFn::apply(x.contiguous(), weight.defined() ? weight : none,
+  return SyncBatchNormFn::apply(x.contiguous(x.suggest_memory_format()), weight.defined() ? weight : none,
                                 bias.defined() ? bias : none, running_mean, running_var, eps,
                                 momentum, reinterpret_cast<int64_t>(comm));
 }
@@ -131,7 +132,7 @@ at::Tensor SyncBatchNorm2dImpl::forward(const at::Tensor& x) {
     return (x - running_mean.view(shape)) * (running_var.view(shape) + eps_).rsqrt() *
                weight.view(shape) + bias.view(shape);
   }
-  return SyncBatchNormFn::apply(x.contiguous(), weight, bias, running_mean, running_var, eps_,
+  return SyncBatchNormFn::apply(x.contiguous(x.suggest_memory_format()), weight, bias, running_mean, running_var, eps_,
                                 momentum_, reinterpret_cast<int64_t>(comm_));
 }
 

@@ -58,6 +58,12 @@ struct BigGanConfig {
   int64_t n_classes = 10;   ///< model.n_classes
   int64_t channels = 1;     ///< model.channels: image channels, 1 or 3
   std::string init = "ortho";  ///< model.init: ortho | N02 | xavier (G_init / D_init)
+  /// model.channels_last: the blocks compute on activations in channels-last memory
+  /// format (NHWC strides, the same [B, C, H, W] shapes), which oneDNN convolves without
+  /// reordering them to its blocked layout: less transient memory per convolution on the
+  /// CPU. Different rounding from the default (contiguous) layout; parameters and
+  /// checkpoints are the same either way.
+  bool channels_last = false;
 };
 
 class BigGanFamily : public ModelFamily {

@@ -80,6 +80,12 @@ UnitSpec unit(std::string name, Init scheme, MakeModule make_module, Run run) {
                   }};
 }
 
+// model.channels_last: a block's input in channels-last memory format (a no-op when it
+// already is, as every block's output then is, except after the attention's reshapes).
+at::Tensor layout(const at::Tensor& x, bool channels_last) {
+  return channels_last ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
+}
+
 }  // namespace
 
 BigGanFamily::BigGanFamily(BigGanConfig cfg) : cfg_(std::move(cfg)) {
@@ -127,8 +133,8 @@ ModelSpec BigGanFamily::generator(Communicator& comm) const {
       const std::string name = "block" + std::to_string(n++);
       spec.units.push_back(unit<biggan::GBlock>(
           name, scheme, [=] { return biggan::GBlock(in, out, cond_dim, up, cm); },
-          [](biggan::GBlock& m, const TensorList& in) {
-            return TensorList{m->forward(in[0], in[1])};
+          [cl = c.channels_last](biggan::GBlock& m, const TensorList& in) {
+            return TensorList{m->forward(layout(in[0], cl), in[1])};
           }));
       steps.emplace_back(name, r + 1);
     }
@@ -142,7 +148,9 @@ ModelSpec BigGanFamily::generator(Communicator& comm) const {
   const int64_t c_last = c.ch * c.g_ch_mult.back();
   spec.units.push_back(unit<biggan::GOut>(
       "out", scheme, [=] { return biggan::GOut(c_last, c.channels, cm); },
-      [](biggan::GOut& m, const TensorList& in) { return TensorList{m->forward(in[0])}; }));
+      [cl = c.channels_last](biggan::GOut& m, const TensorList& in) {
+        return TensorList{m->forward(layout(in[0], cl))};
+      }));
 
   spec.program = [steps, chunk, L](ShardedModel& model, const TensorList& in) -> TensorList {
     if (in.size() < 2 || !in[0].defined() || !in[1].defined()) {
@@ -189,7 +197,9 @@ ModelSpec BigGanFamily::discriminator(Communicator& /*comm*/) const {
       const std::string name = "block" + std::to_string(n++);
       spec.units.push_back(unit<biggan::DBlock>(
           name, scheme, [=] { return biggan::DBlock(bin, out, pre, down); },
-          [](biggan::DBlock& m, const TensorList& x) { return TensorList{m->forward(x[0])}; }));
+          [cl = c.channels_last](biggan::DBlock& m, const TensorList& x) {
+            return TensorList{m->forward(layout(x[0], cl))};
+          }));
       order.push_back(name);
     }
     in = out;
@@ -236,6 +246,7 @@ std::unique_ptr<ModelFamily> make_biggan_family(ConfigReader& r) {
   c.n_classes = r.get<int64_t>("model.n_classes", c.n_classes);
   c.channels = r.get<int64_t>("model.channels", c.channels);
   c.init = r.get<std::string>("model.init", c.init);
+  c.channels_last = r.get<bool>("model.channels_last", c.channels_last);
   validate(c, [&r](bool ok, const std::string& key, const std::string& what) {
     r.require(ok, key, what);
   });
