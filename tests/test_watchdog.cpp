@@ -59,6 +59,7 @@ TEST(CollectiveWatchdog, TimeoutFailsOnceNamingTheCollective) {
   EXPECT_EQ(released.load(), 2);  // both: the failed one and the one behind it
   EXPECT_EQ(failures.load(), 1);
   EXPECT_EQ(seen, f);
+  EXPECT_TRUE(w.timed_out());
   w.watch("late", Clock::now() + 60s, 60, [] { return false; }, [&] { released++; });
   EXPECT_EQ(released.load(), 3);  // refused and released at once
   EXPECT_EQ(w.pending(), 0u);
@@ -74,6 +75,7 @@ TEST(CollectiveWatchdog, PollErrorFailsWithIt) {
   const auto until = Clock::now() + 10s;
   while (w.failure().empty() && Clock::now() < until) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(w.failure(), "broadcast failed: NCCL: remote process exited");
+  EXPECT_FALSE(w.timed_out());
   EXPECT_EQ(failures.load(), 1);
 }
 

@@ -141,7 +141,7 @@ struct NcclCommunicator::Impl {
   void check_alive(const std::string& what) const {
     if (!aborted.load()) return;
     const std::string why = watchdog ? watchdog->failure() : std::string();
-    if (why.find("timed out") != std::string::npos) throw CollectiveTimeout(what + " failed: " + why);
+    if (watchdog && watchdog->timed_out()) throw CollectiveTimeout(what + " failed: " + why);
     throw CollectiveError(what + " failed: the NCCL communicator was aborted after an earlier error or timeout" +
                           (why.empty() ? std::string() : ": " + why));
   }

@@ -49,16 +49,22 @@ std::string CollectiveWatchdog::failure() const {
   return failure_;
 }
 
+bool CollectiveWatchdog::timed_out() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return timed_out_;
+}
+
 size_t CollectiveWatchdog::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return entries_.size();
 }
 
-void CollectiveWatchdog::fail(const std::string& msg) {
+void CollectiveWatchdog::fail(const std::string& msg, bool timed_out) {
   std::list<Entry> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     failure_ = msg;
+    timed_out_ = timed_out;
     dropped.swap(entries_);
   }
   spdlog::error("collective watchdog: {}", msg);
@@ -95,6 +101,7 @@ void CollectiveWatchdog::run() {
     for (auto it = entries_.begin(); it != entries_.end(); ++it) round.push_back(it);
     lock.unlock();
     std::string error;
+    bool timed_out = false;
     std::vector<std::list<Entry>::iterator> finished;
     for (auto it : round) {
       bool ok = false;
@@ -112,6 +119,7 @@ void CollectiveWatchdog::run() {
           << " s: a peer rank never joined or died. HINT: check that every rank calls the same collectives in the "
              "same order, or raise dist.timeout_s";
         error = s.str();
+        timed_out = true;
         break;
       }
     }
@@ -125,7 +133,7 @@ void CollectiveWatchdog::run() {
     for (auto it : finished) entries_.erase(it);
     if (!error.empty()) {
       lock.unlock();
-      fail(error);
+      fail(error, timed_out);
       lock.lock();
       continue;
     }

@@ -35,10 +35,7 @@ void cuda_event_destroy(void* ev) {
   if (ev) cudaEventDestroy(static_cast<cudaEvent_t>(ev));
 }
 
-void cuda_event_record(void* ev, int index) {
-  check(cudaSetDevice(index), "cudaSetDevice");
-  check(cudaEventRecord(static_cast<cudaEvent_t>(ev), cudaStreamLegacy), "cudaEventRecord");
-}
+void cuda_event_record(void* ev, int index) { cuda_event_record_on(ev, cudaStreamLegacy, index); }
 
 void cuda_event_synchronize(void* ev) {
   check(cudaEventSynchronize(static_cast<cudaEvent_t>(ev)), "cudaEventSynchronize");

@@ -134,13 +134,20 @@ DeviceEvent::DeviceEvent(c10::Device device) : device_(device) {
 
 DeviceEvent::~DeviceEvent() { detail::cuda_event_destroy(event_); }
 
-void DeviceEvent::record() {
+void DeviceEvent::record() { record_on(nullptr); }
+
+void DeviceEvent::record_on(void* stream) {
   recorded_ = true;
   if (!event_) {
     g_cpu_records.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  detail::cuda_event_record(event_, device_.index() < 0 ? 0 : device_.index());
+  const int index = device_.index() < 0 ? 0 : device_.index();
+  if (stream) {
+    detail::cuda_event_record_on(event_, stream, index);
+  } else {
+    detail::cuda_event_record(event_, index);
+  }
 }
 
 void DeviceEvent::wait() {
@@ -177,14 +184,7 @@ void CopyStream::copy(const at::Tensor& dst, const at::Tensor& src) {
                             device_.index() < 0 ? 0 : device_.index());
 }
 
-void CopyStream::record(DeviceEvent& ev) {
-  ev.recorded_ = true;
-  if (!ev.event_) {
-    g_cpu_records.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  detail::cuda_event_record_on(ev.event_, stream_, device_.index() < 0 ? 0 : device_.index());
-}
+void CopyStream::record(DeviceEvent& ev) { ev.record_on(stream_); }
 
 int64_t DeviceEvent::cpu_records() { return g_cpu_records.load(std::memory_order_relaxed); }
 int64_t DeviceEvent::cpu_waits() { return g_cpu_waits.load(std::memory_order_relaxed); }

@@ -47,6 +47,8 @@ class CollectiveWatchdog {
              std::function<void()> release);
   /// The first failure's message ("" while none).
   std::string failure() const;
+  /// Whether that failure was a timeout (false: an error, or none yet).
+  bool timed_out() const;
   /// Entries still watched.
   size_t pending() const;
 
@@ -59,7 +61,7 @@ class CollectiveWatchdog {
     std::function<void()> release;
   };
   void run();
-  void fail(const std::string& msg);
+  void fail(const std::string& msg, bool timed_out);
 
   std::chrono::microseconds interval_;
   std::function<void(const std::string&)> on_failure_;
@@ -68,6 +70,7 @@ class CollectiveWatchdog {
   std::condition_variable cv_;
   std::list<Entry> entries_;
   std::string failure_;
+  bool timed_out_ = false;
   bool stop_ = false;
   std::thread thread_;
 };

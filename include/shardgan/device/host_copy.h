@@ -38,6 +38,8 @@ class DeviceEvent {
 
  private:
   friend class CopyStream;
+  /// record() on `stream` (a cudaStream_t; nullptr: the default stream).
+  void record_on(void* stream);
   c10::Device device_;
   void* event_ = nullptr;  // cudaEvent_t on CUDA
   bool recorded_ = false;
