@@ -6,10 +6,14 @@ forward and backward at once. This measures it in a fresh process, with PyTorch'
 kernels (the same LibTorch build and oneDNN as shardgan), one thread, as the growth of the
 peak RSS (ru_maxrss) over the held input. Prints one JSON line.
 
-    .venv/bin/python benchmarks/layer_peak.py [batch per rank, default 32] [channels_last]
+    .venv/bin/python benchmarks/layer_peak.py [batch per rank, default 32] [channels_last] [fused]
 
 With `channels_last` the input and the layer are in channels-last memory format (NHWC),
-which oneDNN computes without reordering the activations to its blocked layout.
+which oneDNN computes without reordering the activations to its blocked layout. With
+`fused` the layer is computed as shardgan's model.fused_upsample computes it: one
+transposed convolution of the low-resolution input with the 4x4 kernel
+[w2, w1 + w2, w0 + w1, w0] along each axis (biggan::upsample_conv_kernel), so the
+upsampled input is never made.
 """
 import json
 import resource
@@ -24,15 +28,23 @@ def maxrss_mib():
 
 def main():
     batch = int(sys.argv[1]) if len(sys.argv) > 1 else 32
-    channels_last = len(sys.argv) > 2 and sys.argv[2] == "channels_last"
+    channels_last = "channels_last" in sys.argv[2:]
+    fused = "fused" in sys.argv[2:]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     torch.set_num_threads(1)
     conv = torch.nn.Conv2d(128, 64, 3, padding=1).to(memory_format=fmt)
-    up = lambda t: torch.nn.functional.interpolate(t, scale_factor=2)  # nearest, as upsample2
-    conv(up(torch.randn(2, 128, 32, 32).to(memory_format=fmt))).sum().backward()  # one-time allocations first
+    F = torch.nn.functional
+    fold = lambda w, d: torch.stack([w.select(d, 2), w.select(d, 1) + w.select(d, 2),
+                                     w.select(d, 0) + w.select(d, 1), w.select(d, 0)], d)
+    if fused:
+        layer = lambda t: F.conv_transpose2d(t, fold(fold(conv.weight, 2), 3).transpose(0, 1).contiguous(),
+                                             conv.bias, stride=2, padding=1)
+    else:
+        layer = lambda t: conv(F.interpolate(t, scale_factor=2))  # nearest, as upsample2
+    layer(torch.randn(2, 128, 32, 32).to(memory_format=fmt)).sum().backward()  # one-time allocations first
     x = torch.randn(batch, 128, 32, 32).to(memory_format=fmt).requires_grad_()
     base = maxrss_mib()
-    y = conv(up(x))
+    y = layer(x)
     fwd = maxrss_mib()
     y.backward(torch.randn_like(y))
     bwd = maxrss_mib()
@@ -40,6 +52,7 @@ def main():
     print(json.dumps({
         "bench": "layer_peak", "layer": "upsample x2 + conv3x3 128->64 at 64x64", "batch": batch,
         "torch": torch.__version__, "threads": 1, "memory_format": "channels_last" if channels_last else "contiguous",
+        "fused_upsample": fused,
         "input_mib": mib(x.numel()), "upsampled_mib": mib(4 * x.numel()), "output_mib": mib(y.numel()),
         "peak_growth_forward_mib": fwd - base, "peak_growth_forward_backward_mib": bwd - base,
     }))

@@ -8,7 +8,9 @@
 //  - DCGAN (SyncBatchNorm in G and D, whose running statistics D updates on real and fake);
 //  - at ZeRO stages 0, 2 and 3, and at stage 3 with reshard_after_forward off;
 //  - BigGAN with checkpoint segments (checkpoint_segments: its blocks' residual and shortcut
-//    paths nest inside the unit's replay), at stages 3 and 0, with and without R1.
+//    paths nest inside the unit's replay), at stages 3 and 0, with and without R1;
+//  - BigGAN with model.fused_upsample and model.channels_last (the transposed convolution
+//    of the fused up-blocks in the replay), with segments and R1, at stage 3.
 // Checked exactly (no tolerance: the replay runs the same kernels on the same values in the
 // same order, so any difference is a bug): every step's losses and R1 term, every parameter
 // of G and D, every buffer (running statistics, spectral norm's u) and the number of power
@@ -51,11 +53,12 @@ struct Case {
   bool reshard_after_forward;
   double r1_gamma;
   bool segments = false;  // ShardingConfig::checkpoint_segments with checkpointing on
+  bool fused = false;     // BigGAN with model.fused_upsample and model.channels_last
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.arch << " stage " << c.stage << " reshard_after_forward " << c.reshard_after_forward << " r1 " << c.r1_gamma
-      << " segments " << c.segments;
+      << " segments " << c.segments << " fused " << c.fused;
 }
 
 struct Result {
@@ -66,13 +69,17 @@ struct Result {
   int64_t g_units = 0, d_units = 0;
 };
 
-std::unique_ptr<ModelFamily> family(const std::string& arch) {
-  if (arch == "biggan") return std::make_unique<BigGanFamily>(test_util::tiny_biggan());
-  DcganConfig c;
-  c.z_dim = 8;
-  c.g_width = 4;
-  c.d_width = 4;
-  return make_dcgan_family(c);
+std::unique_ptr<ModelFamily> family(const Case& c) {
+  if (c.arch == "biggan") {
+    BigGanConfig b = test_util::tiny_biggan();
+    b.fused_upsample = b.channels_last = c.fused;
+    return std::make_unique<BigGanFamily>(b);
+  }
+  DcganConfig d;
+  d.z_dim = 8;
+  d.g_width = 4;
+  d.d_width = 4;
+  return make_dcgan_family(d);
 }
 
 Named copy(const Named& in) {
@@ -82,7 +89,7 @@ Named copy(const Named& in) {
 }
 
 Result train(Communicator& comm, const Case& c, bool checkpointing) {
-  auto fam = family(c.arch);
+  auto fam = family(c);
   ShardingConfig sc = test_util::sharding(c.stage);
   sc.reshard_after_forward = c.reshard_after_forward;
   sc.activation_checkpointing = checkpointing;
@@ -176,10 +183,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"biggan", 3, true, 1.0}, Case{"biggan", 3, true, 0.0}, Case{"biggan", 3, false, 1.0},
                       Case{"biggan", 0, true, 1.0}, Case{"biggan", 2, true, 0.0}, Case{"dcgan", 3, true, 0.0},
                       Case{"dcgan", 0, true, 0.0}, Case{"biggan", 3, true, 1.0, true},
-                      Case{"biggan", 3, true, 0.0, true}, Case{"biggan", 0, true, 0.0, true}),
+                      Case{"biggan", 3, true, 0.0, true}, Case{"biggan", 0, true, 0.0, true},
+                      Case{"biggan", 3, true, 1.0, true, true}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return i.param.arch + "_stage" + std::to_string(i.param.stage) + (i.param.reshard_after_forward ? "" : "_keep") +
-             (i.param.r1_gamma > 0 ? "_r1" : "") + (i.param.segments ? "_segments" : "");
+             (i.param.r1_gamma > 0 ? "_r1" : "") + (i.param.segments ? "_segments" : "") +
+             (i.param.fused ? "_fused_upsample" : "");
     });
 
 // A double backward through a checkpointed unit outside begin_higher_order() is refused with

@@ -144,6 +144,66 @@ TEST(SpectralNorm, GradientMatchesFiniteDifferencesAtConvergence) {
   }
 }
 
+// SNConv2d's one autograd function for conv(x, W) / sigma (sigma's gradient from the
+// weight gradient) against plain LibTorch autograd of at::conv2d(x, W) / sigma, with the same
+// power iteration written out, float64: the output, the gradients of x, W and the bias, and
+// an R1-style double backward (the gradient in W of ||d sum(y * r) / dx||^2) within 1e-12
+// relative. Only summation orders differ (~1e-16 each over ~100 terms); a missing sigma
+// term is off by O(1): with dsigma dropped from the function (negative control, run once)
+// the W gradient check fails. (The double backward's sigma term runs through dx / sigma,
+// which autograd differentiates itself.)
+TEST(SpectralNorm, ConvGradientsMatchPlainAutograd) {
+  torch::manual_seed(8);
+  SNConv2d conv(5, 4, 3, 1);
+  conv->to(at::kDouble);
+  init_weights(*conv, Init::kOrtho);
+  {
+    torch::NoGradGuard g;
+    conv->weight.mul_(1.7);
+    conv->bias.uniform_(-1, 1);
+  }
+  const at::Tensor u0 = conv->u.clone();
+  const at::Tensor x0 = torch::randn({2, 5, 6, 6}, torch::kDouble), r = torch::randn({2, 4, 6, 6}, torch::kDouble);
+  auto close = [](const at::Tensor& a, const at::Tensor& b) {
+    return (a - b).abs().max().item<double>() <= 1e-12 * std::max(1.0, b.abs().max().item<double>());
+  };
+  // Ours: first and second order.
+  at::Tensor x = x0.clone().requires_grad_(true);
+  at::Tensor y = conv->forward(x);
+  const at::Tensor gx = torch::autograd::grad({(y * r).sum()}, {x}, {}, true, true)[0];
+  gx.pow(2).sum().backward();
+  const at::Tensor r1_w = conv->weight.grad().clone();
+  conv->zero_grad();
+  {
+    torch::NoGradGuard g;
+    conv->u.copy_(u0);
+  }
+  x = x0.clone().requires_grad_(true);
+  y = conv->forward(x);
+  (y * r).sum().backward();
+  // Plain autograd: sigma = u' W v^T with u' and v from one power iteration, held constant.
+  at::Tensor w = conv->weight.detach().clone().requires_grad_(true), b = conv->bias.detach().clone().requires_grad_(true);
+  at::Tensor v, un;
+  {
+    torch::NoGradGuard g;
+    const at::Tensor wm = w.view({4, -1});
+    v = at::mm(u0, wm);
+    v = v / v.norm().clamp_min(kSnEps);
+    un = at::mm(v, wm.t());
+    un = un / un.norm().clamp_min(kSnEps);
+  }
+  const at::Tensor sigma = at::mm(at::mm(v, w.view({4, -1}).t()), un.t()).squeeze();
+  at::Tensor xr = x0.clone().requires_grad_(true);
+  const at::Tensor yr = at::conv2d(xr, w, {}, 1, 1) / sigma + b.view({1, -1, 1, 1});
+  EXPECT_TRUE(close(y.detach(), yr.detach()));
+  auto ref = torch::autograd::grad({(yr * r).sum()}, {xr, w, b}, {}, true, true);
+  EXPECT_TRUE(close(x.grad(), ref[0]));
+  EXPECT_TRUE(close(conv->weight.grad(), ref[1]));
+  EXPECT_TRUE(close(conv->bias.grad(), ref[2]));
+  const at::Tensor r1_ref = torch::autograd::grad({ref[0].pow(2).sum()}, {w})[0];
+  EXPECT_TRUE(close(r1_w, r1_ref)) << "double backward";
+}
+
 TEST(Attention, IdentityAtZeroGammaAndGammaGetsGradient) {
   torch::manual_seed(4);
   for (auto dt : kDtypes) {
@@ -218,6 +278,56 @@ TEST(Blocks, ShapesAndBackwardInEveryDtype) {
     EXPECT_EQ(gb->bn1->running_mean.scalar_type(), dt == at::kDouble ? at::kDouble : at::kFloat);
     for (auto& p : gb->parameters()) EXPECT_TRUE(p.grad().defined());
   }
+}
+
+// forward_upsampled(x) computes forward(upsample2(x)) without the upsampled input: a 3x3
+// conv through the transposed conv of upsample_conv_kernel, a 1x1 conv before the upsampling.
+// Outputs and the gradients of x, W and the bias must agree:
+//  - float64: within 1e-12 of the largest magnitude. Only the summation order differs (54
+//    products per output, and kernel sums of up to 4 weights), each rounding ~1e-16
+//    relative; a wrong tap or kernel order is off by O(1).
+//  - bfloat16 (mixed precision, u float32): both compute in float32 and round once to
+//    bfloat16 (8 significant bits), so an element may land one bfloat16 step (2^-8
+//    relative) on the other side; the bound is two steps of the largest magnitude.
+// Negative control, run once: upsample_conv_kernel with w_0 and w_2 swapped fails every
+// 3x3 case.
+TEST(UpsampledConv, EqualsUpsampleThenConvInFloat64AndBfloat16) {
+  for (auto dt : {at::kDouble, at::kBFloat16}) {
+    for (int64_t k : {3, 1}) {
+      torch::manual_seed(7);
+      SNConv2d ref(6, 5, k, k / 2), fused(6, 5, k, k / 2);
+      init_weights(*ref, Init::kOrtho);
+      {
+        torch::NoGradGuard g;
+        ref->bias.uniform_(-1, 1);
+        fused->weight.copy_(ref->weight);
+        fused->bias.copy_(ref->bias);
+        fused->u.copy_(ref->u);
+      }
+      cast_params(*ref, dt);
+      cast_params(*fused, dt);
+      const at::Tensor x0 = torch::randn({3, 6, 5, 7}).to(dt);
+      at::Tensor xr = x0.clone().requires_grad_(true), xf = x0.clone().requires_grad_(true);
+      const at::Tensor yr = ref->forward(at::upsample_nearest2d(xr, {10, 14}));
+      const at::Tensor yf = fused->forward_upsampled(xf);
+      ASSERT_EQ(yf.sizes(), (std::vector<int64_t>{3, 5, 10, 14}));
+      EXPECT_EQ(yf.scalar_type(), dt);
+      const at::Tensor gy = torch::randn(yr.sizes()).to(dt);
+      yr.backward(gy);
+      yf.backward(gy);
+      const double rel = dt == at::kDouble ? 1e-12 : 2.0 / 256;
+      auto expect_close = [&](const at::Tensor& a, const at::Tensor& b, const char* what) {
+        const double scale = b.abs().max().item<double>();
+        EXPECT_LE((a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>(), rel * scale)
+            << what << " " << dt << " k " << k;
+      };
+      expect_close(yf, yr, "output");
+      expect_close(xf.grad(), xr.grad(), "x gradient");
+      expect_close(fused->weight.grad(), ref->weight.grad(), "W gradient");
+      expect_close(fused->bias.grad(), ref->bias.grad(), "bias gradient");
+    }
+  }
+  EXPECT_THROW(SNConv2d(4, 4, 3, 0)->forward_upsampled(torch::randn({1, 4, 4, 4})), c10::Error);
 }
 
 }  // namespace

@@ -101,41 +101,74 @@ TEST(BigGanModel, ShapesDtypesAndBackwardThroughShardedModel) {
   }
 }
 
-// model.channels_last: the blocks compute in channels-last memory format. In float64 the
-// outputs and every gradient equal the default layout's within 1e-10 relative: only the
-// summation order of convolutions and reductions differs, each ~1e-16 relative, over a
-// few dozen layers (a wrong layout or a mixed-up channel would differ by O(1)). G's image
-// comes out channels-last, which shows the option took effect. Negative control, run
-// once: layout() ignoring the option fails the format check.
+// One forward and backward of the tiny 3-block BigGAN in float64 at stage 0: G's image, D's
+// logits and every unit's gradient shard (G's, then D's).
+struct TinyPass {
+  at::Tensor img, logits;
+  std::vector<at::Tensor> grads;
+};
+
+TinyPass tiny_pass(Communicator& comm, const BigGanConfig& c) {
+  BigGanFamily fam(c);
+  auto g = build_sharded_model(fam.generator(comm), comm, test_util::sharding(0), 11, at::kDouble);
+  auto d = build_sharded_model(fam.discriminator(comm), comm, test_util::sharding(0), 12, at::kDouble);
+  at::Generator gen = at::detail::createCPUGenerator(5 + comm.rank());
+  at::Tensor z = fam.sample_latents(4, gen, at::kDouble);
+  at::Tensor y = fam.sample_labels(4, gen);
+  at::Tensor img = g->forward(TensorList{z, y})[0];
+  at::Tensor out = d->forward(TensorList{img, y})[0];
+  out.mean().backward();
+  TinyPass p{img.detach(), out.detach(), {}};
+  for (ShardedModel* m : {g.get(), d.get()}) {
+    for (auto& u : m->units()) p.grads.push_back(u->grad_shard().clone());
+  }
+  return p;
+}
+
+// `b` (a model option on) equals `a` (off) within 1e-10 relative, image, logits and every
+// gradient: only the summation order of convolutions and reductions differs, each ~1e-16
+// relative, over a few dozen layers (a wrong layout, tap or channel would differ by O(1)).
+void expect_same_function(const TinyPass& a, const TinyPass& b) {
+  auto close = [](const at::Tensor& x, const at::Tensor& ref) {
+    return (x - ref).abs().max().item<double>() <= 1e-10 * std::max(1.0, ref.abs().max().item<double>());
+  };
+  EXPECT_TRUE(close(b.img.contiguous(), a.img.contiguous()));
+  EXPECT_TRUE(close(b.logits, a.logits));
+  ASSERT_EQ(a.grads.size(), b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(close(b.grads[i], a.grads[i])) << "gradient shard " << i;
+}
+
+// model.channels_last: the blocks compute in channels-last memory format, in float64 the
+// same function as the default layout (expect_same_function). G's image comes out
+// channels-last, which shows the option took effect. Negative control, run once: layout()
+// ignoring the option fails the format check.
 TEST(BigGanModel, ChannelsLastMatchesTheDefaultLayout) {
   MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
-  std::vector<at::Tensor> imgs, logits, grads;
+  BigGanConfig c = tiny_config(3);
+  const TinyPass a = tiny_pass(comm, c);
+  c.channels_last = true;
+  const TinyPass b = tiny_pass(comm, c);
+  EXPECT_FALSE(a.img.is_contiguous(at::MemoryFormat::ChannelsLast) && !a.img.is_contiguous());
+  EXPECT_TRUE(b.img.is_contiguous(at::MemoryFormat::ChannelsLast) && !b.img.is_contiguous());
+  expect_same_function(a, b);
+}
+
+// model.fused_upsample: the up-blocks convolve the low-resolution input; in float64 the
+// same function as upsampling first (expect_same_function), alone and with channels-last
+// activations. The image is not bit-identical to the unfused one, which shows the option
+// took effect (ignoring it would give the same bits). The layer itself is checked in
+// test_biggan_layers (UpsampledConv).
+TEST(BigGanModel, FusedUpsampleMatchesUpsampleThenConvolve) {
+  MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
   for (bool cl : {false, true}) {
     BigGanConfig c = tiny_config(3);
     c.channels_last = cl;
-    BigGanFamily fam(c);
-    auto g = build_sharded_model(fam.generator(comm), comm, test_util::sharding(0), 11, at::kDouble);
-    auto d = build_sharded_model(fam.discriminator(comm), comm, test_util::sharding(0), 12, at::kDouble);
-    at::Generator gen = at::detail::createCPUGenerator(5 + comm.rank());
-    at::Tensor z = fam.sample_latents(4, gen, at::kDouble);
-    at::Tensor y = fam.sample_labels(4, gen);
-    at::Tensor img = g->forward(TensorList{z, y})[0];
-    EXPECT_EQ(img.is_contiguous(at::MemoryFormat::ChannelsLast) && !img.is_contiguous(), cl);
-    at::Tensor out = d->forward(TensorList{img, y})[0];
-    out.mean().backward();
-    imgs.push_back(img.detach().contiguous());
-    logits.push_back(out.detach());
-    for (ShardedModel* m : {g.get(), d.get()}) {
-      for (auto& u : m->units()) grads.push_back(u->grad_shard().clone());
-    }
+    const TinyPass a = tiny_pass(comm, c);
+    c.fused_upsample = true;
+    const TinyPass b = tiny_pass(comm, c);
+    EXPECT_FALSE(torch::equal(a.img, b.img)) << "channels_last " << cl;
+    expect_same_function(a, b);
   }
-  auto close = [](const at::Tensor& a, const at::Tensor& b) {
-    return (a - b).abs().max().item<double>() <= 1e-10 * std::max(1.0, b.abs().max().item<double>());
-  };
-  EXPECT_TRUE(close(imgs[1], imgs[0]));
-  EXPECT_TRUE(close(logits[1], logits[0]));
-  const size_t n = grads.size() / 2;
-  for (size_t i = 0; i < n; ++i) EXPECT_TRUE(close(grads[n + i], grads[i])) << "gradient shard " << i;
 }
 
 // Stage 3 (parameters sharded and gathered per unit) computes what stage 0 computes, in

@@ -64,6 +64,14 @@ struct BigGanConfig {
   /// CPU. Different rounding from the default (contiguous) layout; parameters and
   /// checkpoints are the same either way.
   bool channels_last = false;
+  /// model.fused_upsample: each up-block's two convolutions of the upsampled input (conv1
+  /// 3x3, conv_sc 1x1) compute on the low-resolution input instead (biggan::SNConv2d::
+  /// forward_upsampled), so the nearest-upsampled activations, 4x the block's input, are
+  /// never made: less memory in forward and backward, with or without activation
+  /// checkpointing, and 4/9 of conv1's multiply-adds. The same function and parameters
+  /// as BigGAN-PyTorch's upsample-then-convolve, with a different rounding; checkpoints
+  /// are the same either way.
+  bool fused_upsample = false;
 };
 
 class BigGanFamily : public ModelFamily {

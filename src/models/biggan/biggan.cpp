@@ -132,7 +132,7 @@ ModelSpec BigGanFamily::generator(Communicator& comm) const {
       const bool up = j == 0;
       const std::string name = "block" + std::to_string(n++);
       spec.units.push_back(unit<biggan::GBlock>(
-          name, scheme, [=] { return biggan::GBlock(in, out, cond_dim, up, cm); },
+          name, scheme, [=] { return biggan::GBlock(in, out, cond_dim, up, cm, c.fused_upsample); },
           [cl = c.channels_last](biggan::GBlock& m, const TensorList& in) {
             return TensorList{m->forward(layout(in[0], cl), in[1])};
           }));
@@ -247,6 +247,7 @@ std::unique_ptr<ModelFamily> make_biggan_family(ConfigReader& r) {
   c.channels = r.get<int64_t>("model.channels", c.channels);
   c.init = r.get<std::string>("model.init", c.init);
   c.channels_last = r.get<bool>("model.channels_last", c.channels_last);
+  c.fused_upsample = r.get<bool>("model.fused_upsample", c.fused_upsample);
   validate(c, [&r](bool ok, const std::string& key, const std::string& what) {
     r.require(ok, key, what);
   });

@@ -67,6 +67,63 @@ struct SigmaFromPowerIteration : torch::autograd::Function<SigmaFromPowerIterati
   }
 };
 
+bool low_precision_cpu(const at::Tensor& x) {
+  return x.device().is_cpu() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
+}
+
+// A float32 copy of W for ConvDivSigma (detached), or an empty tensor: custom autograd
+// functions take defined tensors only.
+at::Tensor float_or_empty(const at::Tensor& w_float) {
+  return w_float.defined() && w_float.scalar_type() == at::kFloat ? w_float.detach() : at::empty({0});
+}
+
+// y = conv(x, W) / sigma (a transposed conv when `transposed`: W [in, out, k, k]) as one
+// autograd function that saves x, W and sigma, not y. Autograd through `conv(x, W) / sigma`
+// would save the conv's output for DivBackward (one more activation per layer from forward
+// to backward) and make three activation-sized temporaries for sigma's gradient
+// -sum(g * z) / sigma^2. Here that sum comes from the weight gradient instead: z is linear
+// in W, so sum(g * z) = <W, dz/dW^T g> (Euler's theorem for a function homogeneous of
+// degree 1), a weight-sized product. Backward: dx = conv_x^T(g) / sigma,
+// dW = conv_W^T(g) / sigma, dsigma = -<W, dW> / sigma. Bfloat16 and float16 CPU tensors
+// compute in float32 and round y once (as conv2d_lowp, shardgan/nn/layers.h); `w_float`,
+// when not empty, is W in float32 already. Differentiable twice (R1) through
+// at::convolution_backward.
+struct ConvDivSigma : torch::autograd::Function<ConvDivSigma> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor& sigma, const at::Tensor& w_float, int64_t padding, int64_t stride,
+                            bool transposed) {
+    ctx->save_for_backward({x, w, sigma});
+    ctx->saved_data["padding"] = padding;
+    ctx->saved_data["stride"] = stride;
+    ctx->saved_data["transposed"] = transposed;
+    const bool low = low_precision_cpu(x);
+    const at::Tensor wc = !low ? w : w_float.numel() > 0 ? w_float : w.to(at::kFloat);
+    at::Tensor y = at::convolution(low ? x.to(at::kFloat) : x, wc, {}, {stride, stride}, {padding, padding}, {1, 1},
+                                   transposed, {0, 0}, 1);
+    y.div_(sigma);
+    return low ? y.to(x.scalar_type()) : y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &sigma = saved[2];
+    const int64_t p = ctx->saved_data["padding"].toInt(), s = ctx->saved_data["stride"].toInt();
+    const bool transposed = ctx->saved_data["transposed"].toBool();
+    const bool low = low_precision_cpu(x);
+    const bool gx = ctx->needs_input_grad(0), gw = ctx->needs_input_grad(1), gs = ctx->needs_input_grad(2);
+    const at::Tensor wc = low ? w.to(at::kFloat) : w;
+    const at::Tensor g = low ? grads[0].to(at::kFloat).contiguous() : grads[0];
+    auto [dx, dwz, db] = at::convolution_backward(g, low ? x.to(at::kFloat) : x, wc, std::nullopt, {s, s}, {p, p},
+                                                  {1, 1}, transposed, {0, 0}, 1, {gx, gw || gs, false});
+    at::Tensor dw, dsigma;
+    if (gw || gs) dw = dwz / sigma;
+    if (gs) dsigma = -(dw * wc).sum().to(sigma.scalar_type()) / sigma;
+    return {gx ? (dx / sigma).to(x.scalar_type()) : at::Tensor(), gw ? dw.to(w.scalar_type()) : at::Tensor(), dsigma,
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // The power iteration and sigma of `weight` viewed as [out, in]. `w_float`, when given,
 // receives W in u's dtype (the copy the power iteration needs anyway; W itself when the
 // dtypes agree), for the layer to reuse.
@@ -125,8 +182,37 @@ at::Tensor SNConv2dImpl::forward(const at::Tensor& x) {
   // convolution computes with (one conversion of W per forward instead of two).
   at::Tensor w_float;
   const at::Tensor s = sigma(&w_float);
-  at::Tensor y = conv2d_lowp(x, weight, padding_, 1, {}, w_float) / s;
+  at::Tensor y = ConvDivSigma::apply(x, weight, s, float_or_empty(w_float), padding_, 1, false);
   return bias.defined() ? y + bias.view({1, -1, 1, 1}) : y;
+}
+
+at::Tensor SNConv2dImpl::forward_upsampled(const at::Tensor& x) {
+  const int64_t k = weight.size(2);
+  TORCH_CHECK((k == 3 && padding_ == 1) || (k == 1 && padding_ == 0),
+              "SNConv2d::forward_upsampled: needs a 3x3 conv with padding 1 or a 1x1 with padding 0, got ", k, "x",
+              k, " with padding ", padding_);
+  at::Tensor w_float;
+  const at::Tensor s = sigma(&w_float);
+  if (k == 1) {
+    at::Tensor y = ConvDivSigma::apply(x, weight, s, float_or_empty(w_float), 0, 1, false);
+    return upsample2(bias.defined() ? y + bias.view({1, -1, 1, 1}) : y);
+  }
+  // A 16-bit W's kernel sums in float32, which the CPU's 16-bit path computes in anyway.
+  const at::Tensor w = low_precision_cpu(x) ? weight.to(at::kFloat) : weight;
+  at::Tensor y = ConvDivSigma::apply(x, upsample_conv_kernel(w), s, at::empty({0}), /*padding=*/1, /*stride=*/2,
+                                     /*transposed=*/true);
+  return bias.defined() ? y + bias.view({1, -1, 1, 1}) : y;
+}
+
+at::Tensor upsample_conv_kernel(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == 3 && w.size(3) == 3, "upsample_conv_kernel: expected [out, in, 3, 3], got ",
+              w.sizes());
+  // [w_2, w_1 + w_2, w_0 + w_1, w_0] along `dim`.
+  auto fold = [](const at::Tensor& t, int64_t dim) {
+    const at::Tensor a = t.select(dim, 0), b = t.select(dim, 1), c = t.select(dim, 2);
+    return at::stack({c, b + c, a + b, a}, dim);
+  };
+  return fold(fold(w, 2), 3).transpose(0, 1).contiguous();
 }
 
 SNLinearImpl::SNLinearImpl(int64_t in, int64_t out, bool bias_on) {
@@ -198,8 +284,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
 }
 
 GBlockImpl::GBlockImpl(int64_t in, int64_t out, int64_t cond_dim, bool upsample,
-                       Communicator* comm)
-    : upsample_(upsample) {
+                       Communicator* comm, bool fused_upsample)
+    : upsample_(upsample), fused_(fused_upsample) {
   conv1 = register_module("conv1", SNConv2d(in, out, 3, 1));
   conv2 = register_module("conv2", SNConv2d(out, out, 3, 1));
   if (in != out || upsample) conv_sc = register_module("conv_sc", SNConv2d(in, out, 1, 0));
@@ -216,7 +302,7 @@ at::Tensor GBlockImpl::forward(const at::Tensor& x_in, const at::Tensor& cond) {
   auto [scale2, shift2] = bn2->scale_shift(cond);
   at::Tensor h = checkpoint_segment({bn1.get(), conv1.get()}, [this](const TensorList& in) {
     at::Tensor a = at::relu(bn1->apply(in[0], in[1], in[2]));
-    return TensorList{conv1->forward(upsample_ ? upsample2(a) : a)};
+    return TensorList{conv_up(conv1, a)};
   }, {x_in, scale1, shift1})[0];
   h = checkpoint_segment({bn2.get(), conv2.get()}, [this](const TensorList& in) {
     return TensorList{conv2->forward(at::relu(bn2->apply(in[0], in[1], in[2])))};
@@ -224,12 +310,17 @@ at::Tensor GBlockImpl::forward(const at::Tensor& x_in, const at::Tensor& cond) {
   at::Tensor x = x_in;
   if (conv_sc) {
     x = checkpoint_segment({conv_sc.get()}, [this](const TensorList& in) {
-      return TensorList{conv_sc->forward(upsample_ ? upsample2(in[0]) : in[0])};
+      return TensorList{conv_up(conv_sc, in[0])};
     }, {x_in})[0];
   } else if (upsample_) {
     x = upsample2(x);
   }
   return h + x;
+}
+
+at::Tensor GBlockImpl::conv_up(SNConv2d& conv, const at::Tensor& x) {
+  if (!upsample_) return conv->forward(x);
+  return fused_ ? conv->forward_upsampled(x) : conv->forward(upsample2(x));
 }
 
 DBlockImpl::DBlockImpl(int64_t in, int64_t out, bool preactivation, bool downsample)

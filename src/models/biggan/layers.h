@@ -71,16 +71,36 @@ class SNBase : public torch::nn::Module {
 
 /// Conv2d with spectral norm (BigGAN-PyTorch SNConv2d): stride 1, "weight"
 /// [out, in, k, k], optional "bias" [out]. x [B, in, H, W] -> [B, out, H + 2p - k + 1, ...].
+/// conv(x, W) / sigma is one autograd function that saves x, W and sigma but not the
+/// output, and takes sigma's gradient from the weight gradient (-<W, dW> / sigma, since
+/// the conv is linear in W) instead of from activation-sized temporaries.
 class SNConv2dImpl : public SNBase {
  public:
   SNConv2dImpl(int64_t in, int64_t out, int64_t kernel, int64_t padding, bool bias = true);
   at::Tensor forward(const at::Tensor& x);
+  /// forward(upsample2(x)), nearest x2, without the upsampled input: a 3x3 conv (padding
+  /// 1) as one transposed conv of x with upsample_conv_kernel(W) (stride 2, padding 1), a
+  /// 1x1 conv (padding 0) at x's resolution and then upsampled (the two commute). The same
+  /// function and gradients with a different rounding; a 3x3 takes 4/9 of the
+  /// multiply-adds. x [B, in, H, W] -> [B, out, 2H, 2W], x's dtype. One power iteration,
+  /// as forward. Throws c10::Error for any other kernel and padding. Local.
+  at::Tensor forward_upsampled(const at::Tensor& x);
   at::Tensor bias;
 
  private:
   int64_t padding_;
 };
 TORCH_MODULE(SNConv2d);
+
+/// Nearest x2 upsampling followed by a 3x3 convolution with padding 1, as one transposed
+/// convolution of the low-resolution input (stride 2, padding 1, a 4x4 kernel; the
+/// "resize-convolution" of Odena et al. 2016, "Deconvolution and Checkerboard Artifacts",
+/// written as the sub-pixel convolution of Shi et al. 2016, arXiv:1609.07009). Along each
+/// spatial axis, output 2i reads input rows i - 1 (with w_0) and i (with w_1 + w_2), and
+/// output 2i + 1 reads rows i (w_0 + w_1) and i + 1 (w_2), so the kernel is
+/// [w_2, w_1 + w_2, w_0 + w_1, w_0] along each axis. w [out, in, 3, 3] -> [in, out, 4, 4],
+/// w's dtype and device, differentiable in w. Throws c10::Error for any other shape. Local.
+at::Tensor upsample_conv_kernel(const at::Tensor& w);
 
 /// Linear with spectral norm: "weight" [out, in], optional "bias" [out]. x [B, in] -> [B, out].
 class SNLinearImpl : public SNBase {
@@ -148,15 +168,21 @@ TORCH_MODULE(Attention);
 /// in training mode (two SyncBatchNorms). Checkpoint segments (checkpoint_segment): the
 /// residual path up to conv1, the rest of it, and the shortcut; the four conditional
 /// scales and shifts are computed before them, in the unit's own graph.
+/// `fused_upsample` (model.fused_upsample): conv1 and conv_sc compute on the
+/// low-resolution input through SNConv2d::forward_upsampled, so the upsampled activations
+/// (4x the block's input) are never made; the same function, rounded differently.
 class GBlockImpl : public torch::nn::Module {
  public:
-  GBlockImpl(int64_t in, int64_t out, int64_t cond_dim, bool upsample, Communicator* comm);
+  GBlockImpl(int64_t in, int64_t out, int64_t cond_dim, bool upsample, Communicator* comm,
+             bool fused_upsample = false);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cond);
   SNConv2d conv1{nullptr}, conv2{nullptr}, conv_sc{nullptr};
   CCBN bn1{nullptr}, bn2{nullptr};
 
  private:
-  bool upsample_;
+  /// conv(up(x)) when upsampling, else conv(x); fused as fused_upsample says.
+  at::Tensor conv_up(SNConv2d& conv, const at::Tensor& x);
+  bool upsample_, fused_;
 };
 TORCH_MODULE(GBlock);
 
