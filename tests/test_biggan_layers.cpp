@@ -204,6 +204,51 @@ TEST(SpectralNorm, ConvGradientsMatchPlainAutograd) {
   EXPECT_TRUE(close(r1_w, r1_ref)) << "double backward";
 }
 
+// The same in bfloat16 (mixed precision: W and x bfloat16, u float32), where the function
+// computes in float32 and rounds once: against plain autograd of the float32 conv of the
+// same bfloat16 values divided by sigma, the output and the x and W gradients agree within
+// two bfloat16 steps (2^-7) of their largest magnitude; the reference rounds nothing and
+// ours rounds each result once (2^-9 relative) after float32 sums. Negative control, run
+// once: with dx not divided by sigma in the function's backward, the x gradient check here
+// and in the float64 test fail.
+TEST(SpectralNorm, ConvGradientsMatchPlainAutogradInBfloat16) {
+  torch::manual_seed(9);
+  SNConv2d conv(6, 5, 3, 1, /*bias=*/false);
+  init_weights(*conv, Init::kOrtho);
+  {
+    torch::NoGradGuard g;
+    conv->weight.mul_(1.7);  // sigma 1.7, not the 1 of an orthogonal W: a lost 1 / sigma shows
+  }
+  cast_params(*conv, at::kBFloat16);
+  const at::Tensor u0 = conv->u.clone();
+  const at::Tensor x0 = torch::randn({2, 6, 7, 7}).to(at::kBFloat16);
+  const at::Tensor r = torch::randn({2, 5, 7, 7});
+  at::Tensor x = x0.clone().requires_grad_(true);
+  const at::Tensor y = conv->forward(x);
+  ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+  y.backward(r.to(at::kBFloat16));
+  at::Tensor w = conv->weight.detach().to(at::kFloat).requires_grad_(true);
+  at::Tensor v, un;
+  {
+    torch::NoGradGuard g;
+    const at::Tensor wm = w.view({5, -1});
+    v = at::mm(u0, wm);
+    v = v / v.norm().clamp_min(kSnEps);
+    un = at::mm(v, wm.t());
+    un = un / un.norm().clamp_min(kSnEps);
+  }
+  const at::Tensor sigma = at::mm(at::mm(v, w.view({5, -1}).t()), un.t()).squeeze();
+  at::Tensor xr = x0.to(at::kFloat).requires_grad_(true);
+  const at::Tensor yr = at::conv2d(xr, w, {}, 1, 1) / sigma;
+  yr.backward(r.to(at::kBFloat16).to(at::kFloat));
+  auto expect_close = [](const at::Tensor& a, const at::Tensor& ref, const char* what) {
+    EXPECT_LE((a.to(at::kFloat) - ref).abs().max().item<double>(), ref.abs().max().item<double>() / 128) << what;
+  };
+  expect_close(y.detach(), yr.detach(), "output");
+  expect_close(x.grad(), xr.grad(), "x gradient");
+  expect_close(conv->weight.grad(), w.grad(), "W gradient");
+}
+
 TEST(Attention, IdentityAtZeroGammaAndGammaGetsGradient) {
   torch::manual_seed(4);
   for (auto dt : kDtypes) {
