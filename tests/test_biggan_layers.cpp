@@ -40,6 +40,21 @@ void cast_params(torch::nn::Module& m, at::ScalarType dt) {
   for (auto& p : m.parameters()) p.set_data(p.detach().to(dt));
 }
 
+// sigma = u' W v^T in plain autograd (W viewed as [out, in]), with v and u' from one power
+// iteration of u, held constant: the reference for SNConv2d, sharing none of its code.
+at::Tensor plain_sigma(const at::Tensor& w, const at::Tensor& u) {
+  const at::Tensor wm = w.reshape({w.size(0), -1});
+  at::Tensor v, un;
+  {
+    torch::NoGradGuard g;
+    v = at::mm(u, wm.detach());
+    v = v / v.norm().clamp_min(kSnEps);
+    un = at::mm(v, wm.detach().t());
+    un = un / un.norm().clamp_min(kSnEps);
+  }
+  return at::mm(at::mm(v, wm.t()), un.t()).squeeze();
+}
+
 void set_weight(SNBase& m, const at::Tensor& w, at::ScalarType dt) {
   torch::NoGradGuard g;
   m.weight.set_data(w.reshape(m.weight.sizes()).to(dt).contiguous());
@@ -181,18 +196,8 @@ TEST(SpectralNorm, ConvGradientsMatchPlainAutograd) {
   x = x0.clone().requires_grad_(true);
   y = conv->forward(x);
   (y * r).sum().backward();
-  // Plain autograd: sigma = u' W v^T with u' and v from one power iteration, held constant.
   at::Tensor w = conv->weight.detach().clone().requires_grad_(true), b = conv->bias.detach().clone().requires_grad_(true);
-  at::Tensor v, un;
-  {
-    torch::NoGradGuard g;
-    const at::Tensor wm = w.view({4, -1});
-    v = at::mm(u0, wm);
-    v = v / v.norm().clamp_min(kSnEps);
-    un = at::mm(v, wm.t());
-    un = un / un.norm().clamp_min(kSnEps);
-  }
-  const at::Tensor sigma = at::mm(at::mm(v, w.view({4, -1}).t()), un.t()).squeeze();
+  const at::Tensor sigma = plain_sigma(w, u0);
   at::Tensor xr = x0.clone().requires_grad_(true);
   const at::Tensor yr = at::conv2d(xr, w, {}, 1, 1) / sigma + b.view({1, -1, 1, 1});
   EXPECT_TRUE(close(y.detach(), yr.detach()));
@@ -228,16 +233,7 @@ TEST(SpectralNorm, ConvGradientsMatchPlainAutogradInBfloat16) {
   ASSERT_EQ(y.scalar_type(), at::kBFloat16);
   y.backward(r.to(at::kBFloat16));
   at::Tensor w = conv->weight.detach().to(at::kFloat).requires_grad_(true);
-  at::Tensor v, un;
-  {
-    torch::NoGradGuard g;
-    const at::Tensor wm = w.view({5, -1});
-    v = at::mm(u0, wm);
-    v = v / v.norm().clamp_min(kSnEps);
-    un = at::mm(v, wm.t());
-    un = un / un.norm().clamp_min(kSnEps);
-  }
-  const at::Tensor sigma = at::mm(at::mm(v, w.view({5, -1}).t()), un.t()).squeeze();
+  const at::Tensor sigma = plain_sigma(w, u0);
   at::Tensor xr = x0.to(at::kFloat).requires_grad_(true);
   const at::Tensor yr = at::conv2d(xr, w, {}, 1, 1) / sigma;
   yr.backward(r.to(at::kBFloat16).to(at::kFloat));
