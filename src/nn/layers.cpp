@@ -4,6 +4,10 @@
 
 namespace shardgan {
 
+bool computes_via_float32(const at::Tensor& x) {
+  return x.device().is_cpu() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
+}
+
 ConvTranspose2dImpl::ConvTranspose2dImpl(torch::nn::ConvTranspose2dOptions options)
     : options_(options) {
   torch::nn::ConvTranspose2d init(options);  // for LibTorch's default initialization
@@ -19,9 +23,7 @@ at::Tensor ConvTranspose2dImpl::forward(const at::Tensor& x) {
                   .output_padding(options_.output_padding())
                   .dilation(options_.dilation())
                   .groups(options_.groups());
-  const bool low = x.device().is_cpu() &&
-                   (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
-  if (!low) return F::conv_transpose2d(x, weight, opts.bias(bias));
+  if (!computes_via_float32(x)) return F::conv_transpose2d(x, weight, opts.bias(bias));
   at::Tensor b = bias.defined() ? bias.to(at::kFloat) : bias;
   return F::conv_transpose2d(x.to(at::kFloat), weight.to(at::kFloat), opts.bias(b)).to(x.scalar_type());
 }
@@ -62,8 +64,7 @@ struct Conv2dViaFloat : torch::autograd::Function<Conv2dViaFloat> {
 
 at::Tensor conv2d_lowp(const at::Tensor& x, const at::Tensor& w, int64_t padding, int64_t stride,
                        const at::Tensor& bias, const at::Tensor& w_float) {
-  const bool low = x.device().is_cpu() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
-  if (!low) return at::conv2d(x, w, bias, {stride, stride}, {padding, padding});
+  if (!computes_via_float32(x)) return at::conv2d(x, w, bias, {stride, stride}, {padding, padding});
   const bool usable = w_float.defined() && w_float.scalar_type() == at::kFloat;
   at::Tensor y = Conv2dViaFloat::apply(x, w, padding, stride, usable ? w_float.detach() : at::empty({0}));
   return bias.defined() ? y + bias.view({1, -1, 1, 1}) : y;

@@ -45,6 +45,11 @@ class Conv2dImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Conv2d);
 
+/// Whether the 16-bit CPU path of conv2d_lowp() (and ConvTranspose2d) applies to x: a
+/// bfloat16 or float16 tensor on the CPU, which those compute in float32 and round once.
+/// Local.
+bool computes_via_float32(const at::Tensor& x);
+
 /// 2-D convolution, square stride and padding, dilation 1: x [B, in, H, W], w [out, in, k, k],
 /// bias [out] or undefined -> [B, out, (H + 2p - k) / s + 1, (W + 2p - k) / s + 1], in x's
 /// dtype. Float32 and float64 go to at::conv2d. For bfloat16 and float16 CPU tensors LibTorch's 16-bit CPU path is about 100x slower than

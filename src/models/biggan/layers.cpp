@@ -67,10 +67,6 @@ struct SigmaFromPowerIteration : torch::autograd::Function<SigmaFromPowerIterati
   }
 };
 
-bool low_precision_cpu(const at::Tensor& x) {
-  return x.device().is_cpu() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
-}
-
 // A float32 copy of W for ConvDivSigma (detached), or an empty tensor: custom autograd
 // functions take defined tensors only.
 at::Tensor float_or_empty(const at::Tensor& w_float) {
@@ -84,8 +80,8 @@ at::Tensor float_or_empty(const at::Tensor& w_float) {
 // -sum(g * z) / sigma^2. Here that sum comes from the weight gradient instead: z is linear
 // in W, so sum(g * z) = <W, dz/dW^T g> (Euler's theorem for a function homogeneous of
 // degree 1), a weight-sized product. Backward: dx = conv_x^T(g) / sigma,
-// dW = conv_W^T(g) / sigma, dsigma = -<W, dW> / sigma. Bfloat16 and float16 CPU tensors
-// compute in float32 and round y once (as conv2d_lowp, shardgan/nn/layers.h); `w_float`,
+// dW = conv_W^T(g) / sigma, dsigma = -<W, dW> / sigma. Where computes_via_float32(x)
+// (shardgan/nn/layers.h), it computes in float32 and rounds y once, as conv2d_lowp; `w_float`,
 // when not empty, is W in float32 already. Differentiable twice (R1) through
 // at::convolution_backward.
 struct ConvDivSigma : torch::autograd::Function<ConvDivSigma> {
@@ -96,7 +92,7 @@ struct ConvDivSigma : torch::autograd::Function<ConvDivSigma> {
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["transposed"] = transposed;
-    const bool low = low_precision_cpu(x);
+    const bool low = computes_via_float32(x);
     const at::Tensor wc = !low ? w : w_float.numel() > 0 ? w_float : w.to(at::kFloat);
     at::Tensor y = at::convolution(low ? x.to(at::kFloat) : x, wc, {}, {stride, stride}, {padding, padding}, {1, 1},
                                    transposed, {0, 0}, 1);
@@ -110,7 +106,7 @@ struct ConvDivSigma : torch::autograd::Function<ConvDivSigma> {
     const at::Tensor &x = saved[0], &w = saved[1], &sigma = saved[2];
     const int64_t p = ctx->saved_data["padding"].toInt(), s = ctx->saved_data["stride"].toInt();
     const bool transposed = ctx->saved_data["transposed"].toBool();
-    const bool low = low_precision_cpu(x);
+    const bool low = computes_via_float32(x);
     const bool gx = ctx->needs_input_grad(0), gw = ctx->needs_input_grad(1), gs = ctx->needs_input_grad(2);
     const at::Tensor wc = low ? w.to(at::kFloat) : w;
     const at::Tensor g = low ? grads[0].to(at::kFloat).contiguous() : grads[0];
@@ -191,14 +187,10 @@ at::Tensor SNConv2dImpl::forward_upsampled(const at::Tensor& x) {
   TORCH_CHECK((k == 3 && padding_ == 1) || (k == 1 && padding_ == 0),
               "SNConv2d::forward_upsampled: needs a 3x3 conv with padding 1 or a 1x1 with padding 0, got ", k, "x",
               k, " with padding ", padding_);
-  at::Tensor w_float;
-  const at::Tensor s = sigma(&w_float);
-  if (k == 1) {
-    at::Tensor y = ConvDivSigma::apply(x, weight, s, float_or_empty(w_float), 0, 1, false);
-    return upsample2(bias.defined() ? y + bias.view({1, -1, 1, 1}) : y);
-  }
+  if (k == 1) return upsample2(forward(x));  // a 1x1 conv commutes with the upsampling
+  const at::Tensor s = sigma();
   // A 16-bit W's kernel sums in float32, which the CPU's 16-bit path computes in anyway.
-  const at::Tensor w = low_precision_cpu(x) ? weight.to(at::kFloat) : weight;
+  const at::Tensor w = computes_via_float32(x) ? weight.to(at::kFloat) : weight;
   at::Tensor y = ConvDivSigma::apply(x, upsample_conv_kernel(w), s, at::empty({0}), /*padding=*/1, /*stride=*/2,
                                      /*transposed=*/true);
   return bias.defined() ? y + bias.view({1, -1, 1, 1}) : y;
