@@ -21,10 +21,20 @@ struct SyncBatchNormFn : torch::autograd::Function<SyncBatchNormFn> {
     const std::vector<int64_t> dims{0, 2, 3};
     // Statistics accumulate in float64 whatever the compute dtype, so that E[x^2] - E[x]^2
     // does not cancel catastrophically in float32.
+    // The full-size temporaries are made in place where the values allow it (the same
+    // arithmetic, so the same bits): the peak of a checkpointed replay is here or in the
+    // backward below.
     at::Tensor stats = torch::empty({2 * c + 1}, x.options().dtype(at::kDouble));
-    const at::Tensor xd = x.to(at::kDouble);  // one conversion (a no-op for float64 input)
-    stats.narrow(0, 0, c).copy_(xd.sum(dims));
-    stats.narrow(0, c, c).copy_((xd * xd).sum(dims));
+    {
+      at::Tensor xd = x.to(at::kDouble);  // one conversion (a no-op for float64 input)
+      stats.narrow(0, 0, c).copy_(xd.sum(dims));
+      if (xd.is_same(x)) {
+        xd = xd * xd;
+      } else {
+        xd.mul_(xd);  // x's float64 copy becomes its square: no second float64 buffer
+      }
+      stats.narrow(0, c, c).copy_(xd.sum(dims));
+    }
     stats[2 * c] = static_cast<double>(x.numel() / c);
     comm->all_reduce(stats, ReduceOp::kSum);
     const double n = stats[2 * c].item<double>();
@@ -40,7 +50,8 @@ struct SyncBatchNormFn : torch::autograd::Function<SyncBatchNormFn> {
     auto shape = std::vector<int64_t>{1, c, 1, 1};
     at::Tensor mean_x = mean.to(x.scalar_type()).view(shape);
     at::Tensor invstd_x = invstd.to(x.scalar_type()).view(shape);
-    at::Tensor xhat = (x - mean_x) * invstd_x;
+    at::Tensor xhat = x - mean_x;
+    xhat.mul_(invstd_x);
     ctx->save_for_backward({xhat, invstd_x, weight});
     ctx->saved_data["comm"] = comm_ptr;
     ctx->saved_data["n"] = n;
@@ -49,7 +60,8 @@ struct SyncBatchNormFn : torch::autograd::Function<SyncBatchNormFn> {
     const bool affine = weight.numel() > 0;
     ctx->saved_data["affine"] = affine;
     if (!affine) return xhat;
-    return xhat * weight.view(shape) + bias.view(shape);
+    at::Tensor y = xhat * weight.view(shape);
+    return y.add_(bias.view(shape));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -77,7 +89,10 @@ struct SyncBatchNormFn : torch::autograd::Function<SyncBatchNormFn> {
     at::Tensor mean_dy_xhat = (red.narrow(0, c, c) / n).view(shape);
     const bool affine = ctx->saved_data["affine"].toBool();
     at::Tensor scale = affine ? invstd * weight.view(shape) : invstd;
-    at::Tensor dx = (dy - mean_dy - xhat * mean_dy_xhat) * scale;
+    // (dy - mean_dy - xhat * mean_dy_xhat) * scale, with one full-size temporary.
+    at::Tensor dx = dy - mean_dy;
+    dx.sub_(xhat * mean_dy_xhat);
+    dx.mul_(scale);
     // Local parameter gradients: the data-parallel gradient average makes them global.
     at::Tensor dweight = affine ? sum_dy_xhat : at::Tensor();
     at::Tensor dbias = affine ? sum_dy : at::Tensor();

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <mutex>
 
+#include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
 
 #include "sharding/unit_runtime.h"
@@ -160,8 +161,18 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     }
     variable_list result(saved.size() + replay->params.size() + 1);  // + the Replay argument
     if (!roots.empty() && !wrt.empty()) {
-      variable_list g = torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
-                                              /*create_graph=*/false, /*allow_unused=*/true);
+      // torch::autograd::grad on the gradient edges rather than the tensors: the replayed
+      // outputs' data is not needed to differentiate them, so it goes before the backward
+      // runs unless a node saved it (tanh, relu). That is one output-sized buffer less per
+      // checkpointed unit or segment at the peak, the same arithmetic.
+      torch::autograd::edge_list root_edges, wrt_edges;
+      for (const at::Tensor& r : roots) root_edges.push_back(torch::autograd::impl::gradient_edge(r));
+      for (const at::Tensor& w : wrt) wrt_edges.push_back(torch::autograd::impl::gradient_edge(w));
+      roots.clear();
+      outs.clear();
+      variable_list g = torch::autograd::Engine::get_default_engine().execute(
+          root_edges, root_grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false,
+          wrt_edges);
       for (size_t k = 0; k < g.size(); ++k) result[slot[k]] = g[k];
     }
     return result;

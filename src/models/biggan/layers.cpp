@@ -251,7 +251,8 @@ at::Tensor CCBNImpl::apply(const at::Tensor& x, const at::Tensor& scale, const a
               scale.sizes());
   at::Tensor xhat = sync_batch_norm(x, at::Tensor(), at::Tensor(), running_mean, running_var,
                                     is_training(), kBnEps, kBnMomentum, comm_);
-  return xhat * scale + shift;
+  at::Tensor y = xhat * scale;  // the product is not saved: shift is added in place (same bits)
+  return y.add_(shift);
 }
 
 AttentionImpl::AttentionImpl(int64_t ch) : ch_(ch) {
@@ -293,11 +294,11 @@ at::Tensor GBlockImpl::forward(const at::Tensor& x_in, const at::Tensor& cond) {
   auto [scale1, shift1] = bn1->scale_shift(cond);
   auto [scale2, shift2] = bn2->scale_shift(cond);
   at::Tensor h = checkpoint_segment({bn1.get(), conv1.get()}, [this](const TensorList& in) {
-    at::Tensor a = at::relu(bn1->apply(in[0], in[1], in[2]));
+    at::Tensor a = bn1->apply(in[0], in[1], in[2]).relu_();  // CCBN's output is fresh and unsaved
     return TensorList{conv_up(conv1, a)};
   }, {x_in, scale1, shift1})[0];
   h = checkpoint_segment({bn2.get(), conv2.get()}, [this](const TensorList& in) {
-    return TensorList{conv2->forward(at::relu(bn2->apply(in[0], in[1], in[2])))};
+    return TensorList{conv2->forward(bn2->apply(in[0], in[1], in[2]).relu_())};
   }, {h, scale2, shift2})[0];
   at::Tensor x = x_in;
   if (conv_sc) {
@@ -324,7 +325,7 @@ DBlockImpl::DBlockImpl(int64_t in, int64_t out, bool preactivation, bool downsam
 
 at::Tensor DBlockImpl::forward(const at::Tensor& x) {
   at::Tensor h = checkpoint_segment({conv1.get(), conv2.get()}, [this](const TensorList& in) {
-    at::Tensor a = conv2->forward(at::relu(conv1->forward(preactivation_ ? at::relu(in[0]) : in[0])));
+    at::Tensor a = conv2->forward(conv1->forward(preactivation_ ? at::relu(in[0]) : in[0]).relu_());
     return TensorList{downsample_ ? pool2(a) : a};
   }, {x})[0];
   at::Tensor sc = x;
