@@ -141,35 +141,32 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
       outs = replay->run(expand(*replay, detached));
     }
     ++g_recomputes;
-    std::vector<at::Tensor> roots, root_grads, wrt;
+    // torch::autograd::grad on the gradient edges rather than the tensors: the replayed
+    // outputs' data is not needed to differentiate them, so it goes before the backward
+    // runs unless a node saved it (tanh, relu). That is one output-sized buffer less per
+    // checkpointed unit or segment at the peak, the same arithmetic.
+    torch::autograd::edge_list root_edges, wrt_edges;
+    variable_list root_grads;
     for (size_t i = 0; i < outs.size() && i < grads.size(); ++i) {
       if (grads[i].defined() && outs[i].defined() && outs[i].requires_grad()) {
-        roots.push_back(outs[i]);
+        root_edges.push_back(torch::autograd::impl::gradient_edge(outs[i]));
         root_grads.push_back(grads[i]);
       }
     }
+    outs.clear();
     std::vector<size_t> slot;  // position of each wrt entry in the result
     for (size_t i = 0; i < detached.size(); ++i) {
       if (replay->input_requires_grad[i]) {
-        wrt.push_back(detached[i]);
+        wrt_edges.push_back(torch::autograd::impl::gradient_edge(detached[i]));
         slot.push_back(i);
       }
     }
     for (size_t j = 0; j < replay->params.size(); ++j) {
-      wrt.push_back(replay->params[j]);
+      wrt_edges.push_back(torch::autograd::impl::gradient_edge(replay->params[j]));
       slot.push_back(saved.size() + j);
     }
     variable_list result(saved.size() + replay->params.size() + 1);  // + the Replay argument
-    if (!roots.empty() && !wrt.empty()) {
-      // torch::autograd::grad on the gradient edges rather than the tensors: the replayed
-      // outputs' data is not needed to differentiate them, so it goes before the backward
-      // runs unless a node saved it (tanh, relu). That is one output-sized buffer less per
-      // checkpointed unit or segment at the peak, the same arithmetic.
-      torch::autograd::edge_list root_edges, wrt_edges;
-      for (const at::Tensor& r : roots) root_edges.push_back(torch::autograd::impl::gradient_edge(r));
-      for (const at::Tensor& w : wrt) wrt_edges.push_back(torch::autograd::impl::gradient_edge(w));
-      roots.clear();
-      outs.clear();
+    if (!root_edges.empty() && !wrt_edges.empty()) {
       variable_list g = torch::autograd::Engine::get_default_engine().execute(
           root_edges, root_grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false,
           wrt_edges);
