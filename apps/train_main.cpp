@@ -87,6 +87,11 @@ int main(int argc, char** argv) {
                                                     config_path);
       shardgan::set_pin_host_memory(cfg.compute_device.is_cuda());
       if (cfg.compute_device.is_cuda()) at::globalContext().setAllowTF32CuDNN(cfg.tf32);
+      if (cfg.deterministic) {
+        setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);  // read when cuBLAS starts
+        at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+        at::globalContext().setDeterministicCuDNN(true);
+      }
     }
     auto comm = shardgan::make_communicator(cfg.backend, MPI_COMM_WORLD, cfg.timeout_s,
                                             cfg.compute_device.is_cuda() ? cfg.compute_device.index() : -1,

@@ -179,6 +179,15 @@ launch 1 configs/fmnist-dcgan.yaml --set run.dir="$R/cuda-resume" --set run.devi
   || { log "FAIL: resuming the CPU checkpoint on the GPU (see $R/cuda-resume.log)"; fails=$((fails + 1)); }
 
 fi  # DEMO_CELLS
+same_losses() {  # what, cell a, cell b: every step's (loss_d, loss_g) the same bits
+  "$PY" - "$R/$2/metrics.jsonl" "$R/$3/metrics.jsonl" "$2" "$3" >> "$R/summary.txt" <<'PY' \
+    && log "PASS: $1 give the same losses" || { log "FAIL: $1 changed the losses (see $R/summary.txt)"; fails=$((fails + 1)); }
+import json, sys
+a, b = ([(r["loss_d"], r["loss_g"], r.get("step_time_s")) for r in map(json.loads, open(f))] for f in sys.argv[1:3])
+print(sys.argv[3], "(loss_d, loss_g, step_time_s):", a); print(sys.argv[4], ":", b)
+sys.exit(0 if a and [x[:2] for x in a] == [x[:2] for x in b] else 1)
+PY
+}
 # 5. The 1.03e9 BigGAN on one GPU (synthetic data, bfloat16 compute, float32 master state).
 if [ "${BIG:-1}" = 1 ]; then
   : >> "$R/cells.jsonl"  # none yet with DEMO_CELLS=0
@@ -191,16 +200,8 @@ if [ "${BIG:-1}" = 1 ]; then
     mv "$R/cells.jsonl.demo" "$R/cells.jsonl"
     rm -rf "$R/$name/checkpoints"
   }
-  same_losses() {  # what, cell a, cell b: every step's (loss_d, loss_g) the same bits
-    "$PY" - "$R/$2/metrics.jsonl" "$R/$3/metrics.jsonl" "$2" "$3" >> "$R/summary.txt" <<'PY' \
-      && log "PASS: $1 give the same losses" || { log "FAIL: $1 changed the losses (see $R/summary.txt)"; fails=$((fails + 1)); }
-import json, sys
-a, b = ([(r["loss_d"], r["loss_g"], r.get("step_time_s")) for r in map(json.loads, open(f))] for f in sys.argv[1:3])
-print(sys.argv[3], "(loss_d, loss_g, step_time_s):", a); print(sys.argv[4], ":", b)
-sys.exit(0 if a and [x[:2] for x in a] == [x[:2] for x in b] else 1)
-PY
-  }
   big_cell cuda-biggan-1b --set train.steps="${BIG_STEPS:-5}"
+  if [ "${BIG_PAIRS:-1}" = 1 ]; then  # BIG_PAIRS=0: only the cell above
   # 5b. The same with dist.blocking_wait (the host waits for every all-gather and
   # reduce-scatter, as before device-side waits): the same kernels in the same stream
   # order, so the same loss bits; the step times compare the two waits.
@@ -213,6 +214,54 @@ PY
   done
   same_losses "offload with and without overlapped copies" cuda-biggan-1b-offload-overlap-true \
     cuda-biggan-1b-offload-overlap-false
+  fi  # BIG_PAIRS
+fi
+# 7. (AC=1, the default) Activation checkpointing on the GPU (issue 21), 1 rank, stage 3,
+# float32, synthetic data, run.deterministic (cuDNN's and cuBLAS's deterministic algorithms,
+# so that the replay and the first forward pick the same kernels): each geometry with
+# sharding.*.activation_checkpointing off and then on (with checkpoint_segments). The losses
+# must be the same bits; the caching allocator's peak of live tensor bytes
+# (device_mem_peak_allocated_bytes, torch.cuda.max_memory_allocated(), the largest over the
+# steps after the first, which also holds the set-up) and the median step time (steps 2..)
+# are compared in ac-gpu.jsonl:
+#  - BigGAN-PyTorch's 64x64 geometry (12.9M parameters, fused upsampling, channels-last) at
+#    AC_BATCH (32) per rank, as benchmarks/activation_checkpointing.sh runs it on the CPU;
+#  - the deep 59.4M geometry (configs/biggan-1b.yaml at ch 15) at AC_DEEP_BATCH (128).
+if [ "${AC:-1}" = 1 ]; then
+  AC_COMMON=(--set run.device=cuda --set run.deterministic=true --set train.steps="${AC_STEPS:-6}" --set train.log_every=1
+    --set train.checkpoint_every=0 --set train.sample_every=0 --set data.source=synthetic
+    --set sharding.generator.stage=3 --set sharding.discriminator.stage=3
+    --set sharding.generator.compute_dtype=auto --set sharding.discriminator.compute_dtype=auto
+    --set sharding.generator.reduce_dtype=auto --set sharding.discriminator.reduce_dtype=auto)
+  ac_pair() {  # name, batch, config and overrides...
+    local name=$1 batch=$2; shift 2
+    for ac in false true; do
+      run_cell "cuda-ac-$name-$ac" 1 "$@" "${AC_COMMON[@]}" --set train.global_batch="$batch" \
+        --set data.synthetic_size="$batch" \
+        --set sharding.generator.activation_checkpointing=$ac --set sharding.discriminator.activation_checkpointing=$ac \
+        --set sharding.generator.checkpoint_segments=$ac --set sharding.discriminator.checkpoint_segments=$ac
+      rm -rf "$R/cuda-ac-$name-$ac/checkpoints" "$R/cuda-ac-$name-$ac.dry"
+    done
+    same_losses "activation checkpointing off and on ($name, batch $batch)" "cuda-ac-$name-false" "cuda-ac-$name-true"
+    "$PY" - "$R/cuda-ac-$name-false/metrics.jsonl" "$R/cuda-ac-$name-true/metrics.jsonl" "$name" "$batch" \
+      <<'PY' | tee -a "$R/ac-gpu.jsonl" "$R/summary.txt"
+import json, statistics, sys
+off, on = ([json.loads(l) for l in open(f) if '"loss_d"' in l] for f in sys.argv[1:3])
+def summary(rows):
+    return {"peak_allocated_gib": max(r.get("device_mem_peak_allocated_bytes", -1) for r in rows[1:]) / 2**30,
+            "device_used_gib": max(r.get("device_mem_used_bytes", -1) for r in rows) / 2**30,
+            "step_s": statistics.median(r["step_time_s"] for r in rows[1:])}
+a, b = summary(off), summary(on)
+print(json.dumps({"bench": "activation_checkpointing_gpu", "geometry": sys.argv[3], "batch_per_rank": int(sys.argv[4]),
+                  "off": a, "on": b, "peak_ratio": b["peak_allocated_gib"] / a["peak_allocated_gib"],
+                  "step_ratio": b["step_s"] / a["step_s"],
+                  "same_losses": [(r["loss_d"], r["loss_g"]) for r in off] == [(r["loss_d"], r["loss_g"]) for r in on]}))
+PY
+  }
+  ac_pair 64x64 "${AC_BATCH:-32}" configs/fmnist-biggan.yaml --set model.ch=32 --set model.d_ch=32 \
+    --set model.g_ch_mult=[16,16,8,4,2] --set model.d_ch_mult=[1,2,4,8,16] --set model.g_attn=32 --set model.d_attn=32 \
+    --set model.z_dim=120 --set model.channels_last=true --set model.fused_upsample=true
+  ac_pair deep59m "${AC_DEEP_BATCH:-128}" configs/biggan-1b.yaml --set model.ch=15 --set model.d_ch=15
 fi
 log "$fails failed"
 [ $fails -eq 0 ]

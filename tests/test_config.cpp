@@ -34,6 +34,8 @@ TEST(Config, OverridesWin) {
   EXPECT_EQ(c.model_dtype, at::kDouble);
   EXPECT_TRUE(c.tf32);  // run.tf32 defaults to PyTorch's cuDNN default
   EXPECT_FALSE(parse_config("run: {tf32: false}\n", "t.yaml", {}).tf32);
+  EXPECT_FALSE(c.deterministic);  // run.deterministic: off unless asked for
+  EXPECT_TRUE(parse_config("run: {deterministic: true}\n", "t.yaml", {}).deterministic);
 }
 
 TEST(Config, UnknownKeyIsNamed) {
@@ -47,6 +49,7 @@ TEST(Config, BadValuesAreNamed) {
   EXPECT_NE(error_of("sharding: {generator: {stage: 4}}\n").find("sharding.generator.stage"), std::string::npos);
   EXPECT_NE(error_of("model: {dtype: float8}\n").find("model.dtype"), std::string::npos);
   EXPECT_NE(error_of("run: {tf32: maybe}\n").find("run.tf32"), std::string::npos);
+  EXPECT_NE(error_of("run: {deterministic: maybe}\n").find("run.deterministic"), std::string::npos);
   EXPECT_NE(error_of("offload: {overlap_copies: maybe}\n").find("offload.overlap_copies"), std::string::npos);
   EXPECT_NE(error_of("offload: {copy_block_bytes: 5000}\n").find("offload.copy_block_bytes"), std::string::npos);
   const std::string seg = error_of("sharding: {discriminator: {checkpoint_segments: true}}\n");

@@ -11,7 +11,10 @@
 //    dist.blocking_wait it returns only after them;
 //  - ZeRO-Offload with CUDA shards: the gradient blocks come down and the parameters go back
 //    through pinned buffers, overlapped with the CPU Adam (offload.overlap_copies) or not,
-//    bit-identical to ShardedAdam on the CPU.
+//    bit-identical to ShardedAdam on the CPU;
+//  - BigGAN's spectral-norm convolution (one autograd function, ConvDivSigma) and its fused
+//    upsampling convolution on CUDA, which take the general branch (at::convolution and
+//    at::convolution_backward in the tensors' dtype), against plain LibTorch autograd.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +22,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "models/biggan/layers.h"
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/device/device.h"
 #include "shardgan/device/host_copy.h"
@@ -33,6 +37,7 @@
 
 using namespace shardgan;
 using shardgan::test_util::sharding;
+using namespace shardgan::biggan;
 
 namespace {
 
@@ -41,6 +46,126 @@ bool have_gpu() { return cuda_compiled_in() && cuda_device_count() > 0; }
 #define NEED_GPU()                                                                       \
   if (!have_gpu()) GTEST_SKIP() << "no GPU visible to this process (CUDA compiled in: " \
                                 << cuda_compiled_in() << "); run scripts/gpu-check.sh on a GPU machine"
+
+// sigma = u' W v^T in plain autograd (W viewed as [out, in]) with v and u' from one power
+// iteration of u, held constant (as tests/test_biggan_layers.cpp's reference).
+at::Tensor plain_sigma(const at::Tensor& w, const at::Tensor& u) {
+  const at::Tensor wm = w.reshape({w.size(0), -1});
+  at::Tensor v, un;
+  {
+    torch::NoGradGuard g;
+    v = at::mm(u, wm.detach());
+    v = v / v.norm().clamp_min(kSnEps);
+    un = at::mm(v, wm.detach().t());
+    un = un / un.norm().clamp_min(kSnEps);
+  }
+  return at::mm(at::mm(v, wm.t()), un.t()).squeeze();
+}
+
+// SNConv2d on cuda:0 against plain autograd of at::conv2d(x, W) / sigma + b on cuda:0, and
+// forward_upsampled against forward(upsample2(x)):
+//  - float64: the output, the gradients of x, W and b, and an R1-style double backward (the
+//    W gradient of ||d sum(y * r) / dx||^2) within 1e-12 of the largest magnitude. Only
+//    summation orders differ (cuDNN's algorithms against each other, ~1e-16 per rounding
+//    over at most ~100 terms); a lost sigma term or a wrong tap is off by O(1). The CPU
+//    versions of these checks (tests/test_biggan_layers.cpp) had negative controls.
+//  - bfloat16 parameters and input (u float32, as the sharding layer casts them): the
+//    output and the x and W gradients within 4 bfloat16 steps (2^-6) of their largest
+//    magnitude against the float32 reference of the same bfloat16 values. On CUDA the
+//    convolution rounds its bfloat16 output, the division by sigma rounds again, and the
+//    backward rounds dx or dW and then the division: four roundings of 2^-9 each at
+//    most, plus the reference's TF32 (2^-11).
+TEST(Gpu, SpectralNormConvOnCudaMatchesPlainAutograd) {
+  NEED_GPU();
+  const c10::Device dev = resolve_device("cuda", 0, "test_gpu");
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(dev);
+  auto rel_err = [](const at::Tensor& a, const at::Tensor& b) {
+    return ((a.to(at::kDouble) - b.to(at::kDouble)).abs().max() / b.to(at::kDouble).abs().max())
+        .item<double>();
+  };
+  torch::manual_seed(8);
+  SNConv2d conv(5, 4, 3, 1);
+  init_weights(*conv, Init::kOrtho);
+  conv->to(dev, at::kDouble);
+  {
+    torch::NoGradGuard g;
+    conv->weight.mul_(1.7);
+    conv->bias.uniform_(-1, 1);
+  }
+  const at::Tensor u0 = conv->u.clone();
+  const at::Tensor x0 = torch::randn({2, 5, 6, 6}, f64), r = torch::randn({2, 4, 6, 6}, f64);
+  at::Tensor x = x0.clone().requires_grad_(true);
+  at::Tensor y = conv->forward(x);
+  ASSERT_TRUE(y.is_cuda());
+  const at::Tensor gx = torch::autograd::grad({(y * r).sum()}, {x}, {}, true, true)[0];
+  gx.pow(2).sum().backward();
+  const at::Tensor r1_w = conv->weight.grad().clone();
+  conv->zero_grad();
+  {
+    torch::NoGradGuard g;
+    conv->u.copy_(u0);
+  }
+  x = x0.clone().requires_grad_(true);
+  y = conv->forward(x);
+  (y * r).sum().backward();
+  at::Tensor w = conv->weight.detach().clone().requires_grad_(true), b = conv->bias.detach().clone().requires_grad_(true);
+  at::Tensor xr = x0.clone().requires_grad_(true);
+  const at::Tensor yr = at::conv2d(xr, w, {}, 1, 1) / plain_sigma(w, u0) + b.view({1, -1, 1, 1});
+  EXPECT_LE(rel_err(y.detach(), yr.detach()), 1e-12) << "output";
+  auto ref = torch::autograd::grad({(yr * r).sum()}, {xr, w, b}, {}, true, true);
+  EXPECT_LE(rel_err(x.grad(), ref[0]), 1e-12) << "x gradient";
+  EXPECT_LE(rel_err(conv->weight.grad(), ref[1]), 1e-12) << "W gradient";
+  EXPECT_LE(rel_err(conv->bias.grad(), ref[2]), 1e-12) << "bias gradient";
+  EXPECT_LE(rel_err(r1_w, torch::autograd::grad({ref[0].pow(2).sum()}, {w})[0]), 1e-12) << "double backward";
+
+  // The fused upsampling convolution (a transposed 4x4 convolution, stride 2), float64.
+  {
+    conv->zero_grad();
+    torch::NoGradGuard g;
+    conv->u.copy_(u0);
+  }
+  SNConv2d plain(5, 4, 3, 1);
+  plain->to(dev, at::kDouble);
+  {
+    torch::NoGradGuard g;
+    plain->weight.copy_(conv->weight);
+    plain->bias.copy_(conv->bias);
+    plain->u.copy_(u0);
+  }
+  at::Tensor xf = x0.clone().requires_grad_(true), xu = x0.clone().requires_grad_(true);
+  const at::Tensor yf = conv->forward_upsampled(xf), yu = plain->forward(at::upsample_nearest2d(xu, {12, 12}));
+  const at::Tensor gy = torch::randn(yu.sizes(), f64);
+  yf.backward(gy);
+  yu.backward(gy);
+  EXPECT_LE(rel_err(yf.detach(), yu.detach()), 1e-12) << "fused upsampling output";
+  EXPECT_LE(rel_err(xf.grad(), xu.grad()), 1e-12) << "fused upsampling x gradient";
+  EXPECT_LE(rel_err(conv->weight.grad(), plain->weight.grad()), 1e-12) << "fused upsampling W gradient";
+
+  // bfloat16 on CUDA against float32 autograd of the same values.
+  SNConv2d lowp(6, 5, 3, 1, /*bias=*/false);
+  init_weights(*lowp, Init::kOrtho);
+  lowp->to(dev);
+  {
+    torch::NoGradGuard g;
+    lowp->weight.mul_(1.7);
+    lowp->weight.set_data(lowp->weight.detach().to(at::kBFloat16));
+  }
+  const at::Tensor ul = lowp->u.clone();
+  const at::Tensor xl0 = torch::randn({2, 6, 7, 7}, torch::TensorOptions().device(dev)).to(at::kBFloat16);
+  const at::Tensor rl = torch::randn({2, 5, 7, 7}, torch::TensorOptions().device(dev)).to(at::kBFloat16);
+  at::Tensor xl = xl0.clone().requires_grad_(true);
+  const at::Tensor yl = lowp->forward(xl);
+  ASSERT_EQ(yl.scalar_type(), at::kBFloat16);
+  yl.backward(rl);
+  at::Tensor wl = lowp->weight.detach().to(at::kFloat).requires_grad_(true);
+  at::Tensor xlr = xl0.to(at::kFloat).requires_grad_(true);
+  const at::Tensor ylr = at::conv2d(xlr, wl, {}, 1, 1) / plain_sigma(wl, ul);
+  ylr.backward(rl.to(at::kFloat));
+  const double bound = 1.0 / 64;
+  EXPECT_LE(rel_err(yl.detach(), ylr.detach()), bound) << "bfloat16 output";
+  EXPECT_LE(rel_err(xl.grad(), xlr.grad()), bound) << "bfloat16 x gradient";
+  EXPECT_LE(rel_err(lowp->weight.grad(), wl.grad()), bound) << "bfloat16 W gradient";
+}
 
 TEST(Gpu, FreeAndRefillKeepViewsOnCudaStorage) {
   NEED_GPU();

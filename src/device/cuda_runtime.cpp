@@ -24,6 +24,12 @@ bool cuda_runtime_compiled_in() { return true; }
 
 void cuda_set_device(int index) { check(cudaSetDevice(index), "cudaSetDevice"); }
 
+int cuda_current_device() {
+  int index = 0;
+  check(cudaGetDevice(&index), "cudaGetDevice");
+  return index;
+}
+
 void* cuda_event_create(int index) {
   check(cudaSetDevice(index), "cudaSetDevice");
   cudaEvent_t ev = nullptr;
@@ -85,6 +91,7 @@ namespace {
 
 bool cuda_runtime_compiled_in() { return false; }
 void cuda_set_device(int) { missing("cudaSetDevice"); }
+int cuda_current_device() { missing("cudaGetDevice"); }
 void* cuda_event_create(int) { missing("cudaEventCreate"); }
 void cuda_event_destroy(void*) {}
 void cuda_event_record(void*, int) { missing("cudaEventRecord"); }

@@ -8,6 +8,8 @@ namespace shardgan::detail {
 
 bool cuda_runtime_compiled_in();
 void cuda_set_device(int index);
+/// cudaGetDevice: the calling thread's current device.
+int cuda_current_device();
 /// A cudaEvent_t (timing disabled) created on device `index`.
 void* cuda_event_create(int index);
 void cuda_event_destroy(void* ev);

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <torch/cuda.h>
 
 #include "device/cuda_runtime.h"
@@ -47,6 +48,16 @@ int cuda_device_count() {
 int64_t device_memory_used_bytes() {
   if (!cuda_loaded || torch::cuda::device_count() == 0) return -1;
   return detail::cuda_device_used_bytes();
+}
+
+int64_t take_device_peak_allocated_bytes() {
+  if (!cuda_loaded || torch::cuda::device_count() == 0) return -1;
+  auto* allocator = c10::getDeviceAllocator(c10::kCUDA);
+  const auto index = static_cast<c10::DeviceIndex>(detail::cuda_current_device());
+  const int64_t peak =
+      allocator->getDeviceStats(index).allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  allocator->resetPeakStats(index);
+  return peak;
 }
 
 at::Device resolve_device(const std::string& run_device, int local_rank, const std::string& source) {

@@ -248,6 +248,7 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   require(c.device != "cuda" || cuda_compiled_in(), r, "run.device",
           "is cuda, but this build has no CUDA runtime compiled in (CMake found no cudart); use run.device=cpu");
   c.tf32 = r.get<bool>("run.tf32", c.tf32);
+  c.deterministic = r.get<bool>("run.deterministic", c.deterministic);
   c.data_source = r.get<std::string>("data.source", c.data_source);
   require(c.data_source == "fashion-mnist" || c.data_source == "synthetic" || c.data_source == "hdf5", r,
           "data.source", "must be 'fashion-mnist', 'synthetic' or 'hdf5'");

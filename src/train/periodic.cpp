@@ -118,6 +118,7 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
   }
   if (cfg_.r1_gamma > 0) j["r1"] = m.r1;
   if (m.device_mem_used_bytes >= 0) j["device_mem_used_bytes"] = m.device_mem_used_bytes;
+  if (m.device_mem_peak_allocated_bytes >= 0) j["device_mem_peak_allocated_bytes"] = m.device_mem_peak_allocated_bytes;
   std::ofstream(cfg_.run_dir + "/metrics.jsonl", std::ios::app) << j.dump() << "\n";
 }
 

@@ -271,6 +271,7 @@ StepMetrics Trainer::train_step() {
   r.system_s = secs(ru0.ru_stime, ru1.ru_stime);
   r.user_s = secs(ru0.ru_utime, ru1.ru_utime);
   r.device_mem_used_bytes = device_memory_used_bytes();
+  r.device_mem_peak_allocated_bytes = take_device_peak_allocated_bytes();
   return r;
 }
 

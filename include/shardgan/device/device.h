@@ -47,6 +47,15 @@ int cuda_device_count();
 /// never ran, or no GPU is visible). Local; throws DeviceError if the CUDA call fails.
 int64_t device_memory_used_bytes();
 
+/// The peak of bytes held by live tensors on this process's current GPU since the last call
+/// (or since the process started), then resets that peak: LibTorch's caching allocator's
+/// statistic, torch.cuda.max_memory_allocated() followed by reset_peak_memory_stats(). Unlike
+/// device_memory_used_bytes() it leaves out the CUDA context, the libraries' workspaces and
+/// blocks the allocator keeps cached: what activations, gathered parameters and model state
+/// needed at once. -1 when no GPU is in use. Local; throws c10::Error if the allocator
+/// has no statistics.
+int64_t take_device_peak_allocated_bytes();
+
 /// The device of `run.device` for the rank with local rank `local_rank` on its node:
 ///  - "cpu": at::kCPU;
 ///  - "cuda": cuda:<local_rank>, after load_cuda_runtime() (one GPU per rank, as NCCL

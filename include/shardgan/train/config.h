@@ -29,8 +29,16 @@ struct TrainConfig {
   /// run.tf32 (run.device cuda only): let cuDNN convolutions compute float32 in TensorFloat-32
   /// on Ampere and later GPUs, as LibTorch and PyTorch do by default
   /// (torch.backends.cudnn.allow_tf32). false keeps them in full float32, for parity with the
-  /// CPU. Matrix products stay float32 either way (PyTorch's default). Not yet run on a GPU.
+  /// CPU. Matrix products stay float32 either way (PyTorch's default). Ran on an H200
+  /// (docs/gpu.md).
   bool tf32 = true;
+  /// run.deterministic: torch.use_deterministic_algorithms(True) and
+  /// torch.backends.cudnn.deterministic = True for the whole process (cuDNN and cuBLAS pick
+  /// algorithms without atomics; CUBLAS_WORKSPACE_CONFIG is set to :4096:8 unless already set,
+  /// as cuBLAS requires). A kernel with no deterministic version then throws, naming itself.
+  /// For bit-for-bit comparisons on a GPU (with and without activation checkpointing); the CPU
+  /// kernels shardgan uses are deterministic either way. Off by default: slower on a GPU.
+  bool deterministic = false;
   /// The device run.device resolved to on this rank (resolve_device in device.h): set by
   /// shardgan-train before the Trainer is built; not a YAML key. CPU by default.
   c10::Device compute_device = c10::Device(c10::kCPU);

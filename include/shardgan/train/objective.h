@@ -52,6 +52,10 @@ struct StepMetrics {
   /// Rank 0's GPU memory in use after the step (bytes; device_memory_used_bytes()), -1 on
   /// the CPU.
   int64_t device_mem_used_bytes = -1;
+  /// Rank 0's peak of GPU bytes held by live tensors during the step (the caching
+  /// allocator's, as torch.cuda.max_memory_allocated(); take_device_peak_allocated_bytes()),
+  /// -1 on the CPU.
+  int64_t device_mem_peak_allocated_bytes = -1;
 };
 
 /// Thrown on every rank when a NaN or Inf ends the job (train.on_nonfinite: abort, or more
