@@ -21,7 +21,10 @@
 #   6. (BIG=1) the same model with Adam offloaded to pinned CPU memory (ZeRO-Offload), 4 steps
 #      with offload.overlap_copies true and false: step time, and the optimizer's copy
 #      (time_optimizer_io_s) and compute time. The updated parameters must be the same bits
-#      either way, so the losses of the two runs must be equal.
+#      either way, so the losses of the two runs must be equal (BIG_PAIRS=0 skips 5b and 6);
+#   7. (AC=1, the default) activation checkpointing off and on, with cuDNN's deterministic
+#      algorithms (run.deterministic): the same loss bits, and the caching allocator's peak
+#      and the step times of both, at two BigGAN geometries (details at step 7 below).
 #
 # Build: uses $SHARDGAN_BUILD (default build/) when it has shardgan-train; otherwise
 # configures build/ with the torch of SHARDGAN_PYTHON (default: .venv/bin/python, else

@@ -10,9 +10,11 @@
 
 #include "models/biggan/layers.h"
 #include "shardgan/comm/mpi_communicator.h"
+#include "sn_conv_reference.h"
 
 using namespace shardgan;
 using namespace shardgan::biggan;
+using shardgan::test_util::plain_sigma;
 
 namespace {
 
@@ -38,21 +40,6 @@ void cast_params(torch::nn::Module& m, at::ScalarType dt) {
   if (dt != at::kBFloat16) return;
   torch::NoGradGuard g;
   for (auto& p : m.parameters()) p.set_data(p.detach().to(dt));
-}
-
-// sigma = u' W v^T in plain autograd (W viewed as [out, in]), with v and u' from one power
-// iteration of u, held constant: the reference for SNConv2d, sharing none of its code.
-at::Tensor plain_sigma(const at::Tensor& w, const at::Tensor& u) {
-  const at::Tensor wm = w.reshape({w.size(0), -1});
-  at::Tensor v, un;
-  {
-    torch::NoGradGuard g;
-    v = at::mm(u, wm.detach());
-    v = v / v.norm().clamp_min(kSnEps);
-    un = at::mm(v, wm.detach().t());
-    un = un / un.norm().clamp_min(kSnEps);
-  }
-  return at::mm(at::mm(v, wm.t()), un.t()).squeeze();
 }
 
 void set_weight(SNBase& m, const at::Tensor& w, at::ScalarType dt) {
@@ -166,47 +153,15 @@ TEST(SpectralNorm, GradientMatchesFiniteDifferencesAtConvergence) {
 // relative. Only summation orders differ (~1e-16 each over ~100 terms); a missing sigma
 // term is off by O(1): with dsigma dropped from the function (negative control, run once)
 // the W gradient check fails. (The double backward's sigma term runs through dx / sigma,
-// which autograd differentiates itself.)
+// which autograd differentiates itself.) The check is tests/sn_conv_reference.h's, which
+// test_gpu runs on cuda:0 as well.
 TEST(SpectralNorm, ConvGradientsMatchPlainAutograd) {
-  torch::manual_seed(8);
-  SNConv2d conv(5, 4, 3, 1);
-  conv->to(at::kDouble);
-  init_weights(*conv, Init::kOrtho);
-  {
-    torch::NoGradGuard g;
-    conv->weight.mul_(1.7);
-    conv->bias.uniform_(-1, 1);
-  }
-  const at::Tensor u0 = conv->u.clone();
-  const at::Tensor x0 = torch::randn({2, 5, 6, 6}, torch::kDouble), r = torch::randn({2, 4, 6, 6}, torch::kDouble);
-  auto close = [](const at::Tensor& a, const at::Tensor& b) {
-    return (a - b).abs().max().item<double>() <= 1e-12 * std::max(1.0, b.abs().max().item<double>());
-  };
-  // Ours: first and second order.
-  at::Tensor x = x0.clone().requires_grad_(true);
-  at::Tensor y = conv->forward(x);
-  const at::Tensor gx = torch::autograd::grad({(y * r).sum()}, {x}, {}, true, true)[0];
-  gx.pow(2).sum().backward();
-  const at::Tensor r1_w = conv->weight.grad().clone();
-  conv->zero_grad();
-  {
-    torch::NoGradGuard g;
-    conv->u.copy_(u0);
-  }
-  x = x0.clone().requires_grad_(true);
-  y = conv->forward(x);
-  (y * r).sum().backward();
-  at::Tensor w = conv->weight.detach().clone().requires_grad_(true), b = conv->bias.detach().clone().requires_grad_(true);
-  const at::Tensor sigma = plain_sigma(w, u0);
-  at::Tensor xr = x0.clone().requires_grad_(true);
-  const at::Tensor yr = at::conv2d(xr, w, {}, 1, 1) / sigma + b.view({1, -1, 1, 1});
-  EXPECT_TRUE(close(y.detach(), yr.detach()));
-  auto ref = torch::autograd::grad({(yr * r).sum()}, {xr, w, b}, {}, true, true);
-  EXPECT_TRUE(close(x.grad(), ref[0]));
-  EXPECT_TRUE(close(conv->weight.grad(), ref[1]));
-  EXPECT_TRUE(close(conv->bias.grad(), ref[2]));
-  const at::Tensor r1_ref = torch::autograd::grad({ref[0].pow(2).sum()}, {w})[0];
-  EXPECT_TRUE(close(r1_w, r1_ref)) << "double backward";
+  const test_util::SnConvErrors e = test_util::sn_conv_errors_float64(c10::Device(c10::kCPU));
+  EXPECT_LE(e.output, 1e-12) << "output";
+  EXPECT_LE(e.x_grad, 1e-12) << "x gradient";
+  EXPECT_LE(e.w_grad, 1e-12) << "W gradient";
+  EXPECT_LE(e.bias_grad, 1e-12) << "bias gradient";
+  EXPECT_LE(e.double_backward, 1e-12) << "double backward";
 }
 
 // The same in bfloat16 (mixed precision: W and x bfloat16, u float32), where the function

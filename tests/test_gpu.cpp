@@ -30,6 +30,7 @@
 #include "shardgan/optim/sharded_adam.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "sharding/torch_internals.h"
+#include "sn_conv_reference.h"
 #include "test_util.h"
 #ifdef SHARDGAN_HAVE_NCCL
 #include "shardgan/comm/nccl_communicator.h"
@@ -46,21 +47,6 @@ bool have_gpu() { return cuda_compiled_in() && cuda_device_count() > 0; }
 #define NEED_GPU()                                                                       \
   if (!have_gpu()) GTEST_SKIP() << "no GPU visible to this process (CUDA compiled in: " \
                                 << cuda_compiled_in() << "); run scripts/gpu-check.sh on a GPU machine"
-
-// sigma = u' W v^T in plain autograd (W viewed as [out, in]) with v and u' from one power
-// iteration of u, held constant (as tests/test_biggan_layers.cpp's reference).
-at::Tensor plain_sigma(const at::Tensor& w, const at::Tensor& u) {
-  const at::Tensor wm = w.reshape({w.size(0), -1});
-  at::Tensor v, un;
-  {
-    torch::NoGradGuard g;
-    v = at::mm(u, wm.detach());
-    v = v / v.norm().clamp_min(kSnEps);
-    un = at::mm(v, wm.detach().t());
-    un = un / un.norm().clamp_min(kSnEps);
-  }
-  return at::mm(at::mm(v, wm.t()), un.t()).squeeze();
-}
 
 // SNConv2d on cuda:0 against plain autograd of at::conv2d(x, W) / sigma + b on cuda:0, and
 // forward_upsampled against forward(upsample2(x)):
@@ -79,51 +65,18 @@ TEST(Gpu, SpectralNormConvOnCudaMatchesPlainAutograd) {
   NEED_GPU();
   const c10::Device dev = resolve_device("cuda", 0, "test_gpu");
   const auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(dev);
-  auto rel_err = [](const at::Tensor& a, const at::Tensor& b) {
-    return ((a.to(at::kDouble) - b.to(at::kDouble)).abs().max() / b.to(at::kDouble).abs().max())
-        .item<double>();
-  };
-  torch::manual_seed(8);
-  SNConv2d conv(5, 4, 3, 1);
-  init_weights(*conv, Init::kOrtho);
-  conv->to(dev, at::kDouble);
-  {
-    torch::NoGradGuard g;
-    conv->weight.mul_(1.7);
-    conv->bias.uniform_(-1, 1);
-  }
-  const at::Tensor u0 = conv->u.clone();
-  const at::Tensor x0 = torch::randn({2, 5, 6, 6}, f64), r = torch::randn({2, 4, 6, 6}, f64);
-  at::Tensor x = x0.clone().requires_grad_(true);
-  at::Tensor y = conv->forward(x);
-  ASSERT_TRUE(y.is_cuda());
-  const at::Tensor gx = torch::autograd::grad({(y * r).sum()}, {x}, {}, true, true)[0];
-  gx.pow(2).sum().backward();
-  const at::Tensor r1_w = conv->weight.grad().clone();
-  conv->zero_grad();
-  {
-    torch::NoGradGuard g;
-    conv->u.copy_(u0);
-  }
-  x = x0.clone().requires_grad_(true);
-  y = conv->forward(x);
-  (y * r).sum().backward();
-  at::Tensor w = conv->weight.detach().clone().requires_grad_(true), b = conv->bias.detach().clone().requires_grad_(true);
-  at::Tensor xr = x0.clone().requires_grad_(true);
-  const at::Tensor yr = at::conv2d(xr, w, {}, 1, 1) / plain_sigma(w, u0) + b.view({1, -1, 1, 1});
-  EXPECT_LE(rel_err(y.detach(), yr.detach()), 1e-12) << "output";
-  auto ref = torch::autograd::grad({(yr * r).sum()}, {xr, w, b}, {}, true, true);
-  EXPECT_LE(rel_err(x.grad(), ref[0]), 1e-12) << "x gradient";
-  EXPECT_LE(rel_err(conv->weight.grad(), ref[1]), 1e-12) << "W gradient";
-  EXPECT_LE(rel_err(conv->bias.grad(), ref[2]), 1e-12) << "bias gradient";
-  EXPECT_LE(rel_err(r1_w, torch::autograd::grad({ref[0].pow(2).sum()}, {w})[0]), 1e-12) << "double backward";
+  const test_util::SnConvErrors e = test_util::sn_conv_errors_float64(dev);
+  EXPECT_LE(e.output, 1e-12) << "output";
+  EXPECT_LE(e.x_grad, 1e-12) << "x gradient";
+  EXPECT_LE(e.w_grad, 1e-12) << "W gradient";
+  EXPECT_LE(e.bias_grad, 1e-12) << "bias gradient";
+  EXPECT_LE(e.double_backward, 1e-12) << "double backward";
+  auto rel_err = [](const at::Tensor& a, const at::Tensor& b) { return test_util::rel_err(a, b, /*floor=*/0.0); };
 
   // The fused upsampling convolution (a transposed 4x4 convolution, stride 2), float64.
-  {
-    conv->zero_grad();
-    torch::NoGradGuard g;
-    conv->u.copy_(u0);
-  }
+  SNConv2d conv = test_util::sn_conv_float64(dev);
+  const at::Tensor u0 = conv->u.clone();
+  const at::Tensor x0 = torch::randn({2, 5, 6, 6}, f64);
   SNConv2d plain(5, 4, 3, 1);
   plain->to(dev, at::kDouble);
   {
@@ -159,7 +112,7 @@ TEST(Gpu, SpectralNormConvOnCudaMatchesPlainAutograd) {
   yl.backward(rl);
   at::Tensor wl = lowp->weight.detach().to(at::kFloat).requires_grad_(true);
   at::Tensor xlr = xl0.to(at::kFloat).requires_grad_(true);
-  const at::Tensor ylr = at::conv2d(xlr, wl, {}, 1, 1) / plain_sigma(wl, ul);
+  const at::Tensor ylr = at::conv2d(xlr, wl, {}, 1, 1) / test_util::plain_sigma(wl, ul);
   ylr.backward(rl.to(at::kFloat));
   const double bound = 1.0 / 64;
   EXPECT_LE(rel_err(yl.detach(), ylr.detach()), bound) << "bfloat16 output";
