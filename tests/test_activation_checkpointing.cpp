@@ -227,10 +227,6 @@ TEST(ActivationCheckpointingHigherOrder, RefusedOutsideAndExactInside) {
   EXPECT_TRUE(torch::equal(run(true, true), run(false, true)));
 }
 
-}  // namespace
-
-namespace {
-
 // A checkpointed unit's backward differentiates its replayed graph from the outputs'
 // gradient edges, so the replayed outputs' data, which no node saved, is freed before that
 // backward runs (one output-sized buffer less at the peak). Checked from inside the

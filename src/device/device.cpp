@@ -16,6 +16,9 @@ bool cuda_compiled_in() { return detail::cuda_runtime_compiled_in(); }
 
 namespace {
 bool cuda_loaded = false;
+
+// A GPU is in use: LibTorch's CUDA library was loaded and sees at least one device.
+bool gpu_in_use() { return cuda_loaded && torch::cuda::device_count() > 0; }
 }  // namespace
 
 void load_cuda_runtime() {
@@ -46,12 +49,12 @@ int cuda_device_count() {
 }
 
 int64_t device_memory_used_bytes() {
-  if (!cuda_loaded || torch::cuda::device_count() == 0) return -1;
+  if (!gpu_in_use()) return -1;
   return detail::cuda_device_used_bytes();
 }
 
 int64_t take_device_peak_allocated_bytes() {
-  if (!cuda_loaded || torch::cuda::device_count() == 0) return -1;
+  if (!gpu_in_use()) return -1;
   auto* allocator = c10::getDeviceAllocator(c10::kCUDA);
   const auto index = static_cast<c10::DeviceIndex>(detail::cuda_current_device());
   const int64_t peak =

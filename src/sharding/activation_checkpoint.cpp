@@ -141,10 +141,11 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
       outs = replay->run(expand(*replay, detached));
     }
     ++g_recomputes;
-    // torch::autograd::grad on the gradient edges rather than the tensors: the replayed
-    // outputs' data is not needed to differentiate them, so it goes before the backward
-    // runs unless a node saved it (tanh, relu). That is one output-sized buffer less per
-    // checkpointed unit or segment at the peak, the same arithmetic.
+    // The engine runs from the replayed outputs' gradient edges, as torch::autograd::grad
+    // does inside, but the output tensors are dropped first: their data is not needed to
+    // differentiate them, so it goes before the backward runs unless a node saved it (tanh,
+    // relu). That is one output-sized buffer less per checkpointed unit or segment at the
+    // peak, with the same arithmetic.
     torch::autograd::edge_list root_edges, wrt_edges;
     variable_list root_grads;
     for (size_t i = 0; i < outs.size() && i < grads.size(); ++i) {
