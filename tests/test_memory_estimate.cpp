@@ -117,18 +117,26 @@ TEST(Accounting, ResidentMemoryMatchesTheAccounting) {
       m.forward(torch::randn({2, 2048})).pow(2).mean().backward();
       opt->step();
       m.after_optimizer_step();
-      m.zero_grad();
       MemoryStats st = m.memory_stats();
       st.optimizer_state_bytes = opt->state_bytes();
       const double acc = static_cast<double>(st.model_state_bytes());
       const double got = static_cast<double>(vm_rss_bytes() - rss0);
-      std::printf("[rss] rank %d stage %d N=%d: resident +%.1f MB, accounted model states %.1f MB\n", world.rank(), stage,
-                  world.world_size(), got / 1e6, acc / 1e6);
+      // zero_grad() releases the gradient shard at stage 3 (4 bytes per parameter / N: 33.6
+      // MB on 4 ranks, against a slack of 3% of that plus 1 MiB; a shard kept resident fails
+      // it); at stage 0 it aliases the flat gradient and stays.
+      m.zero_grad();
+      const double released = static_cast<double>(st.grad_released_bytes);
+      const double after = static_cast<double>(vm_rss_bytes() - rss0);
+      EXPECT_EQ(released > 0, stage == 3);
+      std::printf("[rss] rank %d stage %d N=%d: resident +%.1f MB, accounted model states %.1f MB; after zero_grad "
+                  "+%.1f MB, accounted %.1f MB\n", world.rank(), stage, world.world_size(), got / 1e6, acc / 1e6,
+                  after / 1e6, (acc - released) / 1e6);
       // scripts/sanitize.sh (SHARDGAN_SANITIZE): AddressSanitizer's quarantine keeps freed
       // blocks resident and its allocator pads every block, so VmRSS is not the accounting
       // there (+280 MB at stage 0 measured), as in test_offload's VmRSS bound.
       if (std::getenv("SHARDGAN_SANITIZE") == nullptr) {
         EXPECT_NEAR(got, acc, 0.03 * acc + 16.0 * (1 << 20)) << "stage " << stage;
+        EXPECT_NEAR(got - after, released, 0.03 * released + 1.0 * (1 << 20)) << "stage " << stage << ": zero_grad";
       } else if (world.rank() == 0) {
         std::printf("[rss] SHARDGAN_SANITIZE: VmRSS bound not checked (ASan's quarantine holds freed memory)\n");
       }
@@ -171,6 +179,9 @@ TEST(Accounting, MatchesMemoryStatsExactly) {
                                  to_string(oc.type) + " k=" + std::to_string(k);
         EXPECT_EQ(e.param_bytes, got.param_shard_bytes) << what;
         EXPECT_EQ(e.grad_bytes, got.grad_shard_bytes) << what;
+        EXPECT_EQ(e.grad_released_bytes, got.grad_released_bytes) << what;
+        // Released: a separate shard at stages 2-3 or with a reduce dtype unlike the master's.
+        EXPECT_EQ(e.grad_released_bytes > 0, stage >= 2 || p.reduce != p.master) << what;
         EXPECT_EQ(e.optimizer_state_bytes, opt->state_bytes()) << what;
         EXPECT_EQ(e.ema_bytes, ema_bytes) << what;
         EXPECT_EQ(e.comm_buffer_bytes, got.comm_buffer_bytes) << what;

@@ -82,16 +82,18 @@ namespace {
 // old padded bound (estimate x 1.15 + 1.25 GiB per rank) would find no stage that fits.
 TEST(MemoryPreflight, SuggestedStageUsesThePrediction) {
   const int64_t G = int64_t{1} << 30;
-  auto stage = [&](int64_t peak, int64_t transient) {
-    nlohmann::json m = {{"peak_bytes", peak * G}, {"transient_bytes", transient * G}};
-    return nlohmann::json{{"generator", m}, {"discriminator", m}, {"total_peak_bytes", 2 * peak * G}};
+  auto stage = [&](int64_t peak, int64_t transient, int64_t released = 0) {
+    nlohmann::json m = {{"peak_bytes", peak * G}, {"transient_bytes", transient * G}, {"grads_released_bytes", released * G}};
+    return nlohmann::json{{"generator", m}, {"discriminator", m}, {"total_peak_bytes", (2 * peak - released) * G}};
   };
   nlohmann::json r;
   r["ranks_on_node"] = 2;
   r["per_rank"]["stage0"] = stage(10, 1);  // persistent 9 + 9
   r["per_rank"]["stage1"] = stage(10, 1);
   r["per_rank"]["stage2"] = stage(10, 1);
-  r["per_rank"]["stage3"] = stage(3, 2);  // persistent 1 + 1; transient bound 2 GiB above stage 0's
+  // persistent 2 + 2, all of it gradient shards released after each model's step, so the
+  // two hold 2 together; transient bound 2 GiB above stage 0's
+  r["per_rank"]["stage3"] = stage(4, 2, 2);
   r["configured"] = {{"generator_stage", 0}, {"discriminator_stage", 0}, {"per_rank_peak_bytes", 20 * G},
                      {"node_bytes_checked", 42 * G}, {"predicted", {{"vmhwm_bytes_per_rank", 21 * G}}}};
   r["node_memory"] = {{"total_bytes", 24 * G}, {"available_bytes", 15 * G}};

@@ -107,6 +107,7 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
     e.shard_numel += s;
     e.param_bytes += (spec.stage <= 2 ? p * cb : 0) + (shard_is_view || (spec.offload_params_to_disk && spec.stage == 3) ? 0 : s * mb);
     e.grad_bytes += (spec.stage <= 1 ? p * rb : 0) + (grad_shard_is_view ? 0 : s * mb);
+    e.grad_released_bytes += grad_shard_is_view ? 0 : s * mb;
     if (!spec.offload_to_disk) e.optimizer_state_bytes += spec.optimizer_states * s * mb;
     e.ema_bytes += spec.ema ? s * mb : 0;
     if (spec.stage == 3) gathered.push_back(p * cb);
@@ -143,6 +144,15 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
   return e;
 }
 
+int64_t gan_state_bytes(const ModelMemoryEstimate& g, const ModelMemoryEstimate& d) {
+  return g.persistent_bytes() + d.persistent_bytes() - g.grad_released_bytes - d.grad_released_bytes +
+         std::max(g.grad_released_bytes, d.grad_released_bytes);
+}
+
+int64_t gan_peak_bytes(const ModelMemoryEstimate& g, const ModelMemoryEstimate& d) {
+  return gan_state_bytes(g, d) + g.transient_bytes() + d.transient_bytes();
+}
+
 std::array<ModelMemoryEstimate, 4> estimate_all_stages(const ModelMemorySpec& spec) {
   std::array<ModelMemoryEstimate, 4> all;
   ModelMemorySpec s = spec;
@@ -164,7 +174,7 @@ std::string describe(const ModelMemoryEstimate& e) {
   std::ostringstream o;
   o << "stage " << e.stage << ", N=" << e.world_size << ", " << e.numel << " params ("
     << e.padding_elements << " padding): params " << gib(e.param_bytes) << ", grads " << gib(e.grad_bytes)
-    << ", optimizer " << gib(e.optimizer_state_bytes) << ", ema " << gib(e.ema_bytes) << ", gathered "
+    << " (released after each step: " << gib(e.grad_released_bytes) << "), optimizer " << gib(e.optimizer_state_bytes) << ", ema " << gib(e.ema_bytes) << ", gathered "
     << gib(e.gathered_peak_bytes) << " (" << e.gathered_units << " units), grad buffers "
     << gib(e.grad_transient_bytes) << "; persistent " << gib(e.persistent_bytes()) << ", peak "
     << gib(e.peak_bytes()) << " per rank";

@@ -292,6 +292,7 @@ MemoryStats ShardedModel::memory_stats() const {
   for (auto& u : units_) {
     m.param_shard_bytes += u->persistent_param_bytes();
     m.grad_shard_bytes += u->persistent_grad_bytes();
+    m.grad_released_bytes += u->released_grad_bytes();
     m.comm_buffer_bytes = std::max(m.comm_buffer_bytes, u->peak_comm_buffer_bytes());
     m.full_param_bytes_alive += u->full_bytes_alive();
     m.padding_elements += u->padded_numel() - u->numel();

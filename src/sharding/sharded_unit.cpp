@@ -69,6 +69,7 @@ bool ShardedUnit::reduced() const { return coll_->reduced(); }
 void ShardedUnit::set_gradient_sync(bool on) { coll_->set_gradient_sync(on); }
 at::Tensor& ShardedUnit::grad_shard() { return coll_->grad_shard(); }
 int64_t ShardedUnit::persistent_grad_bytes() const { return coll_->persistent_grad_bytes(); }
+int64_t ShardedUnit::released_grad_bytes() const { return coll_->released_grad_bytes(); }
 int64_t ShardedUnit::peak_comm_buffer_bytes() const { return coll_->peak_comm_buffer_bytes(); }
 
 void ShardedUnit::abandon() {

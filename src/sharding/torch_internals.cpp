@@ -1,8 +1,5 @@
 #include "sharding/torch_internals.h"
 
-#include <sys/mman.h>
-
-#include <new>
 #include <unordered_set>
 #include <utility>
 
@@ -42,14 +39,6 @@ void point_storage(const at::Tensor& t, void* p, size_t nbytes) {
 }
 
 size_t storage_nbytes(const at::Tensor& t) { return t.storage().nbytes(); }
-
-at::Tensor lazy_zeros(int64_t numel, at::ScalarType dtype) {
-  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  if (bytes < (size_t{1} << 20)) return torch::zeros({numel}, torch::TensorOptions().dtype(dtype));
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  return torch::from_blob(p, {numel}, [bytes](void* q) { ::munmap(q, bytes); }, torch::TensorOptions().dtype(dtype));
-}
 
 namespace {
 

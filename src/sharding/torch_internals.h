@@ -30,14 +30,6 @@ void point_storage(const at::Tensor& t, void* p, size_t nbytes);
 /// Bytes currently allocated behind `t`'s storage.
 size_t storage_nbytes(const at::Tensor& t);
 
-/// A 1-D CPU tensor of `numel` zeros of `dtype` whose pages are not resident until they
-/// are written: anonymous mmap memory, which the kernel maps to the zero page on first
-/// read and allocates on first write (below 1 MiB: torch::zeros). Used for stage-3
-/// gradient shards, so that building a model that does not fit replicated holds only the
-/// master shards until the first backward (and, with parameter offload, not even those
-/// once they leave). Throws std::bad_alloc when mmap fails.
-at::Tensor lazy_zeros(int64_t numel, at::ScalarType dtype);
-
 /// Owns a gradient-readiness hook: destroying the last copy removes the hook from the node
 /// (so a graph that outlives the hook's owner never calls into it) and releases the node.
 using GradReadyHookHandle = std::shared_ptr<void>;

@@ -42,11 +42,9 @@ UnitCollectives::UnitCollectives(ShardedUnit& unit, FlatParam& flat, Communicato
     grad_flat_ = torch::zeros({P}, torch::TensorOptions().dtype(reduce_dtype_).device(flat_.device()));
     grad_shard_aliases_flat_ = reduce_dtype_ == flat_.master_dtype();
   }
-  // Not resident until the first gradient arrives (stage 2-3: built models hold shards only).
-  grad_shard_ = grad_shard_aliases_flat_ ? grad_flat_.narrow(0, flat_.shard_offset(), S)
-                : flat_.device().is_cpu()
-                    ? lazy_zeros(S, flat_.master_dtype())
-                    : torch::zeros({S}, torch::TensorOptions().dtype(flat_.master_dtype()).device(flat_.device()));
+  // A gradient shard of its own is not allocated until the first gradient arrives (a built
+  // model holds its shards only; see grad_shard()).
+  if (grad_shard_aliases_flat_) grad_shard_ = grad_flat_.narrow(0, flat_.shard_offset(), S);
   gathered_ = cfg_.stage <= 2;
 }
 
@@ -71,8 +69,32 @@ at::Tensor UnitCollectives::fill_own_block() {
   return own;
 }
 
-int64_t UnitCollectives::persistent_grad_bytes() const {
-  return nbytes(grad_flat_) + (grad_shard_aliases_flat_ ? 0 : nbytes(grad_shard_));
+int64_t UnitCollectives::persistent_grad_bytes() const { return nbytes(grad_flat_) + released_grad_bytes(); }
+
+int64_t UnitCollectives::released_grad_bytes() const {
+  // Counted while released too: it is the shard's size at the model's update.
+  if (grad_shard_aliases_flat_) return 0;
+  return flat_.shard_numel() * static_cast<int64_t>(c10::elementSize(flat_.master_dtype()));
+}
+
+void UnitCollectives::accumulate_grad_shard(const at::Tensor& reduced, double scale) {
+  at::Tensor g = reduced.to(flat_.master_dtype());
+  if (grad_shard_.defined()) {
+    grad_shard_.add_(g, scale);
+  } else {
+    // Released: 0 + scale * g into a new tensor, one pass instead of zeros and then an add,
+    // with the same bits (a -0 comes out +0, as added to a zero shard).
+    grad_shard_ = at::add(at::zeros({}, g.options()), g, scale);
+  }
+}
+
+at::Tensor& UnitCollectives::grad_shard() {
+  if (!grad_shard_.defined()) {
+    // Zeros, then the reduction is added: the same bits as accumulating into a kept shard.
+    grad_shard_ = torch::zeros({flat_.shard_numel()},
+                               torch::TensorOptions().dtype(flat_.master_dtype()).device(flat_.device()));
+  }
+  return grad_shard_;
 }
 
 std::unique_ptr<Work> UnitCollectives::start_shared_gather() {
@@ -192,7 +214,7 @@ void UnitCollectives::start_reduce() {
       Timed t(collective_sink());
       comm_.all_reduce(flat, ReduceOp::kAvg);
     }
-    if (!grad_shard_aliases_flat_) grad_shard_.add_(flat.to(flat_.master_dtype()));
+    if (!grad_shard_aliases_flat_) accumulate_grad_shard(flat, 1.0);
     return;
   }
   // Start the reduce-scatter and return: it overlaps the rest of backward. The owner
@@ -232,7 +254,7 @@ void UnitCollectives::finish_reduce() {
     grad_shard_.copy_(reduce_.out);  // stage 1: the owned slice of the accumulated flat gradient
   } else {
     const double scale = avg_on_accumulate() ? 1.0 / comm_.world_size() : 1.0;
-    grad_shard_.add_(reduce_.out.to(flat_.master_dtype()), scale);
+    accumulate_grad_shard(reduce_.out, scale);
   }
   reduce_ = ReduceScatterState();
 }
@@ -253,7 +275,15 @@ void UnitCollectives::zero_grad() {
   finish_reduce();
   reduced_ = false;
   if (grad_flat_.defined()) grad_flat_.zero_();
-  grad_shard_.zero_();
+  if (grad_shard_aliases_flat_) {
+    grad_shard_.zero_();
+  } else {
+    // Released, like the fp32 gradient partition DeepSpeed's ZeRO-3 frees after each
+    // sub-group's step (stage3.py, _optimizer_step) or PyTorch's zero_grad(set_to_none=True):
+    // D's shard is not held through the G step, nor G's through the D steps, so a GAN step
+    // holds the larger of the two models' gradient shards instead of both.
+    grad_shard_ = at::Tensor();
+  }
 }
 
 void UnitCollectives::abandon() {

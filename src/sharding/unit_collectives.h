@@ -76,8 +76,10 @@ class UnitCollectives {
   bool reduce_in_flight() const { return static_cast<bool>(reduce_.work); }
   bool reduced() const { return reduced_; }
   void set_gradient_sync(bool on) { sync_ = on; }
-  at::Tensor& grad_shard() { return grad_shard_; }
+  /// The gradient shard; allocated (zeros) here when released (see zero_grad).
+  at::Tensor& grad_shard();
   int64_t persistent_grad_bytes() const;
+  int64_t released_grad_bytes() const;
   int64_t peak_comm_buffer_bytes() const { return peak_comm_bytes_; }
 
  private:
@@ -94,7 +96,11 @@ class UnitCollectives {
 
   // Gradients.
   at::ScalarType reduce_dtype_;
-  at::Tensor grad_shard_;  // S elements, master dtype (may alias grad_flat_)
+  // S elements, master dtype. Aliases grad_flat_ (stages 0-1, reduce dtype == master), or
+  // is a tensor of its own that zero_grad() releases and the first reduction (or a read
+  // through grad_shard()) allocates again: undefined between a model's optimizer step and
+  // its next backward.
+  at::Tensor grad_shard_;
   at::Tensor grad_flat_;   // P elements, reduce dtype; persistent at stages 0 and 1
   bool grad_shard_aliases_flat_ = false;
   bool sync_ = true;
@@ -116,6 +122,8 @@ class UnitCollectives {
   std::unique_ptr<Work> start_shared_gather();
   /// The gather has its values (or will, once gather_ completes): tell the model.
   void mark_gathered();
+  /// grad_shard_ += scale * reduced (any dtype, S elements), allocating a released shard.
+  void accumulate_grad_shard(const at::Tensor& reduced, double scale);
   /// Whether the reduce-scatter sums and finish_reduce() scales by 1/N instead (see there).
   bool avg_on_accumulate() const;
   /// Where collective time goes: the owner's CommTimes, or nowhere without an owner.

@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -47,6 +48,7 @@ nlohmann::json stage_json(const ModelMemoryEstimate& e) {
           {"grads_bytes", e.grad_bytes},
           {"optimizer_state_bytes", e.optimizer_state_bytes},
           {"ema_bytes", e.ema_bytes},
+          {"grads_released_bytes", e.grad_released_bytes},
           {"largest_gathered_unit_bytes", e.gathered_unit_bytes},
           {"transient_bytes", e.transient_bytes()},
           {"peak_bytes", e.peak_bytes()}};
@@ -121,9 +123,9 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     const std::string k = "stage" + std::to_string(s);
     j["per_rank"][k]["generator"] = stage_json(ge[s]);
     j["per_rank"][k]["discriminator"] = stage_json(de[s]);
-    j["per_rank"][k]["total_peak_bytes"] = ge[s].peak_bytes() + de[s].peak_bytes();
+    j["per_rank"][k]["total_peak_bytes"] = gan_peak_bytes(ge[s], de[s]);
   }
-  const int64_t per_rank = ge[cfg.g_sharding.stage].peak_bytes() + de[cfg.d_sharding.stage].peak_bytes();
+  const int64_t per_rank = gan_peak_bytes(ge[cfg.g_sharding.stage], de[cfg.d_sharding.stage]);
   j["configured"] = {{"generator_stage", cfg.g_sharding.stage},
                      {"discriminator_stage", cfg.d_sharding.stage},
                      {"per_rank_peak_bytes", per_rank},
@@ -140,8 +142,7 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   if (cfg.memory_probe && !cfg.compute_device.is_cuda() && cfg.g_replicate_degree == 1 && cfg.d_replicate_degree == 1 &&
       rss_before > 0) {
     const int64_t micro = std::max<int64_t>(1, cfg.global_batch / cfg.micro_batches / world_size);
-    const int64_t persistent =
-        ge[cfg.g_sharding.stage].persistent_bytes() + de[cfg.d_sharding.stage].persistent_bytes();
+    const int64_t persistent = gan_state_bytes(ge[cfg.g_sharding.stage], de[cfg.d_sharding.stage]);
     const int64_t data = data_bytes(cfg, world_size);
     // The probe holds what a rank of the real run holds outside the gathered units: at stages
     // 0-2 the replicated parameters (and more). When the persistent state alone cannot fit,
@@ -197,6 +198,11 @@ int64_t stage_need_bytes(const nlohmann::json& report, int stage) {
     return report["per_rank"]["stage" + std::to_string(s)][model][key].get<int64_t>();
   };
   auto persistent = [&](int s, const char* m) { return bytes(s, m, "peak_bytes") - bytes(s, m, "transient_bytes"); };
+  // Both models' state, the released gradient shards counted for the larger only (gan_state_bytes).
+  auto state = [&](int gs, int ds) {
+    const int64_t rg = bytes(gs, "generator", "grads_released_bytes"), rd = bytes(ds, "discriminator", "grads_released_bytes");
+    return persistent(gs, "generator") + persistent(ds, "discriminator") - rg - rd + std::max(rg, rd);
+  };
   const nlohmann::json& c = report["configured"];
   if (!c.contains("predicted")) {
     return with_margin(report["per_rank"]["stage" + std::to_string(stage)]["total_peak_bytes"].get<int64_t>()) * ranks;
@@ -206,10 +212,10 @@ int64_t stage_need_bytes(const nlohmann::json& report, int stage) {
   // the estimate's transient bound is larger at `stage` (more gathered units), the
   // difference is added.
   const int gs = c["generator_stage"].get<int>(), ds = c["discriminator_stage"].get<int>();
-  const int64_t configured_persistent = persistent(gs, "generator") + persistent(ds, "discriminator");
+  const int64_t configured_persistent = state(gs, ds);
   const int64_t configured_transient =
       bytes(gs, "generator", "transient_bytes") + bytes(ds, "discriminator", "transient_bytes");
-  const int64_t stage_persistent = persistent(stage, "generator") + persistent(stage, "discriminator");
+  const int64_t stage_persistent = state(stage, stage);
   const int64_t extra_transient = std::max<int64_t>(
       0, bytes(stage, "generator", "transient_bytes") + bytes(stage, "discriminator", "transient_bytes") -
              configured_transient);

@@ -77,6 +77,11 @@ struct ModelMemoryEstimate {
   int64_t grad_bytes = 0;             ///< == MemoryStats::grad_shard_bytes
   int64_t optimizer_state_bytes = 0;  ///< == ShardedOptimizer::state_bytes()
   int64_t ema_bytes = 0;              ///< == sum of ShardedEma::unit_shard() bytes
+  /// The part of grad_bytes that ShardedModel::zero_grad() releases after each optimizer
+  /// step (S * master bytes per unit, unless the shard aliases the flat gradient: stages
+  /// 0-1 with the reduce dtype equal to the master's): held only during the model's own
+  /// update. == MemoryStats::grad_released_bytes.
+  int64_t grad_released_bytes = 0;
 
   // Transient (during forward/backward), stage-dependent bounds.
   int64_t gathered_unit_bytes = 0;  ///< stage 3: largest unit gathered, max P * compute; else 0
@@ -96,12 +101,21 @@ struct ModelMemoryEstimate {
   /// kMaxReducesInFlight (flat + output) pairs in flight.
   int64_t grad_transient_bytes = 0;
 
+  /// The model's state at its own update (the ZeRO paper's model states, with the EMA).
   int64_t persistent_bytes() const { return param_bytes + grad_bytes + optimizer_state_bytes + ema_bytes; }
   int64_t transient_bytes() const { return gathered_peak_bytes + grad_transient_bytes; }
   /// persistent + transient: an upper estimate of this model's state at its peak, without
   /// activations, allocator overhead, or the MPI library's own buffers.
   int64_t peak_bytes() const { return persistent_bytes() + transient_bytes(); }
 };
+
+/// Bytes per rank that a GAN's two models hold together between their updates and at
+/// either one's: both models' persistent_bytes(), of which the released gradient shards
+/// count only for the larger (D's update does not hold G's, nor G's D's).
+int64_t gan_state_bytes(const ModelMemoryEstimate& g, const ModelMemoryEstimate& d);
+/// gan_state_bytes() plus both models' transient bounds: the two-model counterpart of
+/// peak_bytes(), an upper estimate of a GAN step's peak without activations.
+int64_t gan_peak_bytes(const ModelMemoryEstimate& g, const ModelMemoryEstimate& d);
 
 /// State tensors per element of shardgan's optimizers: "adam"/"adamw" 2, "sgd" 0 or 1
 /// (momentum != 0), "rmsprop" 1 + (momentum > 0) + centered. Throws std::invalid_argument

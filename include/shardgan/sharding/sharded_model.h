@@ -21,8 +21,12 @@ struct MemoryStats {
   int64_t param_shard_bytes = 0;      ///< parameters kept between steps: the full copy at
                                       ///< stages 0-2, the shard at 3, plus any separate
                                       ///< float32 master shard (mixed precision)
-  int64_t grad_shard_bytes = 0;       ///< gradients kept between steps: the accumulated
+  int64_t grad_shard_bytes = 0;       ///< gradients at the model's update: the accumulated
                                       ///< flat gradient at stages 0-1, shards at 2-3
+  int64_t grad_released_bytes = 0;    ///< the part of grad_shard_bytes that zero_grad()
+                                      ///< releases (a gradient shard that does not alias
+                                      ///< the flat gradient): held only from the first
+                                      ///< reduction of a step to zero_grad()
   int64_t comm_buffer_bytes = 0;      ///< largest transient flat communication buffer seen
   int64_t optimizer_state_bytes = 0;  ///< filled in by the optimizer (ShardedAdam); with
                                       ///< offload, the host memory of its tier
@@ -88,7 +92,11 @@ class ShardedModel {
 
   /// Local: freezes or unfreezes every parameter (BigGAN's frozen D during the G step).
   void set_requires_grad(bool on);
-  /// Local: zeroes every unit's gradient shard and accumulated flat gradient.
+  /// Local: zeroes every unit's accumulated flat gradient (stages 0-1) and releases its
+  /// gradient shard where that is a tensor of its own (stages 2-3, or a reduce dtype other
+  /// than the master's): the next reduction, or a read of ShardedUnit::grad_shard(),
+  /// allocates it again as zeros. The trainer calls it right after each optimizer step, so
+  /// that the other model's step does not hold this model's gradients.
   void zero_grad();
   /// Local: whether the next backward ends a gradient-accumulation step. Stages 0 and 1
   /// reduce only in such a backward; stages 2 and 3 reduce every micro-step anyway.

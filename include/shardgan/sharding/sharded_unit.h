@@ -107,7 +107,8 @@ class ShardedUnit {
   /// parameters); copies master to compute dtype at stage 0 with mixed precision; no-op at
   /// stage 3. Call after every optimizer step.
   void after_optimizer_step();
-  /// Local: zeroes the gradient shard and any accumulated flat gradient.
+  /// Local: zeroes any accumulated flat gradient, and zeroes the gradient shard where it
+  /// aliases that, else releases it (see ShardedModel::zero_grad).
   void zero_grad();
   /// See ShardedModel::abandon_step: completes collectives in flight, frees the gathered
   /// parameters, drops gradients and backward state.
@@ -158,14 +159,19 @@ class ShardedUnit {
   at::ScalarType master_dtype() const { return flat_->master_dtype(); }
   /// dtype of the gathered parameters (ShardingConfig::compute_dtype, else the master's).
   at::ScalarType compute_dtype() const { return flat_->compute_dtype(); }
-  /// The averaged gradient for shard(): same shape, dtype and device.
+  /// The averaged gradient for shard(): same shape, dtype and device. Allocated here as
+  /// zeros when zero_grad() has released it and no reduction has arrived since.
   at::Tensor& grad_shard();
   /// Bytes this rank keeps between steps for parameters (full copy at stages 0-2, the
   /// shard at stage 3, plus a separate master shard with mixed precision).
   int64_t persistent_param_bytes() const;
-  /// Bytes this rank keeps between steps for gradients (the accumulated flat gradient at
-  /// stages 0 and 1, plus a separate gradient shard).
+  /// Bytes this rank holds for gradients at the model's update (the accumulated flat
+  /// gradient at stages 0 and 1, plus a separate gradient shard, counted also while
+  /// zero_grad() has it released).
   int64_t persistent_grad_bytes() const;
+  /// The part of persistent_grad_bytes() that zero_grad() releases: the gradient shard when
+  /// it is a tensor of its own, else 0.
+  int64_t released_grad_bytes() const;
   /// Largest transient communication buffer allocated so far (bytes).
   int64_t peak_comm_buffer_bytes() const;
   const std::vector<ParamSlot>& slots() const { return flat_->slots(); }
