@@ -211,6 +211,10 @@ void ShardedModel::zero_grad() {
   for (auto& u : units_) u->zero_grad();
 }
 
+void ShardedModel::set_release_grad_shards(bool on) {
+  for (auto& u : units_) u->set_release_grad_shard(on);
+}
+
 void ShardedModel::set_gradient_sync(bool on) {
   for (auto& u : units_) u->set_gradient_sync(on);
 }

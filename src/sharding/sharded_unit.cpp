@@ -62,6 +62,7 @@ void ShardedUnit::stage_gradients() { coll_->stage_gradients(); }
 void ShardedUnit::start_reduce() { coll_->start_reduce(); }
 void ShardedUnit::finish_reduce() { coll_->finish_reduce(); }
 void ShardedUnit::zero_grad() { coll_->zero_grad(); }
+void ShardedUnit::set_release_grad_shard(bool on) { coll_->set_release_grad_shard(on); }
 bool ShardedUnit::expects_reduce() const { return coll_->expects_reduce(); }
 bool ShardedUnit::gradients_staged() const { return coll_->gradients_staged(); }
 bool ShardedUnit::reduce_in_flight() const { return coll_->reduce_in_flight(); }

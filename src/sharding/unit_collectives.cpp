@@ -275,8 +275,8 @@ void UnitCollectives::zero_grad() {
   finish_reduce();
   reduced_ = false;
   if (grad_flat_.defined()) grad_flat_.zero_();
-  if (grad_shard_aliases_flat_) {
-    grad_shard_.zero_();
+  if (grad_shard_aliases_flat_ || !release_grad_shard_) {
+    if (grad_shard_.defined()) grad_shard_.zero_();
   } else {
     // Released, like the fp32 gradient partition DeepSpeed's ZeRO-3 frees after each
     // sub-group's step (stage3.py, _optimizer_step) or PyTorch's zero_grad(set_to_none=True):

@@ -76,6 +76,7 @@ class UnitCollectives {
   bool reduce_in_flight() const { return static_cast<bool>(reduce_.work); }
   bool reduced() const { return reduced_; }
   void set_gradient_sync(bool on) { sync_ = on; }
+  void set_release_grad_shard(bool on) { release_grad_shard_ = on; }
   /// The gradient shard; allocated (zeros) here when released (see zero_grad).
   at::Tensor& grad_shard();
   int64_t persistent_grad_bytes() const;
@@ -103,6 +104,7 @@ class UnitCollectives {
   at::Tensor grad_shard_;
   at::Tensor grad_flat_;   // P elements, reduce dtype; persistent at stages 0 and 1
   bool grad_shard_aliases_flat_ = false;
+  bool release_grad_shard_ = true;  // zero_grad() frees a shard of its own (else zeroes it)
   bool sync_ = true;
   bool reduced_ = false;         // see ShardedUnit::reduced()
   bool staged_ = false;          // staged_flat_ holds this step's flat gradient

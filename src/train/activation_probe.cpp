@@ -13,6 +13,8 @@
 
 #include "shardgan/comm/shadow_communicator.h"
 #include "shardgan/models/family.h"
+#include "shardgan/sharding/sharded_model.h"
+#include "shardgan/sharding/sharded_unit.h"
 #include "shardgan/train/trainer.h"
 
 namespace shardgan {
@@ -53,6 +55,12 @@ int64_t probe_once(const TrainConfig& cfg, int64_t micro_batch, const std::strin
   at::Tensor labels;
   if (family->num_classes() > 0) labels = torch::randint(family->num_classes(), {p.global_batch}, torch::kLong);
   Trainer trainer(p, shadow, images, labels);
+  // The gradient shards are state, which the prediction counts apart (gan_state_bytes): kept
+  // and allocated here, before the count starts, they are not counted as the step's.
+  for (ShardedModel* m : {&trainer.generator(), &trainer.discriminator()}) {
+    m->set_release_grad_shards(false);
+    for (auto& u : m->units()) u->grad_shard();
+  }
   auto reporter = std::make_shared<PeakReporter>();
   {
     c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, reporter);

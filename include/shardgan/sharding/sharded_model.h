@@ -98,6 +98,10 @@ class ShardedModel {
   /// allocates it again as zeros. The trainer calls it right after each optimizer step, so
   /// that the other model's step does not hold this model's gradients.
   void zero_grad();
+  /// Local: off, zero_grad() zeroes the gradient shards instead of releasing them, so that
+  /// they stay allocated between steps (the memory pre-flight's probe allocates them before
+  /// it counts a step's transient bytes, which they are not).
+  void set_release_grad_shards(bool on);
   /// Local: whether the next backward ends a gradient-accumulation step. Stages 0 and 1
   /// reduce only in such a backward; stages 2 and 3 reduce every micro-step anyway.
   void set_gradient_sync(bool on);

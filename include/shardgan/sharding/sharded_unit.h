@@ -110,6 +110,9 @@ class ShardedUnit {
   /// Local: zeroes any accumulated flat gradient, and zeroes the gradient shard where it
   /// aliases that, else releases it (see ShardedModel::zero_grad).
   void zero_grad();
+  /// Local: whether zero_grad() releases a gradient shard of its own (default) or zeroes it
+  /// (see ShardedModel::set_release_grad_shards).
+  void set_release_grad_shard(bool on);
   /// See ShardedModel::abandon_step: completes collectives in flight, frees the gathered
   /// parameters, drops gradients and backward state.
   void abandon();

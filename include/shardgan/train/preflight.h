@@ -46,12 +46,15 @@ inline constexpr int64_t kPreflightRankOverheadBytes = int64_t{5} << 28;  // 1.2
 /// process's RSS after the probe + the persistent state + the data + the probe's
 /// transient bytes at the configured micro-batch + this margin, which covers what neither
 /// sees: MPI's own buffers (libnbc's reduction temporaries, shared-memory segments), the
-/// allocator's free lists and fragmentation, and the final checkpoint save. Without it,
-/// measured VmHWM exceeded the prediction by 35-531 MiB in every cell of the memory sweep;
-/// with 150 MiB, all 29 cells that trained (67M-1.03e9 parameters, N = 1, 2, 4, stages 0-3,
-/// 1-128 samples per rank, docs/benchmarks.md) are within 0.95-1.07x of the prediction.
-/// A fit on that sweep (one machine, tcmalloc), not a derivation.
-inline constexpr int64_t kPredictionMarginBytes = int64_t{150} << 20;
+/// allocator's free lists and fragmentation, and the final checkpoint save. A fit, not a
+/// derivation: the 30-cell memory sweep (67M-1.03e9 parameters, N = 1, 2, 4, stages 0-3,
+/// 1-128 samples per rank, one machine, tcmalloc; docs/benchmarks.md) ran with 150 MiB;
+/// the prediction is a sum, so each cell's is recomputed exactly with another margin, and
+/// 100 MiB minimizes the worst error: measured VmHWM 0.91-1.08x the prediction.
+/// It was 150 MiB until each model's gradient shards were released after its update: the
+/// final save no longer stacks on them, and 150 MiB then over-predicted five cells by more
+/// than 10%.
+inline constexpr int64_t kPredictionMarginBytes = int64_t{100} << 20;
 
 /// Local. Throws MemoryPreflightError when the configured stages' estimate, with the margin
 /// above, times `local_ranks` exceeds the node's available memory. The message gives the bytes
