@@ -174,7 +174,8 @@ std::string describe(const ModelMemoryEstimate& e) {
   std::ostringstream o;
   o << "stage " << e.stage << ", N=" << e.world_size << ", " << e.numel << " params ("
     << e.padding_elements << " padding): params " << gib(e.param_bytes) << ", grads " << gib(e.grad_bytes)
-    << " (released after each step: " << gib(e.grad_released_bytes) << "), optimizer " << gib(e.optimizer_state_bytes) << ", ema " << gib(e.ema_bytes) << ", gathered "
+    << " (released after each step: " << gib(e.grad_released_bytes) << "), optimizer "
+    << gib(e.optimizer_state_bytes) << ", ema " << gib(e.ema_bytes) << ", gathered "
     << gib(e.gathered_peak_bytes) << " (" << e.gathered_units << " units), grad buffers "
     << gib(e.grad_transient_bytes) << "; persistent " << gib(e.persistent_bytes()) << ", peak "
     << gib(e.peak_bytes()) << " per rank";
