@@ -82,9 +82,10 @@ void UnitCollectives::accumulate_grad_shard(const at::Tensor& reduced, double sc
   if (grad_shard_.defined()) {
     grad_shard_.add_(g, scale);
   } else {
-    // Released: 0 + scale * g into a new tensor, one pass instead of zeros and then an add,
-    // with the same bits (a -0 comes out +0, as added to a zero shard).
-    grad_shard_ = at::add(at::zeros({}, g.options()), g, scale);
+    // Released: zeros, then the add, as into a kept shard (the same bits: a -0 comes out
+    // +0). Not at::add with a 0-dim zero: that broadcast path made the 1e9 BigGAN's step
+    // 20-35% slower (38-44 s against 28-34 s); this one matches the kept shard's time.
+    grad_shard_ = torch::zeros_like(g).add_(g, scale);
   }
 }
 
