@@ -84,7 +84,10 @@ TEST(MemoryPreflight, SuggestedStageUsesThePrediction) {
   const int64_t G = int64_t{1} << 30;
   auto stage = [&](int64_t peak, int64_t transient, int64_t released = 0) {
     nlohmann::json m = {{"peak_bytes", peak * G}, {"transient_bytes", transient * G}, {"grads_released_bytes", released * G}};
-    return nlohmann::json{{"generator", m}, {"discriminator", m}, {"total_peak_bytes", (2 * peak - released) * G}};
+    // gan_state_bytes of two such models: both persistents, the released shards counted once
+    const int64_t state = 2 * (peak - transient) - released;
+    return nlohmann::json{{"generator", m}, {"discriminator", m}, {"state_bytes", state * G},
+                          {"total_peak_bytes", (state + 2 * transient) * G}};
   };
   nlohmann::json r;
   r["ranks_on_node"] = 2;
@@ -94,7 +97,7 @@ TEST(MemoryPreflight, SuggestedStageUsesThePrediction) {
   // persistent 2 + 2, all of it gradient shards released after each model's step, so the
   // two hold 2 together; transient bound 2 GiB above stage 0's
   r["per_rank"]["stage3"] = stage(4, 2, 2);
-  r["configured"] = {{"generator_stage", 0}, {"discriminator_stage", 0}, {"per_rank_peak_bytes", 20 * G},
+  r["configured"] = {{"generator_stage", 0}, {"discriminator_stage", 0}, {"state_bytes", 18 * G}, {"per_rank_peak_bytes", 20 * G},
                      {"node_bytes_checked", 42 * G}, {"predicted", {{"vmhwm_bytes_per_rank", 21 * G}}}};
   r["node_memory"] = {{"total_bytes", 24 * G}, {"available_bytes", 15 * G}};
   // (21 - 18 + 2 + 2) GiB per rank, 2 ranks; the old bound: (6 x 1.15 + 1.25) x 2 = 16.3 GiB

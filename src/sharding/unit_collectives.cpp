@@ -77,21 +77,11 @@ int64_t UnitCollectives::released_grad_bytes() const {
   return flat_.shard_numel() * static_cast<int64_t>(c10::elementSize(flat_.master_dtype()));
 }
 
-void UnitCollectives::accumulate_grad_shard(const at::Tensor& reduced, double scale) {
-  at::Tensor g = reduced.to(flat_.master_dtype());
-  if (grad_shard_.defined()) {
-    grad_shard_.add_(g, scale);
-  } else {
-    // Released: zeros, then the add, as into a kept shard (the same bits: a -0 comes out
-    // +0). Not at::add with a 0-dim zero: that broadcast path made the 1e9 BigGAN's step
-    // 20-35% slower (38-44 s against 28-34 s); this one matches the kept shard's time.
-    grad_shard_ = torch::zeros_like(g).add_(g, scale);
-  }
-}
-
 at::Tensor& UnitCollectives::grad_shard() {
   if (!grad_shard_.defined()) {
-    // Zeros, then the reduction is added: the same bits as accumulating into a kept shard.
+    // Zeros, so that a reduction is added as into a kept shard: the same bits (a -0 comes
+    // out +0). Not at::add with a 0-dim zero instead: that broadcast path made the 1e9
+    // BigGAN's step 20-35% slower on the CPU (38-44 s against 28-34 s).
     grad_shard_ = torch::zeros({flat_.shard_numel()},
                                torch::TensorOptions().dtype(flat_.master_dtype()).device(flat_.device()));
   }
@@ -215,7 +205,7 @@ void UnitCollectives::start_reduce() {
       Timed t(collective_sink());
       comm_.all_reduce(flat, ReduceOp::kAvg);
     }
-    if (!grad_shard_aliases_flat_) accumulate_grad_shard(flat, 1.0);
+    if (!grad_shard_aliases_flat_) grad_shard().add_(flat.to(flat_.master_dtype()));
     return;
   }
   // Start the reduce-scatter and return: it overlaps the rest of backward. The owner
@@ -255,7 +245,7 @@ void UnitCollectives::finish_reduce() {
     grad_shard_.copy_(reduce_.out);  // stage 1: the owned slice of the accumulated flat gradient
   } else {
     const double scale = avg_on_accumulate() ? 1.0 / comm_.world_size() : 1.0;
-    accumulate_grad_shard(reduce_.out, scale);
+    grad_shard().add_(reduce_.out.to(flat_.master_dtype()), scale);
   }
   reduce_ = ReduceScatterState();
 }

@@ -124,8 +124,6 @@ class UnitCollectives {
   std::unique_ptr<Work> start_shared_gather();
   /// The gather has its values (or will, once gather_ completes): tell the model.
   void mark_gathered();
-  /// grad_shard_ += scale * reduced (any dtype, S elements), allocating a released shard.
-  void accumulate_grad_shard(const at::Tensor& reduced, double scale);
   /// Whether the reduce-scatter sums and finish_reduce() scales by 1/N instead (see there).
   bool avg_on_accumulate() const;
   /// Where collective time goes: the owner's CommTimes, or nowhere without an owner.

@@ -123,11 +123,13 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     const std::string k = "stage" + std::to_string(s);
     j["per_rank"][k]["generator"] = stage_json(ge[s]);
     j["per_rank"][k]["discriminator"] = stage_json(de[s]);
+    j["per_rank"][k]["state_bytes"] = gan_state_bytes(ge[s], de[s]);
     j["per_rank"][k]["total_peak_bytes"] = gan_peak_bytes(ge[s], de[s]);
   }
   const int64_t per_rank = gan_peak_bytes(ge[cfg.g_sharding.stage], de[cfg.d_sharding.stage]);
   j["configured"] = {{"generator_stage", cfg.g_sharding.stage},
                      {"discriminator_stage", cfg.d_sharding.stage},
+                     {"state_bytes", gan_state_bytes(ge[cfg.g_sharding.stage], de[cfg.d_sharding.stage])},
                      {"per_rank_peak_bytes", per_rank},
                      {"node_peak_bytes", per_rank * local_ranks},
                      {"node_bytes_checked", with_margin(per_rank) * local_ranks}};
@@ -193,15 +195,10 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
 
 int64_t stage_need_bytes(const nlohmann::json& report, int stage) {
   const int ranks = report["ranks_on_node"].get<int>();
-  // bytes(s, model, key): one model's figure at stage s; persistent = peak - transient.
+  // bytes(s, model, key): one model's figure at stage s. The state of both models ("state_bytes",
+  // per stage and configured) is gan_state_bytes().
   auto bytes = [&](int s, const char* model, const char* key) {
     return report["per_rank"]["stage" + std::to_string(s)][model][key].get<int64_t>();
-  };
-  auto persistent = [&](int s, const char* m) { return bytes(s, m, "peak_bytes") - bytes(s, m, "transient_bytes"); };
-  // Both models' state, the released gradient shards counted for the larger only (gan_state_bytes).
-  auto state = [&](int gs, int ds) {
-    const int64_t rg = bytes(gs, "generator", "grads_released_bytes"), rd = bytes(ds, "discriminator", "grads_released_bytes");
-    return persistent(gs, "generator") + persistent(ds, "discriminator") - rg - rd + std::max(rg, rd);
   };
   const nlohmann::json& c = report["configured"];
   if (!c.contains("predicted")) {
@@ -212,10 +209,10 @@ int64_t stage_need_bytes(const nlohmann::json& report, int stage) {
   // the estimate's transient bound is larger at `stage` (more gathered units), the
   // difference is added.
   const int gs = c["generator_stage"].get<int>(), ds = c["discriminator_stage"].get<int>();
-  const int64_t configured_persistent = state(gs, ds);
+  const int64_t configured_persistent = c["state_bytes"].get<int64_t>();
   const int64_t configured_transient =
       bytes(gs, "generator", "transient_bytes") + bytes(ds, "discriminator", "transient_bytes");
-  const int64_t stage_persistent = state(stage, stage);
+  const int64_t stage_persistent = report["per_rank"]["stage" + std::to_string(stage)]["state_bytes"].get<int64_t>();
   const int64_t extra_transient = std::max<int64_t>(
       0, bytes(stage, "generator", "transient_bytes") + bytes(stage, "discriminator", "transient_bytes") -
              configured_transient);
