@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
 
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
 #include "sharding/unit_runtime.h"
@@ -99,6 +101,23 @@ class SegmentsScope {
   bool before_;
 };
 
+// Drops the checkpoint's own reference to the incoming gradient when the replayed graph's
+// root node starts: by then the engine holds the gradient in that node's input buffer, so
+// it is freed once the nodes that read it have run, not when the whole replayed backward
+// ends. Registered only where the engine runs from a single root, which it starts from a
+// copy of the gradient and never reads the caller's list again.
+class ReleaseRootGradient : public torch::autograd::FunctionPreHook {
+ public:
+  explicit ReleaseRootGradient(std::shared_ptr<variable_list> grads) : grads_(std::move(grads)) {}
+  variable_list operator()(const variable_list& inputs) override {
+    grads_->clear();
+    return inputs;
+  }
+
+ private:
+  std::shared_ptr<variable_list> grads_;
+};
+
 TensorList expand(const Replay& r, const variable_list& defined) {
   TensorList full(r.n_inputs);
   for (size_t i = 0; i < defined.size(); ++i) full[r.defined_at[i]] = defined[i];
@@ -118,7 +137,9 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     return replay->run(expand(*replay, inputs.vec()));
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  // `grads` is the node's own list (a reference, not a copy): its entries are moved out, so
+  // that the checkpoint does not hold the incoming gradient for the whole replay.
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     // Grad mode is on inside a backward only when it builds a graph (create_graph=true):
     // the replayed graph below is differentiated without one, so second-order terms would
     // be silently missing.
@@ -147,14 +168,18 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     // relu). That is one output-sized buffer less per checkpointed unit or segment at the
     // peak, with the same arithmetic.
     torch::autograd::edge_list root_edges, wrt_edges;
-    variable_list root_grads;
+    auto root_grads = std::make_shared<variable_list>();
     for (size_t i = 0; i < outs.size() && i < grads.size(); ++i) {
       if (grads[i].defined() && outs[i].defined() && outs[i].requires_grad()) {
         root_edges.push_back(torch::autograd::impl::gradient_edge(outs[i]));
-        root_grads.push_back(grads[i]);
+        root_grads->push_back(std::move(grads[i]));
       }
     }
+    grads.clear();
     outs.clear();
+    if (root_edges.size() == 1) {
+      root_edges.front().function->add_pre_hook(std::make_unique<ReleaseRootGradient>(root_grads));
+    }
     std::vector<size_t> slot;  // position of each wrt entry in the result
     for (size_t i = 0; i < detached.size(); ++i) {
       if (replay->input_requires_grad[i]) {
@@ -169,7 +194,7 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     variable_list result(saved.size() + replay->params.size() + 1);  // + the Replay argument
     if (!root_edges.empty() && !wrt_edges.empty()) {
       variable_list g = torch::autograd::Engine::get_default_engine().execute(
-          root_edges, root_grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false,
+          root_edges, *root_grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false,
           wrt_edges);
       for (size_t k = 0; k < g.size(); ++k) result[slot[k]] = g[k];
     }

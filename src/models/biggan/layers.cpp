@@ -115,7 +115,10 @@ struct ConvDivSigma : torch::autograd::Function<ConvDivSigma> {
     at::Tensor dw, dsigma;
     if (gw || gs) dw = dwz / sigma;
     if (gs) dsigma = -(dw * wc).sum().to(sigma.scalar_type()) / sigma;
-    return {gx ? (dx / sigma).to(x.scalar_type()) : at::Tensor(), gw ? dw.to(w.scalar_type()) : at::Tensor(), dsigma,
+    // dx is divided in place unless this backward builds a graph (R1): the same bits, and no
+    // second input-sized buffer beside it.
+    if (gx) dx = at::GradMode::is_enabled() ? dx / sigma : dx.div_(sigma);
+    return {gx ? dx.to(x.scalar_type()) : at::Tensor(), gw ? dw.to(w.scalar_type()) : at::Tensor(), dsigma,
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -179,7 +182,9 @@ at::Tensor SNConv2dImpl::forward(const at::Tensor& x) {
   at::Tensor w_float;
   const at::Tensor s = sigma(&w_float);
   at::Tensor y = ConvDivSigma::apply(x, weight, s, float_or_empty(w_float), padding_, 1, false);
-  return bias.defined() ? y + bias.view({1, -1, 1, 1}) : y;
+  // y is fresh and ConvDivSigma did not save it, so the bias goes in in place (the same
+  // bits, one output-sized buffer fewer while it is added).
+  return bias.defined() ? y.add_(bias.view({1, -1, 1, 1})) : y;
 }
 
 at::Tensor SNConv2dImpl::forward_upsampled(const at::Tensor& x) {
@@ -193,7 +198,7 @@ at::Tensor SNConv2dImpl::forward_upsampled(const at::Tensor& x) {
   const at::Tensor w = computes_via_float32(x) ? weight.to(at::kFloat) : weight;
   at::Tensor y = ConvDivSigma::apply(x, upsample_conv_kernel(w), s, at::empty({0}), /*padding=*/1, /*stride=*/2,
                                      /*transposed=*/true);
-  return bias.defined() ? y + bias.view({1, -1, 1, 1}) : y;
+  return bias.defined() ? y.add_(bias.view({1, -1, 1, 1})) : y;  // in place, as in forward()
 }
 
 at::Tensor upsample_conv_kernel(const at::Tensor& w) {
@@ -272,7 +277,11 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   at::Tensor ph = at::max_pool2d(phi->forward(x), {2, 2}).view({b, ch_ / 8, hw / 4});
   at::Tensor gg = at::max_pool2d(g->forward(x), {2, 2}).view({b, ch_ / 2, hw / 4});
   at::Tensor beta = at::softmax(at::bmm(th.transpose(1, 2), ph), -1);  // [B, hw, hw/4]
-  at::Tensor out = o->forward(at::bmm(gg, beta.transpose(1, 2)).view({b, ch_ / 2, h, w}));
+  // BigGAN-PyTorch's bmm(g, beta^T), computed as bmm(beta, g^T)^T: the same products, but
+  // the gradient reaching beta is then contiguous, so softmax's backward does not copy it
+  // (one [B, hw, hw/4] buffer fewer, the largest tensor of the unit's backward).
+  at::Tensor gb = at::bmm(beta, gg.transpose(1, 2)).transpose(1, 2).reshape({b, ch_ / 2, h, w});
+  at::Tensor out = o->forward(gb);
   return x + gamma * out;
 }
 
