@@ -229,44 +229,68 @@ TEST(ActivationCheckpointingHigherOrder, RefusedOutsideAndExactInside) {
   EXPECT_TRUE(torch::equal(run(true, true), run(false, true)));
 }
 
+using Storage = c10::weak_intrusive_ptr<c10::StorageImpl>;
+
+// What a hook inside a checkpointed backward found: how many times it ran, and how many of
+// those times a tensor that should have been freed by then was still allocated.
+struct HookCount {
+  int runs = 0;
+  int alive = 0;
+};
+
+// One unit, y = 2 * lin(x) (addmm saves x and the weight, not its output h; the product with
+// a scalar saves nothing, and is the first node of the unit's backward), at stage 3 with
+// checkpointing on or off, differentiated once from (y^2).sum() in float64. In the
+// checkpointed replay, a hook on h's gradient, which runs after y's node, checks whether a
+// storage is freed by then and counts in `count`. The storage is the replayed y's, or with
+// `watch_incoming` the gradient arriving at the unit (recorded by a hook on the model's
+// output). Returns the unit's gradient shard and x's gradient.
+std::pair<at::Tensor, at::Tensor> hooked_unit_backward(bool checkpointing, HookCount* count, bool watch_incoming) {
+  MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
+  torch::manual_seed(7);
+  auto lin = torch::nn::Linear(64, 256);
+  lin->to(at::kDouble);
+  ShardingConfig sc = test_util::sharding(3);
+  sc.activation_checkpointing = checkpointing;
+  ShardedModel m("g", comm, sc);
+  auto incoming = std::make_shared<std::optional<Storage>>();  // recorded by the output's hook
+  m.add_unit("lin", lin.ptr(), [lin, count, incoming, watch_incoming](const at::Tensor& x) mutable {
+    at::Tensor h = lin->forward(x);
+    at::Tensor y = h * 2.0;
+    if (recomputing_activations() && at::GradMode::is_enabled()) {
+      const std::optional<Storage> replayed = y.storage().getWeakStorageImpl();
+      h.register_hook([count, incoming, replayed, watch_incoming](const at::Tensor& g) {
+        ++count->runs;
+        const std::optional<Storage>& w = watch_incoming ? *incoming : replayed;
+        if (!w.has_value() || !w->expired()) ++count->alive;  // an unrecorded storage counts as alive
+        return g;
+      });
+    }
+    return y;
+  });
+  at::Tensor x = torch::randn({8, 64}, torch::kDouble).requires_grad_(true);
+  at::Tensor out = m.forward(x);
+  out.register_hook([incoming](const at::Tensor& g) {
+    incoming->emplace(g.storage().getWeakStorageImpl());
+    return g;
+  });
+  out.pow(2).sum().backward();
+  return std::make_pair(m.unit("lin").grad_shard().clone(), x.grad().clone());
+}
+
 // A checkpointed unit's backward differentiates its replayed graph from the outputs'
 // gradient edges, so the replayed outputs' data, which no node saved, is freed before that
 // backward runs (one output-sized buffer less at the peak). Checked from inside the
-// backward: a hook on the replay's hidden tensor runs after the output's node, when the
+// backward: the hook on the replay's hidden tensor runs after the output's node, when the
 // output's storage must already be gone. The gradients equal the uncheckpointed ones.
 // Negative control, run once: with torch::autograd::grad on the output tensors (the
 // earlier code), the storage is still alive in the hook and this test fails.
 TEST(ActivationCheckpointingMemory, ReplayedOutputIsFreedBeforeItsBackward) {
-  MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
-  auto run = [&](bool checkpointing, int* hooks_run, int* outputs_alive) {
-    torch::manual_seed(7);
-    auto lin = torch::nn::Linear(64, 256);
-    lin->to(at::kDouble);
-    ShardingConfig sc = test_util::sharding(3);
-    sc.activation_checkpointing = checkpointing;
-    ShardedModel m("g", comm, sc);
-    m.add_unit("lin", lin.ptr(), [lin, hooks_run, outputs_alive](const at::Tensor& x) mutable {
-      at::Tensor h = lin->forward(x);  // addmm saves x and the weight, not h
-      at::Tensor y = h * 2.0;          // a product with a scalar saves nothing
-      if (recomputing_activations() && at::GradMode::is_enabled()) {
-        c10::weak_intrusive_ptr<c10::StorageImpl> out = y.storage().getWeakStorageImpl();
-        h.register_hook([out, hooks_run, outputs_alive](const at::Tensor& g) {
-          ++*hooks_run;
-          if (!out.expired()) ++*outputs_alive;
-          return g;
-        });
-      }
-      return y;
-    });
-    at::Tensor x = torch::randn({8, 64}, torch::kDouble).requires_grad_(true);
-    m.forward(x).pow(2).sum().backward();
-    return std::make_pair(m.unit("lin").grad_shard().clone(), x.grad().clone());
-  };
-  int hooks = 0, alive = 0;
-  const auto on = run(true, &hooks, &alive);
-  const auto off = run(false, &hooks, &alive);
-  EXPECT_EQ(hooks, 1) << "the replay's backward ran once, through the hook";
-  EXPECT_EQ(alive, 0) << "the replayed output was still allocated while its graph was differentiated";
+  HookCount count;
+  const auto on = hooked_unit_backward(true, &count, /*watch_incoming=*/false);
+  const auto off = hooked_unit_backward(false, &count, /*watch_incoming=*/false);
+  EXPECT_EQ(count.runs, 1) << "the replay's backward ran once, through the hook";
+  EXPECT_EQ(count.alive, 0) << "the replayed output was still allocated while its graph was differentiated";
   EXPECT_TRUE(torch::equal(on.first, off.first));
   EXPECT_TRUE(torch::equal(on.second, off.second));
 }
@@ -274,47 +298,16 @@ TEST(ActivationCheckpointingMemory, ReplayedOutputIsFreedBeforeItsBackward) {
 // The gradient arriving at a checkpointed unit is freed once the replayed graph's first node
 // has used it, not held until the unit's whole backward ends (one output-sized buffer less
 // through the rest of it; in BigGAN's 64x64 block, through the replay and backward of its
-// second convolution). Checked from inside the backward: the unit's output records a weak
-// reference to its gradient, and a hook on the replay's hidden tensor, whose gradient the
+// second convolution). Checked from inside the backward: the model's output records a weak
+// reference to its gradient, and the hook on the replay's hidden tensor, whose gradient the
 // first node makes from it, finds it gone. Negative control, run once: without the release
 // (the checkpoint holding the gradient for its whole backward), the test fails.
 TEST(ActivationCheckpointingMemory, IncomingGradientIsFreedOnceUsed) {
-  MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
-  auto run = [&](bool checkpointing, int* hooks_run, int* incoming_alive) {
-    torch::manual_seed(7);
-    auto lin = torch::nn::Linear(64, 256);
-    lin->to(at::kDouble);
-    ShardingConfig sc = test_util::sharding(3);
-    sc.activation_checkpointing = checkpointing;
-    ShardedModel m("g", comm, sc);
-    // The incoming gradient's storage, recorded by the hook on the unit's output below.
-    auto incoming = std::make_shared<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>>();
-    m.add_unit("lin", lin.ptr(), [lin, hooks_run, incoming_alive, incoming](const at::Tensor& x) mutable {
-      at::Tensor h = lin->forward(x);  // addmm saves x and the weight, not h
-      at::Tensor y = h * 2.0;          // the first node of the backward: it reads the incoming gradient
-      if (recomputing_activations() && at::GradMode::is_enabled()) {
-        h.register_hook([hooks_run, incoming_alive, incoming](const at::Tensor& g) {
-          ++*hooks_run;
-          if (!incoming->has_value() || !(*incoming)->expired()) ++*incoming_alive;  // unrecorded counts too
-          return g;
-        });
-      }
-      return y;
-    });
-    at::Tensor x = torch::randn({8, 64}, torch::kDouble).requires_grad_(true);
-    at::Tensor out = m.forward(x);
-    out.register_hook([incoming](const at::Tensor& g) {
-      incoming->emplace(g.storage().getWeakStorageImpl());
-      return g;
-    });
-    out.pow(2).sum().backward();
-    return std::make_pair(m.unit("lin").grad_shard().clone(), x.grad().clone());
-  };
-  int hooks = 0, alive = 0;
-  const auto on = run(true, &hooks, &alive);
-  const auto off = run(false, &hooks, &alive);
-  EXPECT_EQ(hooks, 1) << "the replay's backward ran once, through the hook";
-  EXPECT_EQ(alive, 0) << "the unit's incoming gradient was still allocated after the replay's first node used it";
+  HookCount count;
+  const auto on = hooked_unit_backward(true, &count, /*watch_incoming=*/true);
+  const auto off = hooked_unit_backward(false, &count, /*watch_incoming=*/true);
+  EXPECT_EQ(count.runs, 1) << "the replay's backward ran once, through the hook";
+  EXPECT_EQ(count.alive, 0) << "the unit's incoming gradient was still allocated after the replay's first node used it";
   EXPECT_TRUE(torch::equal(on.first, off.first));
   EXPECT_TRUE(torch::equal(on.second, off.second));
 }
