@@ -148,8 +148,8 @@ TORCH_MODULE(CCBN);
 /// (ch/8), g (ch/2) and o (ch) are bias-free 1x1 SN convs; phi and g are max-pooled 2x2;
 /// beta = softmax over the pooled positions of theta^T phi; out = x + gamma * o(g beta^T),
 /// with g beta^T computed as (beta g^T)^T (the same products; softmax's backward then gets a
-/// contiguous gradient and copies nothing). "gamma" [1] starts at 0, so a fresh block is the identity. x [B, ch, H, W] (ch >= 8,
-/// H and W even) -> same shape and dtype.
+/// contiguous gradient and copies nothing). "gamma" [1] starts at 0, so a fresh block is the
+/// identity. x [B, ch, H, W] (ch >= 8, H and W even) -> same shape and dtype.
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(int64_t ch);
