@@ -34,10 +34,13 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 
   CLI::App app{"shardgan-train: ZeRO-sharded GAN training (run under mpirun or srun)"};
+  app.footer(
+      "Every config key, with its type, default and meaning: docs/config.md (or --config-reference).\n"
+      "The resolved config of a file and its overrides: shardgan-train CONFIG [--set ...] --print-config.");
   std::string config_path, resume;
   std::vector<std::string> overrides;
-  bool dry_run = false;
-  app.add_option("config", config_path, "YAML config file (see configs/)")->required();
+  bool dry_run = false, print_config = false, config_reference = false;
+  app.add_option("config", config_path, "YAML config file (see configs/ and docs/config.md)");
   app.add_flag_callback(
       "--version",
       [&] {
@@ -53,11 +56,32 @@ int main(int argc, char** argv) {
   app.add_flag("--dry-run", dry_run,
                "print the memory pre-flight (parameters, bytes per rank per ZeRO stage, node memory) "
                "as one JSON object on rank 0's stdout and exit without training");
+  app.add_flag("--print-config", print_config,
+               "print the fully resolved config (the file, the --set overrides and every default) as YAML on "
+               "stdout and exit");
+  app.add_flag("--config-reference", config_reference,
+               "print the reference of every config key as Markdown (docs/config.md) and exit");
   try {
     app.parse(argc, argv);
+    if (config_path.empty() && !config_reference) throw CLI::RequiredError("config");
   } catch (const CLI::ParseError& e) {
     // Parse by hand so that help and errors print once and MPI is finalized.
     int code = rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
+    MPI_Finalize();
+    return code;
+  }
+
+  if (config_reference || print_config) {  // no training: print on rank 0 and leave
+    int code = 0;
+    try {
+      const std::string text = config_reference ? shardgan::config_reference_markdown()
+                                                : shardgan::load_config(config_path, overrides).resolved_nested_yaml;
+      if (rank == 0) std::fputs(text.c_str(), stdout);
+    } catch (const std::exception& e) {
+      if (rank == 0) std::fprintf(stderr, "shardgan-train: error: %s\n", e.what());
+      code = 1;
+    }
+    std::fflush(stdout);
     MPI_Finalize();
     return code;
   }
@@ -70,13 +94,9 @@ int main(int argc, char** argv) {
     const int cores = std::max(1u, std::thread::hardware_concurrency());
     const int affinity = shardgan::affinity_cpu_count();
     const int threads = shardgan::default_intra_op_threads(static_cast<int>(cfg.threads), cores, local_size, affinity);
-    const int share = cores / std::max(1, local_size);
-    if (cfg.threads == 0 && rank == 0 && affinity < share) {
-      spdlog::warn("rank 0 may run on {} CPU(s) but its share of this node is {} ({} cores, {} ranks): it uses {} "
-                   "thread(s). mpirun binds each rank to one core when it starts 1 or 2; add `--bind-to none` (or "
-                   "`--map-by slot:PE={}`) to give each rank its share",
-                   affinity, share, cores, local_size, threads, share);
-    }
+    // Every rank checks its own mask: a rank bound to fewer CPUs than its share says so once.
+    const std::string binding = shardgan::core_binding_warning(rank, cores, local_size, affinity);
+    if (!binding.empty()) spdlog::warn("{}", binding);
     torch::set_num_threads(threads);
     torch::set_num_interop_threads(1);
     // run.device: every rank resolves its own GPU (cuda:<local rank>) and refuses alike when

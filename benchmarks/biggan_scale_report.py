@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turns benchmarks/results/biggan/biggan_scale.jsonl (from biggan_scale.sh) into the
-Markdown table of docs/benchmarks.md, the largest model trained per stage and world size,
+Markdown table of docs/results.md, the largest model trained per stage and world size,
 and, with gnuplot, a plot of peak RSS per rank against parameters.
 
 Usage: biggan_scale_report.py [JSONL] [PLOT.png]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job from a fresh machine: install what is missing, build, train the FID
-# classifier once (runs/fmnist-classifier.h5, about 2 minutes), and train the ZeRO-3 DCGAN
+# classifier once (runs/fmnist-classifier.h5; its time is in docs/results.md), and train the ZeRO-3 DCGAN
 # on Fashion-MNIST with 2 ranks, with FID evaluations, plots and an end-of-run summary.
 # Extra arguments go to shardgan-train (e.g. scripts/demo.sh --set train.steps=200).
 set -euo pipefail
@@ -14,5 +14,5 @@ if [ ! -f "$CLASSIFIER" ]; then
   build/shardgan-fid train-classifier -o "$CLASSIFIER"
 fi
 NP=${NP:-2}
-exec mpirun -np "$NP" --oversubscribe build/shardgan-train configs/fmnist-dcgan.yaml \
+exec mpirun -np "$NP" --oversubscribe --bind-to none build/shardgan-train configs/fmnist-dcgan.yaml \
   --set eval.enabled=true --set eval.classifier="$CLASSIFIER" "$@"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Installs what shardgan needs (idempotent):
+# Installs what building and running shardgan needs, and nothing else (idempotent):
 #  1. Debian packages; apt-get update runs once, and only when one is missing.
 #  2. A virtual environment in .venv (git-ignored) with one pinned PyTorch wheel: shardgan
-#     builds on the LibTorch inside it (CMake finds it through torch.utils.cmake_prefix_path),
-#     and the tests and benchmarks run their Python (h5py, numpy, PyYAML, the PyTorch
-#     references) from it. Nothing Python runs at training time.
+#     builds on the LibTorch inside it (CMake finds it through torch.utils.cmake_prefix_path).
+#     Nothing Python runs at training time.
+# What only the tests and benchmarks need (GoogleTest, Slurm and munge for the local-cluster
+# test, h5py, numpy and PyYAML in .venv) is scripts/setup-dev.sh's, which scripts/test.sh runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION=2.15.0   # the newest stable 2.x on the registry (2026-11-25); CUDA 13.2 build
-PY_PKGS=("torch==${TORCH_VERSION}" "h5py==3.16.0" "numpy==2.4.6" "pyyaml==6.0.4")
+PY_PKGS=("torch==${TORCH_VERSION}")
 PKGS=(
   build-essential cmake ccache pkg-config
   libopenmpi-dev openmpi-bin
@@ -17,11 +18,9 @@ PKGS=(
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libstb-dev libxxhash-dev zlib1g-dev
   liburing-dev
-  libgoogle-perftools-dev                 # tcmalloc: shardgan-train's allocator (memory reuse, docs/benchmarks.md)
-  googletest libgtest-dev libbenchmark-dev
+  libgoogle-perftools-dev                 # tcmalloc: shardgan-train's allocator (memory reuse, docs/design.md)
   dataset-fashion-mnist
-  gnuplot-nox
-  slurmctld slurmd slurm-client munge   # tests/slurm_test.sh: scripts/slurm-local.sh cluster
+  gnuplot-nox                             # train.plots: the run's plots/*.png
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -42,10 +41,10 @@ fi
 VENV=.venv
 want="${PY_PKGS[*]}"
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.shardgan-pins" 2>/dev/null)" = "$want" ] &&
-   "$VENV/bin/python" -c "import torch, h5py, numpy, yaml" >/dev/null 2>&1; then
+   "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   echo "[setup] $VENV has torch ${TORCH_VERSION}"
 else
-  echo "[setup] creating $VENV with ${want} (about 3.5 GB: the CUDA build of torch and its NVIDIA libraries)"
+  echo "[setup] creating $VENV with ${want} (about 5.4 GB: the CUDA build of torch and its NVIDIA libraries)"
   start=$(date +%s)
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip

@@ -1,9 +1,24 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite with ctest.
+# Installs what is missing (scripts/setup.sh, then the test-only scripts/setup-dev.sh), builds,
+# and runs the whole test suite with ctest. A test that skips is reported as skipped (not
+# passed) in ctest's summary, and its reason is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup-dev.sh
 bash scripts/build.sh
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 cd build
-ctest --output-on-failure --timeout 600 "$@"
+rc=0
+ctest --output-on-failure --timeout 600 "$@" || rc=$?
+# Why each skipped test skipped: gtest's "file:line: Skipped" and the line after it (the
+# reason), and the shell tests' "SKIP: reason", under the ctest entry that printed them.
+log=Testing/Temporary/LastTest.log
+if [ -f "$log" ]; then
+  awk '/^[0-9]+\/[0-9]+ Test: / { name = $3 }
+       reason { print "  " name ": " $0; reason = 0 }
+       /: Skipped$/ { reason = 1 }
+       /^SKIP: / { print "  " name ": " substr($0, 7) }' "$log" | sort -u > skip-reasons.txt
+  if [ -s skip-reasons.txt ]; then echo "Skip reasons:"; cat skip-reasons.txt; fi
+fi
+exit $rc

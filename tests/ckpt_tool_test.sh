@@ -76,6 +76,8 @@ fi
 "$CKPT" export "$C4" -o "$T/g_ema.pt" --ema > "$T/e.txt" 2>&1 && [ -s "$T/g_ema.pt" ] && ok "export --ema" || bad "export --ema: $(cat "$T/e.txt")"
 "$CKPT" export "$C4" -o "$T/g.pt" > "$T/e.txt" 2>&1 && [ -s "$T/g.pt" ] && ok "export: $(cut -c1-100 "$T/e.txt")" || bad "export: $(cat "$T/e.txt")"
 "$CKPT" info "$T/nothing" > "$T/n.txt" 2>&1; [ $? -eq 1 ] && grep -q "no checkpoint there" "$T/n.txt" && ok "a missing checkpoint is exit 1 with a message" || bad "missing: $(cat "$T/n.txt")"
+"$CKPT" verify "$T/nothing" > "$T/n.txt" 2>&1; [ $? -eq 1 ] && grep -q "^.*checkpoint '$T/nothing': no checkpoint there" "$T/n.txt" &&
+  ! grep -q -- "--resume" "$T/n.txt" && ok "verify of a missing path names the path, not --resume" || bad "verify missing: $(cat "$T/n.txt")"
 "$CKPT" frobnicate > /dev/null 2>&1; [ $? -eq 2 ] && ok "bad usage is exit 2" || bad "bad usage exit code"
 rm -rf "$T"
 finish

@@ -19,7 +19,7 @@ TRAIN=$1; CKPT=$2; SRC=$3
 source "$(dirname "$0")/lib.sh"
 NETNS="$SRC/tests/multihost/netns.sh"
 if [ "$(id -u)" -ne 0 ] || ! command -v ip > /dev/null; then
-  [ "${SHARDGAN_SKIP_MULTIHOST:-0}" = 1 ] && { echo "SKIP: needs root and iproute2"; exit 0; }
+  [ "${SHARDGAN_SKIP_MULTIHOST:-0}" = 1 ] && { echo "SKIP: needs root and iproute2"; exit 77; }
   bad "needs root and iproute2 (ip netns); set SHARDGAN_SKIP_MULTIHOST=1 to skip"; finish; exit 1
 fi
 P=mh$(( $$ % 100000 ))

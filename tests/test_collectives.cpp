@@ -204,8 +204,7 @@ TEST(CollectivesSplit, SplitCallsEqualOneCall) {
 // per rank; run at world size <= 2 to bound memory). Without the split, the count cast to
 // int is negative and MPI_Ibcast fails.
 TEST(CollectivesSplit, BroadcastAboveIntMax) {
-  MpiCommunicator comm(MPI_COMM_WORLD, 120.0);
-  if (comm.world_size() > 2) GTEST_SKIP() << "2 GiB per rank: run at world size 1 and 2 only";
+  MpiCommunicator comm(MPI_COMM_WORLD, 120.0);  // registered at world size 1 and 2 only (2 GiB per rank)
   const int64_t numel = (int64_t{1} << 31) + 7;
   at::Tensor t = torch::empty({numel}, torch::kByte);
   const int root = comm.world_size() - 1;
@@ -223,6 +222,53 @@ TEST(CollectivesSplit, BroadcastAboveIntMax) {
   EXPECT_EQ(comm.stats().broadcast_calls, 1);
 }
 
+// All-gather and reduce-scatter above INT_MAX elements per rank, through the derived
+// datatypes (large_contiguous): uint8 blocks of 2^31 + 7 elements, checked element by
+// element (min and max of each block, and marked elements at 0, INT_MAX - 1, INT_MAX and
+// the end). About 8 GiB per rank at world size 2; registered as its own ctest entry at np 2.
+TEST(CollectivesSplit, AllGatherAndReduceScatterAboveIntMax) {
+  MpiCommunicator comm(MPI_COMM_WORLD, 300.0);
+  const int n = comm.world_size(), r = comm.rank();
+  const int64_t s = (int64_t{1} << 31) + 7;
+  const std::vector<int64_t> marks{0, INT_MAX - 1, INT_MAX, s - 1};
+  // Block q of a tensor is all `base`, except `base + 10 + k` at marks[k].
+  auto check_block = [&](const at::Tensor& block, int base, const std::string& what) {
+    for (size_t k = 0; k < marks.size(); ++k) {
+      EXPECT_EQ(block[marks[k]].item<int>(), (base + 10 + static_cast<int>(k)) % 256) << what << " mark " << k;
+      block[marks[k]] = base;
+    }
+    EXPECT_EQ(block.min().item<int>(), base) << what;  // min and max reduce without a temporary
+    EXPECT_EQ(block.max().item<int>(), base) << what;
+  };
+  auto mark = [&](at::Tensor block, int base) {
+    block.fill_(base);
+    for (size_t k = 0; k < marks.size(); ++k) block[marks[k]] = base + 10 + static_cast<int>(k);
+  };
+  at::Tensor full = torch::empty({n * s}, torch::kByte);
+  {
+    at::Tensor shard = torch::empty({s}, torch::kByte);
+    mark(shard, r + 1);
+    comm.all_gather(full, shard);
+  }
+  for (int q = 0; q < n; ++q) check_block(full.narrow(0, q * s, s), q + 1, "all_gather block " + std::to_string(q));
+  // Reduce-scatter: rank r's block q is (r + 1) + q everywhere; the sum over ranks of block
+  // `me` is sum_r (r + 1 + me), marks add 10 + k per rank (all mod 256).
+  for (int q = 0; q < n; ++q) mark(full.narrow(0, q * s, s), r + 1 + q);
+  at::Tensor shard = torch::empty({s}, torch::kByte);
+  comm.reduce_scatter(shard, full, ReduceOp::kSum);
+  full = at::Tensor();
+  int base = 0;
+  for (int q = 0; q < n; ++q) base += q + 1 + r;
+  for (size_t k = 0; k < marks.size(); ++k) {  // the marks add 10 + k on each rank
+    EXPECT_EQ(shard[marks[k]].item<int>(), (base + n * (10 + static_cast<int>(k))) % 256) << "reduce_scatter mark " << k;
+    shard[marks[k]] = base % 256;
+  }
+  EXPECT_EQ(shard.min().item<int>(), base % 256);
+  EXPECT_EQ(shard.max().item<int>(), base % 256);
+  EXPECT_EQ(comm.stats().all_gather_calls, 1);
+  EXPECT_EQ(comm.stats().reduce_scatter_calls, 1);
+}
+
 // The progress thread moves a prefetched all-gather while this thread computes and never
 // calls MPI: the peer's block lands in `full` before wait(). 16 MiB per rank is far above
 // the shared-memory BTL's eager limit, so without the thread the transfer waits for the
@@ -231,7 +277,7 @@ TEST(CollectivesSplit, BroadcastAboveIntMax) {
 TEST(CollectivesProgress, ThreadAdvancesAllGatherWithoutMpiCalls) {
   MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
   const int n = comm.world_size(), r = comm.rank();
-  if (n < 2) GTEST_SKIP() << "needs a peer";
+  ASSERT_GE(n, 2) << "needs a peer (registered at world size 2 and up)";
   comm.enable_progress_thread(100);
   const int64_t s = int64_t{4} << 20;  // float32 elements: 16 MiB
   at::Tensor shard = torch::full({s}, static_cast<float>(r + 1));

@@ -1,7 +1,10 @@
 // Config parsing: defaults, overrides, and errors that name the file and the key.
+#include <sstream>
+
 #include <gtest/gtest.h>
 
 #include "shardgan/train/config.h"
+#include "shardgan/util/progress.h"
 #include "shardgan/util/threads.h"
 
 using namespace shardgan;
@@ -44,6 +47,57 @@ TEST(Config, UnknownKeyIsNamed) {
   EXPECT_NE(error_of("train: {stepz: 3}\n").find("test.yaml"), std::string::npos);
 }
 
+// An unknown key's error suggests the nearest known key (edit distance), or the keys with
+// the same last name when the section is wrong, and points at docs/config.md instead of
+// listing all 100-odd keys.
+TEST(Config, UnknownKeySuggestsTheNearestKey) {
+  const std::string typo = error_of("train: {stepz: 3}\n");
+  EXPECT_NE(typo.find("Did you mean 'train.steps'?"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("docs/config.md"), std::string::npos) << typo;
+  EXPECT_EQ(typo.find("train.global_batch"), std::string::npos) << "lists every key: " << typo;
+  const std::string section = error_of("", {"optim.g.lr=1"});
+  EXPECT_NE(section.find("'optim.generator.lr'"), std::string::npos) << section;
+  EXPECT_NE(section.find("'optim.discriminator.lr'"), std::string::npos) << section;
+  const std::string far = error_of("", {"completely.unrelated=1"});
+  EXPECT_EQ(far.find("Did you mean"), std::string::npos) << far;
+  EXPECT_EQ(edit_distance("train.stepz", "train.steps"), 1u);
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+}
+
+// --print-config's YAML reads back to the same config, defaults, overrides, lists and
+// strings that need quoting included.
+TEST(Config, ResolvedNestedYamlReadsBack) {
+  for (const char* arch : {"dcgan", "biggan"}) {
+    const TrainConfig a = parse_config("train: {steps: 10}\n", "t.yaml",
+                                       {std::string("model.arch=") + arch, "optim.generator.lr=1.5e-4",
+                                        "run.dir=runs/with space", "offload.path="});
+    EXPECT_NE(a.resolved_nested_yaml.find("train:\n"), std::string::npos) << a.resolved_nested_yaml;
+    const TrainConfig b = parse_config(a.resolved_nested_yaml, "resolved.yaml", {});
+    EXPECT_EQ(a.resolved_yaml, b.resolved_yaml) << a.resolved_nested_yaml;
+    EXPECT_EQ(b.run_dir, "runs/with space");
+    EXPECT_EQ(b.g_optim.offload.path, "");
+    EXPECT_EQ(b.g_optim.lr, 1.5e-4);
+  }
+}
+
+// The config reference names every key the reader accepts, each with a meaning.
+TEST(Config, ReferenceListsEveryKeyWithAMeaning) {
+  const std::string md = config_reference_markdown();
+  for (const char* arch : {"dcgan", "biggan"}) {
+    const TrainConfig c = parse_config("", "t.yaml", {std::string("model.arch=") + arch});
+    std::istringstream lines(c.resolved_yaml);
+    for (std::string line; std::getline(lines, line);) {
+      const std::string key = line.substr(0, line.find(':'));
+      EXPECT_NE(md.find("| `" + key + "` |"), std::string::npos) << key;
+    }
+  }
+  EXPECT_EQ(md.find(" |  |\n"), std::string::npos) << "a key without a meaning";
+  EXPECT_NE(md.find("| `model.g_ch_mult` | list of integers"), std::string::npos);
+  EXPECT_NE(md.find("(biggan)"), std::string::npos);
+  EXPECT_NE(md.find("dcgan: `64`; biggan: `120`"), std::string::npos) << "model.z_dim's per-family default";
+}
+
 TEST(Config, BadValuesAreNamed) {
   EXPECT_NE(error_of("train: {steps: abc}\n").find("'train.steps' has value 'abc'"), std::string::npos);
   EXPECT_NE(error_of("sharding: {generator: {stage: 4}}\n").find("sharding.generator.stage"), std::string::npos);
@@ -83,6 +137,19 @@ namespace {
 
 // train.threads 0: a rank's share of the cores, capped by the CPUs it may run on (mpirun
 // binds 1 or 2 ranks to one core each by default).
+// A rank bound to fewer CPUs than its share of the node warns once, naming the fix.
+TEST(IntraOpThreads, BindingWarningNamesTheFix) {
+  using shardgan::core_binding_warning;
+  const std::string w = core_binding_warning(0, 2, 1, 1);  // mpirun -np 1: bound to one of 2 cores
+  EXPECT_NE(w.find("--bind-to none"), std::string::npos) << w;
+  EXPECT_NE(w.find("--map-by slot:PE=2"), std::string::npos) << w;
+  EXPECT_NE(w.find("rank 0"), std::string::npos) << w;
+  EXPECT_EQ(core_binding_warning(0, 2, 1, 2), "");   // unbound: its share
+  EXPECT_EQ(core_binding_warning(1, 2, 2, 1), "");   // two ranks, a core each: their share
+  EXPECT_EQ(core_binding_warning(3, 2, 4, 1), "");   // oversubscribed: share 0, nothing to fix
+  EXPECT_NE(core_binding_warning(1, 64, 2, 1), "");  // 32 cores each, bound to one
+}
+
 TEST(IntraOpThreads, ShareOfTheCoresCappedByTheAffinityMask) {
   using shardgan::default_intra_op_threads;
   EXPECT_EQ(default_intra_op_threads(0, 2, 1, 2), 2);    // unbound, one rank: both cores
@@ -96,3 +163,12 @@ TEST(IntraOpThreads, ShareOfTheCoresCappedByTheAffinityMask) {
 }
 
 }  // namespace
+
+// The progress line's images per second: significant digits for slow runs (a 1e9 step of 4
+// images in 45 s printed "0 img/s"), whole numbers for fast ones.
+TEST(Progress, RatesKeepSignificantDigits) {
+  EXPECT_EQ(shardgan::format_rate(4 / 45.0), "0.0889");
+  EXPECT_EQ(shardgan::format_rate(12.345), "12.3");
+  EXPECT_EQ(shardgan::format_rate(4521.4), "4521");
+  EXPECT_EQ(shardgan::format_rate(0), "0");
+}

@@ -204,8 +204,8 @@ int main(int argc, char** argv) {
   }
   try {
     torch::set_num_threads(1);
-    const std::string d = resolve_checkpoint_dir(dir);
-    if (*diff) return cmd_diff(d, resolve_checkpoint_dir(dir_b), rtol);
+    const std::string d = resolve_checkpoint_dir(dir, "checkpoint");
+    if (*diff) return cmd_diff(d, resolve_checkpoint_dir(dir_b, "checkpoint"), rtol);
     ckpt::CheckpointReader rd(d);
     if (*ls) return cmd_ls(rd);
     if (*info) return cmd_info(rd);

@@ -404,7 +404,7 @@ void wait_for_checkpoint_cleanup() {
   if (pending_deletion().valid()) pending_deletion().get();
 }
 
-std::string resolve_checkpoint_dir(const std::string& path) {
+std::string resolve_checkpoint_dir(const std::string& path, const std::string& what) {
   if (fs::exists(path + "/" + ckpt::kIndexFile) || fs::exists(path + "/" + ckpt::rank_file_name(0))) return path;
   for (const std::string& folder : {path, path + "/checkpoints"}) {
     if (!fs::is_directory(folder)) continue;
@@ -418,11 +418,11 @@ std::string resolve_checkpoint_dir(const std::string& path) {
     }
     if (!complete.empty()) return folder + "/" + *std::max_element(complete.begin(), complete.end(), by_step);
     if (any) {
-      throw CheckpointError("--resume '" + path + "': '" + folder +
+      throw CheckpointError(what + " '" + path + "': '" + folder +
                             "' holds no complete checkpoint (only interrupted saves); start afresh");
     }
   }
-  throw CheckpointError("--resume '" + path +
+  throw CheckpointError(what + " '" + path +
                         "': no checkpoint there (expected a directory with index.h5, or step-* "
                         "checkpoints in it or in its checkpoints/ folder)");
 }

@@ -12,8 +12,13 @@ at::Tensor ModelFamily::sample_labels(int64_t n, at::Generator& gen) const {
   return at::randint(num_classes(), {n}, gen, torch::TensorOptions().dtype(at::kLong));
 }
 
+const std::vector<std::string>& model_archs() {
+  static const std::vector<std::string> archs{"dcgan", "biggan"};
+  return archs;
+}
+
 std::unique_ptr<ModelFamily> make_family(ConfigReader& r) {
-  const std::string arch = r.get<std::string>("model.arch", "dcgan");
+  const std::string arch = r.get<std::string>("model.arch", "dcgan", "model family: dcgan or biggan");
   if (arch == "dcgan") return make_dcgan_family(r);
   if (arch == "biggan") return make_biggan_family(r);
   throw ConfigError(r.source() + ": key 'model.arch' is '" + arch + "'; use dcgan or biggan");

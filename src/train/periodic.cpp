@@ -12,6 +12,7 @@
 #include "shardgan/train/config.h"
 #include "shardgan/train/image_grid.h"
 #include "shardgan/util/proc_status.h"
+#include "shardgan/util/progress.h"
 
 namespace shardgan {
 
@@ -84,8 +85,8 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
   if (comm_.rank() != 0) return;
   const double sps = cfg_.global_batch / std::max(m.step_time_s, 1e-9);
   const int64_t rss = peak_rss_bytes();
-  spdlog::info("step {:>6}/{}  loss_d {:.4f}  loss_g {:.4f}  D(x) {:.3f}  D(G(z)) {:.3f}  {:.3f} s/step  {:.0f} img/s  peak RSS {:.2f} GiB",
-               m.step, cfg_.steps, m.loss_d, m.loss_g, m.d_real, m.d_fake, m.step_time_s, sps,
+  spdlog::info("step {:>6}/{}  loss_d {:.4f}  loss_g {:.4f}  D(x) {:.3f}  D(G(z)) {:.3f}  {:.3f} s/step  {} img/s  peak RSS {:.2f} GiB",
+               m.step, cfg_.steps, m.loss_d, m.loss_g, m.d_real, m.d_fake, m.step_time_s, format_rate(sps),
                rss / 1073741824.0);
   nlohmann::json j = {{"step", m.step},       {"loss_d", m.loss_d},
                       {"loss_g", m.loss_g},   {"d_real", m.d_real},

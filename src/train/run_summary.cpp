@@ -49,9 +49,10 @@ void RunSummary::log(const TrainConfig& cfg, int64_t final_step, const std::vect
 std::string progress_text(const StepMetrics& m, int64_t total_steps, int64_t global_batch, double avg_step_s,
                           const RunSummary& summary) {
   const double eta_s = avg_step_s * static_cast<double>(total_steps - m.step);
-  std::string text = fmt::format("step {}/{} ({:.0f}%) | loss_D {:.3f} loss_G {:.3f} | {:.0f} img/s | ETA {}",
+  std::string text = fmt::format("step {}/{} ({:.0f}%) | loss_D {:.3f} loss_G {:.3f} | {} img/s | ETA {}",
                                  m.step, total_steps, 100.0 * m.step / std::max<int64_t>(total_steps, 1), m.loss_d,
-                                 m.loss_g, global_batch / std::max(avg_step_s, 1e-9), format_duration(eta_s));
+                                 m.loss_g, format_rate(global_batch / std::max(avg_step_s, 1e-9)),
+                                 format_duration(eta_s));
   if (summary.last_fid >= 0) text += fmt::format(" | FID {:.1f}", summary.last_fid);
   return text;
 }

@@ -1,5 +1,6 @@
 #include "shardgan/util/config_reader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <limits>
@@ -40,13 +41,26 @@ ConfigReader::ConfigReader(std::map<std::string, std::string> values, std::strin
     : values_(std::move(values)), source_(std::move(source)) {}
 
 template <typename T>
-T ConfigReader::get(const std::string& key, T fallback) {
+T ConfigReader::get(const std::string& key, T fallback, const char* meaning) {
   known_.insert(key);
+  auto [info, first] = info_.try_emplace(key);
+  if (first) {
+    order_.push_back(key);
+    info->second.type = type_name<T>();
+    info->second.default_text = to_text(fallback);
+    info->second.is_string = std::is_same_v<T, std::string>;
+  }
+  if (info->second.meaning.empty() && meaning) info->second.meaning = meaning;
   auto it = values_.find(key);
   T v = fallback;
   if (it != values_.end()) {
     try {
-      v = YAML::Load(it->second).as<T>();
+      if constexpr (std::is_same_v<T, std::string>) {
+        // An empty value ("path:" or "path: ''"): the empty string, not YAML's null.
+        v = it->second.empty() ? std::string() : YAML::Load(it->second).as<T>();
+      } else {
+        v = YAML::Load(it->second).as<T>();
+      }
     } catch (const YAML::Exception&) {
       throw ConfigError(source_ + ": key '" + key + "' has value '" + it->second +
                         "', which is not a valid " + type_name<T>());
@@ -58,19 +72,62 @@ T ConfigReader::get(const std::string& key, T fallback) {
     }
   }
   resolved_ << key << ": " << to_text(v) << "\n";
+  info->second.value_text = to_text(v);
   return v;
 }
 
-template bool ConfigReader::get<bool>(const std::string&, bool);
-template int ConfigReader::get<int>(const std::string&, int);
-template int64_t ConfigReader::get<int64_t>(const std::string&, int64_t);
-template uint64_t ConfigReader::get<uint64_t>(const std::string&, uint64_t);
-template double ConfigReader::get<double>(const std::string&, double);
-template std::string ConfigReader::get<std::string>(const std::string&, std::string);
-template std::vector<int64_t> ConfigReader::get<std::vector<int64_t>>(const std::string&, std::vector<int64_t>);
+template bool ConfigReader::get<bool>(const std::string&, bool, const char*);
+template int ConfigReader::get<int>(const std::string&, int, const char*);
+template int64_t ConfigReader::get<int64_t>(const std::string&, int64_t, const char*);
+template uint64_t ConfigReader::get<uint64_t>(const std::string&, uint64_t, const char*);
+template double ConfigReader::get<double>(const std::string&, double, const char*);
+template std::string ConfigReader::get<std::string>(const std::string&, std::string, const char*);
+template std::vector<int64_t> ConfigReader::get<std::vector<int64_t>>(const std::string&, std::vector<int64_t>, const char*);
 
-void ConfigReader::require(bool ok, const std::string& key, const std::string& what) const {
+void ConfigReader::require(bool ok, const std::string& key, const std::string& what) {
+  auto& rules = info_[key].rules;
+  if (std::find(rules.begin(), rules.end(), what) == rules.end()) rules.push_back(what);
   if (!ok) throw ConfigError(source_ + ": key '" + key + "' " + what);
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string ConfigReader::resolved_nested_yaml() const {
+  YAML::Node root(YAML::NodeType::Map);
+  for (const std::string& key : order_) {
+    const ConfigKeyInfo& k = info_.at(key);
+    // Walk (creating) the sections of "a.b.c"; yaml-cpp keeps the insertion order.
+    std::vector<std::string> parts;
+    for (size_t start = 0;;) {
+      const size_t dot = key.find('.', start);
+      parts.push_back(key.substr(start, dot - start));
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    std::vector<YAML::Node> path{root};
+    for (size_t i = 0; i + 1 < parts.size(); ++i) path.push_back(path.back()[parts[i]]);
+    if (k.is_string) {
+      path.back()[parts.back()] = k.value_text;  // the emitter quotes it where YAML needs that
+    } else {
+      path.back()[parts.back()] = YAML::Load(k.value_text);
+    }
+  }
+  YAML::Emitter out;
+  out << root;
+  return std::string(out.c_str()) + "\n";
 }
 
 void ConfigReader::check_all_known() const {
@@ -89,10 +146,28 @@ void ConfigReader::check_all_known() const {
                           kv.first + "' under it)");
       }
     }
-    std::string list;
-    for (auto& k : known_) list += "\n  " + k;
-    throw ConfigError(source_ + ": unknown config key '" + kv.first +
-                      "'. Fix or remove it; known keys are:" + list);
+    // The nearest known key by edit distance, when it is near enough to be a typo.
+    std::string best;
+    size_t best_d = std::string::npos;
+    for (auto& k : known_) {
+      const size_t d = edit_distance(kv.first, k);
+      if (d < best_d) best_d = d, best = k;
+    }
+    const size_t limit = std::max<size_t>(2, kv.first.size() / 4);
+    std::string hint = best_d <= limit ? " Did you mean '" + best + "'?" : "";
+    if (hint.empty()) {  // a wrong section ("optim.g.lr"): the keys with the same last name
+      const std::string leaf = kv.first.substr(kv.first.rfind('.') + 1);
+      std::string same;
+      for (auto& k : known_) {
+        if (k.size() > leaf.size() && k.compare(k.size() - leaf.size() - 1, std::string::npos, "." + leaf) == 0) {
+          same += (same.empty() ? "'" : ", '") + k + "'";
+        }
+      }
+      if (!same.empty()) hint = " Did you mean " + same + "?";
+    }
+    throw ConfigError(source_ + ": unknown config key '" + kv.first + "'." + hint +
+                      " Fix or remove it; docs/config.md lists every key, and `shardgan-train --print-config "
+                      "CONFIG` prints the resolved config.");
   }
 }
 

@@ -11,6 +11,8 @@
 #include <system_error>
 #include <filesystem>
 
+#include <fmt/format.h>
+
 namespace shardgan {
 namespace {
 
@@ -119,6 +121,11 @@ std::string format_duration(double seconds) {
     std::snprintf(buf, sizeof(buf), "%llds", s);
   }
   return buf;
+}
+
+std::string format_rate(double per_second) {
+  if (!(per_second < 100)) return fmt::format("{:.0f}", per_second);
+  return fmt::format("{:.3g}", per_second);
 }
 
 }  // namespace shardgan

@@ -34,4 +34,14 @@ int affinity_cpu_count() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+std::string core_binding_warning(int rank, int cores, int ranks_on_node, int affinity_cpus) {
+  const int share = std::max(1, cores) / std::max(1, ranks_on_node);
+  if (affinity_cpus >= share) return "";
+  return "rank " + std::to_string(rank) + " may run on " + std::to_string(affinity_cpus) +
+         " CPU(s), but its share of this node is " + std::to_string(share) + " (" + std::to_string(cores) +
+         " cores, " + std::to_string(ranks_on_node) +
+         " ranks): mpirun binds each rank to one core when it starts 1 or 2 ranks. Add `--bind-to none` "
+         "(or `--map-by slot:PE=" + std::to_string(share) + "`) to mpirun to give each rank its share";
+}
+
 }  // namespace shardgan

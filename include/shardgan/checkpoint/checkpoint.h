@@ -90,8 +90,10 @@ void wait_for_checkpoint_cleanup();
 /// Local. Resolves what `--resume` names: a checkpoint directory (holding index.h5), or a
 /// checkpoints folder or run directory, where it picks the newest committed checkpoint
 /// (interrupted *.tmp saves are ignored; `latest` names the same one unless a crash hit
-/// between the rename and its update). Throws CheckpointError.
-std::string resolve_checkpoint_dir(const std::string& path);
+/// between the rename and its update). Throws CheckpointError, whose message starts with
+/// `what` and the path (`what`: how the caller's user named the path, e.g. the tool's
+/// "checkpoint").
+std::string resolve_checkpoint_dir(const std::string& path, const std::string& what = "--resume");
 
 /// Collective (every rank, same order: two broadcasts from rank 0 and one all-reduce of
 /// world_size() doubles). Rank 0 alone resolves `path` (resolve_checkpoint_dir) and

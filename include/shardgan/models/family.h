@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -50,6 +51,9 @@ class ModelFamily {
   /// when num_classes() is 0 (and then `gen` is not advanced).
   at::Tensor sample_labels(int64_t n, at::Generator& gen) const;
 };
+
+/// Every `model.arch` value make_family accepts, in a fixed order ("dcgan", "biggan").
+const std::vector<std::string>& model_archs();
 
 /// Reads `model.arch` and that family's `model.*` keys from `r` (an unknown arch, or a bad
 /// value of one of its keys, is a ConfigError naming the key) and returns the family.

@@ -32,7 +32,7 @@ class MemoryPreflightError : public std::runtime_error {
 nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int world_size, int local_ranks);
 
 /// What a rank needs beyond the estimate, calibrated on measured peak RSS (VmHWM) of BigGAN
-/// runs at 6.7e7-1e9 parameters, stages 0-3, N = 1, 2 and 4 (docs/benchmarks.md): LibTorch's
+/// runs at 6.7e7-1e9 parameters, stages 0-3, N = 1, 2 and 4 (docs/results.md#memory-sweep): LibTorch's
 /// own ~0.35 GiB per process, MPI's buffers, activations and the 16-bit reduction copies,
 /// which the estimate leaves out. Checked: estimate * kPreflightFactor + overhead per rank.
 /// The overhead was 1 GiB until the 514.5M-parameter cell at N = 2, stage 3 measured
@@ -48,7 +48,7 @@ inline constexpr int64_t kPreflightRankOverheadBytes = int64_t{5} << 28;  // 1.2
 /// sees: MPI's own buffers (libnbc's reduction temporaries, shared-memory segments), the
 /// allocator's free lists and fragmentation, and the final checkpoint save. A fit, not a
 /// derivation: the 30-cell memory sweep (67M-1.03e9 parameters, N = 1, 2, 4, stages 0-3,
-/// 1-128 samples per rank, one machine, tcmalloc; docs/benchmarks.md) ran with 150 MiB;
+/// 1-128 samples per rank, one machine, tcmalloc; docs/results.md#memory-sweep) ran with 150 MiB;
 /// the prediction is a sum, so each cell's is recomputed exactly with another margin, and
 /// 100 MiB minimizes the worst error: measured VmHWM 0.91-1.08x the prediction.
 /// It was 150 MiB until each model's gradient shards were released after its update: the

@@ -34,4 +34,8 @@ class ProgressLine {
 /// "1h02m", "4m05s" or "12s" for a duration in seconds (negative or non-finite: "?").
 std::string format_duration(double seconds);
 
+/// A rate (images per second) with 3 significant digits below 100 ("0.0889", "12.3"), and
+/// whole numbers from 100 up ("4521"), so that a slow run never prints "0".
+std::string format_rate(double per_second);
+
 }  // namespace shardgan

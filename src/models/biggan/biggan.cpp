@@ -233,21 +233,29 @@ std::unique_ptr<ModelFamily> make_biggan_family(const BigGanConfig& cfg) {
 
 std::unique_ptr<ModelFamily> make_biggan_family(ConfigReader& r) {
   BigGanConfig c;
-  c.ch = r.get<int64_t>("model.ch", c.ch);
-  c.d_ch = r.get<int64_t>("model.d_ch", c.d_ch);
-  c.g_ch_mult = r.get<std::vector<int64_t>>("model.g_ch_mult", c.g_ch_mult);
-  c.d_ch_mult = r.get<std::vector<int64_t>>("model.d_ch_mult", c.d_ch_mult);
-  c.g_blocks_per_res = r.get<int64_t>("model.g_blocks_per_res", c.g_blocks_per_res);
-  c.d_blocks_per_res = r.get<int64_t>("model.d_blocks_per_res", c.d_blocks_per_res);
-  c.g_attn = r.get<int64_t>("model.g_attn", c.g_attn);
-  c.d_attn = r.get<int64_t>("model.d_attn", c.d_attn);
-  c.z_dim = r.get<int64_t>("model.z_dim", c.z_dim);
-  c.shared_dim = r.get<int64_t>("model.shared_dim", c.shared_dim);
-  c.n_classes = r.get<int64_t>("model.n_classes", c.n_classes);
-  c.channels = r.get<int64_t>("model.channels", c.channels);
-  c.init = r.get<std::string>("model.init", c.init);
-  c.channels_last = r.get<bool>("model.channels_last", c.channels_last);
-  c.fused_upsample = r.get<bool>("model.fused_upsample", c.fused_upsample);
+  c.ch = r.get<int64_t>("model.ch", c.ch, "BigGAN: G's base channel width");
+  c.d_ch = r.get<int64_t>("model.d_ch", c.d_ch, "BigGAN: D's base channel width");
+  c.g_ch_mult = r.get<std::vector<int64_t>>("model.g_ch_mult", c.g_ch_mult,
+      "BigGAN: G's channel multipliers from 4x4 upwards; L entries give 4*2^(L-1)-pixel images");
+  c.d_ch_mult = r.get<std::vector<int64_t>>("model.d_ch_mult", c.d_ch_mult,
+      "BigGAN: D's channel multipliers from the input resolution downwards (as many as g_ch_mult)");
+  c.g_blocks_per_res = r.get<int64_t>("model.g_blocks_per_res", c.g_blocks_per_res,
+      "BigGAN: extra G blocks per resolution (deep variant)");
+  c.d_blocks_per_res = r.get<int64_t>("model.d_blocks_per_res", c.d_blocks_per_res,
+      "BigGAN: extra D blocks per resolution");
+  c.g_attn = r.get<int64_t>("model.g_attn", c.g_attn,
+      "BigGAN: output resolution of the G block the self-attention follows (0: none)");
+  c.d_attn = r.get<int64_t>("model.d_attn", c.d_attn,
+      "BigGAN: output resolution of the D block the self-attention follows (0: none)");
+  c.z_dim = r.get<int64_t>("model.z_dim", c.z_dim, "latent size (BigGAN: divisible by the number of G resolutions)");
+  c.shared_dim = r.get<int64_t>("model.shared_dim", c.shared_dim, "BigGAN: shared class-embedding size");
+  c.n_classes = r.get<int64_t>("model.n_classes", c.n_classes, "BigGAN: number of classes");
+  c.channels = r.get<int64_t>("model.channels", c.channels, "image channels, 1 or 3");
+  c.init = r.get<std::string>("model.init", c.init, "BigGAN: weight init, ortho, N02 or xavier");
+  c.channels_last = r.get<bool>("model.channels_last", c.channels_last,
+      "BigGAN: compute activations in channels-last memory format (less transient memory on the CPU)");
+  c.fused_upsample = r.get<bool>("model.fused_upsample", c.fused_upsample,
+      "BigGAN: up-blocks convolve the low-resolution input instead of the upsampled one (less memory)");
   validate(c, [&r](bool ok, const std::string& key, const std::string& what) {
     r.require(ok, key, what);
   });

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs what only the tests and benchmarks need, on top of scripts/setup.sh (idempotent;
+# scripts/test.sh runs both). A user's machine that only trains needs none of it:
+#  - GoogleTest and Google Benchmark (the test and benchmark executables);
+#  - slurmctld, slurmd, slurm-client and munge: tests/slurm_test.sh starts a throw-away
+#    one-node cluster with them (scripts/slurm-local.sh). On a real cluster node these
+#    daemons belong to the site; do not run this script there;
+#  - iproute2 (tests/multihost_test.sh: network namespaces as hosts);
+#  - h5py, numpy and PyYAML in .venv: the interop tests (h5py reads our checkpoints), the
+#    fuzzers and the PyTorch peer benchmarks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY_PKGS=("h5py==3.16.0" "numpy==2.4.6" "pyyaml==6.0.4")
+PKGS=(
+  googletest libgtest-dev libbenchmark-dev
+  slurmctld slurmd slurm-client munge
+  iproute2
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup-dev] installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "[setup-dev] all test packages present"
+fi
+
+VENV=.venv
+[ -x "$VENV/bin/python" ] || { echo "[setup-dev] error: $VENV missing; run scripts/setup.sh first" >&2; exit 1; }
+want="${PY_PKGS[*]}"
+if [ "$(cat "$VENV/.shardgan-dev-pins" 2>/dev/null)" = "$want" ] &&
+   "$VENV/bin/python" -c "import h5py, numpy, yaml" >/dev/null 2>&1; then
+  echo "[setup-dev] $VENV has ${want}"
+else
+  echo "[setup-dev] installing ${want} into $VENV"
+  if ! "$VENV/bin/python" -m pip install -q "${PY_PKGS[@]}"; then
+    echo "[setup-dev] error: pip could not install ${want} into $VENV (see pip's message above)" >&2
+    exit 1
+  fi
+  echo "$want" > "$VENV/.shardgan-dev-pins"
+fi
