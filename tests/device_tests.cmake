@@ -2,10 +2,11 @@
 shardgan_test(test_device)
 shardgan_mpi_test(test_device 120 1)
 
-# The whole checkpoint suite with every tensor forced through the chunked host-staging copy
+# The checkpoint suite (but its 4-rank case) with every tensor forced through the chunked host-staging copy
 # that device shards take (4096-byte chunks, so every shard spans several).
 add_test(NAME test_checkpoint_host_staging_np2
-         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe $<TARGET_FILE:test_checkpoint>)
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe $<TARGET_FILE:test_checkpoint>
+                 --gtest_filter=-Checkpoint.ReshardNToMMatchesUninterruptedRun)  # that case needs 4 ranks
 set_tests_properties(test_checkpoint_host_staging_np2 PROPERTIES TIMEOUT 300 PROCESSORS 2
   ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_HOST_STAGING=1;SHARDGAN_HOST_STAGING_BYTES=4096")
 

@@ -58,6 +58,7 @@ struct Case {
   int micro;
   at::ScalarType compute;
   bool sgd = false;  ///< plain SGD (no momentum) instead of Adam
+  c10::optional<at::ScalarType> reduce = c10::nullopt;  ///< sharding reduce_dtype (default: master)
 };
 
 ShardedUnit::SingleForward fwd(nn::Sequential s) {
@@ -105,6 +106,7 @@ TrainResult train(Communicator& comm, Communicator& bn_comm, const Case& c, int 
   const bool low = c.compute != at::kDouble;
   const at::ScalarType master = low ? at::kFloat : at::kDouble;
   if (low) cfg.compute_dtype = c.compute;
+  cfg.reduce_dtype = c.reduce;
   auto model = build(comm, bn_comm, cfg, master);
   std::unique_ptr<ShardedOptimizer> optp;
   if (c.sgd) {
@@ -142,7 +144,8 @@ TrainResult train(Communicator& comm, Communicator& bn_comm, const Case& c, int 
 
 std::string name_of(const Case& c) {
   return "stage" + std::to_string(c.stage) + "_micro" + std::to_string(c.micro) + "_" +
-         c10::toString(c.compute) + (c.sgd ? "_sgd" : "");
+         c10::toString(c.compute) + (c.sgd ? "_sgd" : "") +
+         (c.reduce ? std::string("_reduce_") + c10::toString(*c.reduce) : std::string());
 }
 
 // The worst per-tensor error of `a` against `b` under the case's metric (see the header).
@@ -179,7 +182,30 @@ double worst_error(const TrainResult& a, const TrainResult& b, const Case& c, bo
 // Every run prints both numbers, so a machine whose rounding lands closer can be seen.
 constexpr double kAdamBf16Tol = 0.45;
 
+// 16-bit reduce_dtype rows (float32 compute, float32 master and optimizer state): each
+// rank's gradient is rounded to 16 bits before the reduction and the result once after it
+// (the reference on one rank rounds its gradient once). A rounding moves an element by at
+// most u |partial gradient| (u = 2^-9 in bfloat16, 2^-12 in float16), and a rank's partial
+// gradients can be many times the summed one (a few samples per rank, terms that cancel),
+// so these rows sit in the same regime as the bfloat16-compute rows, and take their bounds
+// in bfloat16: 0.5 for SGD's max relative update difference, kAdamBf16Tol for Adam's L2.
+// float16 takes them divided by 8, the ratio of the two unit roundoffs. Measured on the
+// 2-core EPYC guest, N = 2 and 4, every stage, 1 and 2 micro-batches: SGD bfloat16 clean
+// 0.014-0.267 (the largest at N = 4 with 2 micro-batches, 3 samples per rank), float16
+// up to 0.0015; Adam bfloat16 up to 0.055, float16 up to 0.0023. The negative control
+// (rank 1's gradient doubled) gave at least 3.02 (SGD) and 0.959 (Adam) in both dtypes.
+double reduce16_tolerance(const Case& c) {
+  const double bf16 = c.sgd ? 0.5 : kAdamBf16Tol;
+  return *c.reduce == at::kHalf ? bf16 / 8 : bf16;
+}
+
 class Matrix : public ::testing::TestWithParam<Case> {};
+
+// The tolerance of a case (header; 16-bit reduction rows: reduce16_tolerance above).
+double tolerance_of(const Case& c) {
+  if (c.reduce) return reduce16_tolerance(c);
+  return c.compute == at::kDouble ? 1e-12 : (c.sgd ? 0.5 : kAdamBf16Tol);
+}
 
 TEST_P(Matrix, MatchesOneRankStage0) {
   const Case c = GetParam();
@@ -188,7 +214,7 @@ TEST_P(Matrix, MatchesOneRankStage0) {
   TrainResult sharded = train(world, world_bn, c);
   TrainResult ref = train(self, self_bn, c, /*stage=*/0);
   const bool f64 = c.compute == at::kDouble;
-  const double tol = f64 ? 1e-12 : (c.sgd ? 0.5 : kAdamBf16Tol);
+  const double tol = tolerance_of(c);
   const double worst = worst_error(sharded, ref, c, true, tol);
   if (world.rank() == 0) {
     std::printf("[matrix] N=%d %s: worst %s diff %.3g (tolerance %.0e)\n", world.world_size(),
@@ -215,6 +241,59 @@ std::vector<Case> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Stages, Matrix, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) { return name_of(info.param); });
+
+// sharding.<model>.reduce_dtype bfloat16 and float16 with float32 compute: every stage, 1 and
+// 2 micro-batches, Adam and SGD (ctest: reduce_dtype_16bit_np2 and _np4).
+std::vector<Case> reduce16_cases() {
+  std::vector<Case> v;
+  for (int stage : {0, 1, 2, 3})
+    for (int micro : {1, 2})
+      for (auto rd : {at::kBFloat16, at::kHalf})
+        for (bool sgd : {false, true}) v.push_back({stage, micro, at::kFloat, sgd, rd});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(ReduceDtype16, Matrix, ::testing::ValuesIn(reduce16_cases()),
+                         [](const auto& info) { return name_of(info.param); });
+
+// A float16 gradient average whose sum overflows: every rank's gradient is 40000 (exact in
+// float16), so the sum over N >= 2 ranks is above float16's 65504 while the average, 40000,
+// fits. The engine must average before it rounds to 16 bits. Negative control, run once:
+// the code before this test (float16 summed, rounded, then scaled by 1/N, in the gradient
+// shard's accumulation and in the MPI backend's two-rank reduce-scatter) gave -inf updates
+// at N = 2 and 4 in stages 1-3 (stage 0's all-reduce already averaged in float32).
+TEST(ReduceDtype16Overflow, Float16AverageOfLargeGradientsIsFinite) {
+  MpiCommunicator world(MPI_COMM_WORLD, 120.0);
+  for (int stage : {0, 1, 2, 3}) {
+    ShardingConfig cfg;
+    cfg.stage = stage;
+    cfg.reduce_dtype = at::kHalf;
+    torch::manual_seed(1);
+    auto model = std::make_unique<ShardedModel>("m", world, cfg);
+    nn::Sequential s(nn::Linear(nn::LinearOptions(4, 4).bias(false)));
+    model->add_unit("lin", s.ptr(), fwd(s));
+    ShardedSgd opt(*model, SgdConfig{1.0 / 1024});  // a power of two: the update is exact
+    const auto before = model->gather_full_parameters();
+    // d(40000 * sum(x W^T))/dW = 40000 for x = ones: the same gradient on every rank.
+    (model->forward(torch::ones({1, 4})).sum() * 40000.0).backward();
+    opt.step();
+    model->after_optimizer_step();
+    model->zero_grad();
+    const auto after = model->gather_full_parameters();
+    const at::Tensor delta = (after[0].second - before[0].second).to(at::kDouble);
+    EXPECT_TRUE(delta.isfinite().all().item<bool>()) << "stage " << stage << ": " << delta;
+    EXPECT_NEAR(delta.min().item<double>(), -40000.0 / 1024, 1e-9) << "stage " << stage;
+    EXPECT_NEAR(delta.max().item<double>(), -40000.0 / 1024, 1e-9) << "stage " << stage;
+  }
+  // The collective alone: reduce-scatter and all-reduce averages of 40000.
+  const int n = world.world_size();
+  at::Tensor full = torch::full({4 * n}, 40000.0, torch::kHalf), shard = torch::empty({4}, torch::kHalf);
+  world.reduce_scatter(shard, full, ReduceOp::kAvg);
+  EXPECT_TRUE(shard.eq(40000).all().item<bool>()) << shard;
+  at::Tensor all = torch::full({4}, 40000.0, torch::kHalf);
+  world.all_reduce(all, ReduceOp::kAvg);
+  EXPECT_TRUE(all.eq(40000).all().item<bool>()) << all;
+}
 
 TEST(Determinism, TwoRunsAreBitwiseIdentical) {
   MpiCommunicator world(MPI_COMM_WORLD, 120.0), bn(MPI_COMM_WORLD, 120.0);

@@ -344,13 +344,14 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(at::Tensor& shard, c
       for (int q = 1; q < n; ++q) at::maximum_out(dst, dst, block_of(q));
     } else if (n == 1) {
       if (dst.data_ptr() != own.data_ptr()) dst.copy_(own);
-    } else if (n == 2 || !is_16bit_float(dst)) {
+    } else if (!is_16bit_float(dst) || (n == 2 && !(op == ReduceOp::kAvg && dst.scalar_type() == at::kHalf))) {
       // Two 16-bit blocks: ATen adds bfloat16 and float16 in float32 and rounds once, as the
-      // float32 staging did; halving is exact.
+      // float32 staging did; halving is exact. Not a float16 average: its rounded sum
+      // overflows at 65504 where the average fits, so that one takes the float32 path below.
       at::add_out(dst, block_of(0), block_of(1));
       for (int q = 2; q < n; ++q) dst.add_(block_of(q));
       if (op == ReduceOp::kAvg) dst.div_(n);
-    } else {  // more 16-bit blocks: sum in float32, round once
+    } else {  // more 16-bit blocks, or a float16 average: sum (and scale) in float32, round once
       at::Tensor acc = block_of(0).to(at::kFloat), up = at::empty_like(acc);
       for (int q = 1; q < n; ++q) acc.add_(up.copy_(block_of(q)));
       if (op == ReduceOp::kAvg) acc.div_(n);

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -114,6 +116,7 @@ struct NcclCommunicator::Impl {
   cudaEvent_t ready = nullptr;  // recorded on the legacy default stream before a collective
   float* barrier_buf = nullptr;
   int device = 0;
+  int rank = 0;  // in messages
   bool blocking_wait = false;  // dist.blocking_wait: Work::wait() polls on the host
   std::atomic<bool> aborted{false};
   // Guards `comm` between the compute thread and the watchdog thread, which may abort it
@@ -212,6 +215,10 @@ struct NcclCommunicator::Impl {
   /// Watchdog thread: whether the collective behind `ev` has finished; throws on a CUDA
   /// error or the communicator's asynchronous error (a peer's failure surfaces here).
   bool finished_on_device(cudaEvent_t ev) {
+    // The watchdog's thread starts with the CUDA runtime's current device unset (device 0):
+    // without this, its first runtime call would create a primary context on GPU 0 for every
+    // rank of a node (about 0.5 GiB each). Cheap once the device is current.
+    if (cudaSetDevice(device) != cudaSuccess) throw std::runtime_error("cudaSetDevice on the watchdog thread");
     const cudaError_t e = cudaEventQuery(ev);
     if (e == cudaSuccess) return true;
     if (e != cudaErrorNotReady) throw std::runtime_error(std::string("cudaEventQuery: ") + cudaGetErrorString(e));
@@ -276,6 +283,14 @@ class NcclWork final : public Work {
         ev_(std::move(ev)), keep_(std::move(keep)), on_done_(std::move(on_done)) {}
   ~NcclWork() override {
     if (done_) return;
+    if (std::uncaught_exceptions() > 0) {
+      // The error path, as MpiWork's: this rank unwinds to main(), which ends the job. A
+      // blocking wait here could poll for dist.timeout_s while the peers wait on this rank,
+      // so the collective is left in flight and its buffers are kept (leaked) for the device.
+      std::fprintf(stderr, "shardgan: rank %d leaves %s in flight on an error path\n", im_.rank, what_.c_str());
+      new std::vector<at::Tensor>(std::move(keep_));  // NOLINT: deliberate leak
+      return;
+    }
     try {
       wait();
     } catch (...) {  // never throw from a destructor
@@ -313,6 +328,7 @@ NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int device_index, double 
   MPI_Comm_size(bootstrap, &world_size_);
   Impl& im = *impl_;
   im.device = device_index;
+  im.rank = rank_;
   im.blocking_wait = blocking_wait;
   const std::string what = "NCCL init (rank " + std::to_string(rank_) + " of " +
                            std::to_string(world_size_) + ", device " +

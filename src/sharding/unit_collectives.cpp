@@ -223,13 +223,15 @@ void UnitCollectives::start_reduce() {
 }
 
 bool UnitCollectives::avg_on_accumulate() const {
-  // A 16-bit reduction into a wider gradient shard: reduce the sum and scale by 1/N while
+  // A bfloat16 reduction into a wider gradient shard: reduce the sum and scale by 1/N while
   // adding it into the shard, so the average takes no pass of its own. For a power-of-two
-  // N the scaling is exact in both dtypes, so the shard gets the same bits as from an
-  // averaged reduction (halving a 16-bit sum rounds nothing, short of subnormals).
+  // N the scaling is exact, so the shard gets the same bits as from an averaged reduction
+  // (halving a 16-bit sum rounds nothing, short of subnormals). Not float16: its sum of N
+  // gradients overflows at 65504 where their average fits (N times less headroom under
+  // dynamic loss scaling), so float16 is averaged by the collective, which scales before it
+  // rounds to 16 bits (ReduceOp::kAvg).
   const int n = comm_.world_size();
-  return !grad_shard_aliases_flat_ && (n & (n - 1)) == 0 &&
-         (reduce_dtype_ == at::kBFloat16 || reduce_dtype_ == at::kHalf) &&
+  return !grad_shard_aliases_flat_ && (n & (n - 1)) == 0 && reduce_dtype_ == at::kBFloat16 &&
          c10::elementSize(flat_.master_dtype()) > c10::elementSize(reduce_dtype_);
 }
 

@@ -91,7 +91,8 @@ class Communicator {
 
   /// Collective. Reduces `full` (contiguous 1-D, numel S * world_size()) element-wise across
   /// ranks and writes block `rank()` of the result into `shard` (contiguous 1-D, numel S).
-  /// 16-bit floats are reduced in float32 and rounded once.
+  /// 16-bit floats are reduced in float32 and rounded once; kAvg scales by 1/N before that
+  /// rounding, so a float16 average whose sum exceeds 65504 is still finite.
   virtual void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) = 0;
 
   /// Collective. Reduces `t` (contiguous, any shape) in place across ranks.
