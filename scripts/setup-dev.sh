@@ -16,19 +16,8 @@ PKGS=(
   slurmctld slurmd slurm-client munge
   iproute2
 )
-missing=()
-for p in "${PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "[setup-dev] installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-else
-  echo "[setup-dev] all test packages present"
-fi
+source scripts/apt-install.sh
+apt_install setup-dev "${PKGS[@]}"
 
 VENV=.venv
 [ -x "$VENV/bin/python" ] || { echo "[setup-dev] error: $VENV missing; run scripts/setup.sh first" >&2; exit 1; }

@@ -22,21 +22,10 @@ PKGS=(
   dataset-fashion-mnist
   gnuplot-nox                             # train.plots: the run's plots/*.png
 )
-missing=()
-for p in "${PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
 # A Python with venv and pip: the one on PATH, else Debian's.
-if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then missing+=(python3 python3-venv); fi
-SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "[setup] installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-else
-  echo "[setup] all Debian packages present"
-fi
+if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then PKGS+=(python3 python3-venv); fi
+source scripts/apt-install.sh
+apt_install setup "${PKGS[@]}"
 
 VENV=.venv
 want="${PY_PKGS[*]}"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds NCCL from NVIDIA's public source for one GPU architecture, small enough to travel
+# to a GPU machine that has no network (the project's device machines take 64 MiB of files;
+# the torch wheel's libnccl.so.2 is 252 MB with kernels for every GPU generation).
+#
+# Why: NCCL 2.30 added several ranks per GPU (NCCL_MULTI_RANK_GPU_ENABLE=1); the GPU
+# machines carry torch 2.11 with NCCL 2.28.9, which refuses a second rank on one GPU.
+#
+# Usage: scripts/build-nccl.sh [OUT]       (default OUT: build-nccl/, git-ignored)
+#   NCCL_SRC   a git repository of NVIDIA/nccl (default: clone https://github.com/NVIDIA/nccl)
+#   NCCL_TAG   the release tag (default v2.30.7-1, the torch 2.15 wheel's NCCL)
+#   NCCL_ARCH  the compute capability (default 90: H100 and H200)
+#   CUDA_HOME  the toolkit (default /usr/local/cuda)
+# Writes OUT/lib/libnccl.so.2 (stripped), OUT/include/nccl.h, OUT/libnccl.so.2.xz and
+# OUT/build-info.txt (tag, commit, architecture, sizes, build time).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=$(realpath -m "${1:-build-nccl}")
+tag=${NCCL_TAG:-v2.30.7-1}
+arch=${NCCL_ARCH:-90}
+cuda=${CUDA_HOME:-/usr/local/cuda}
+[ -x "$cuda/bin/nvcc" ] || { echo "build-nccl: no nvcc under $cuda (set CUDA_HOME)" >&2; exit 1; }
+src=${NCCL_SRC:-}
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+if [ -z "$src" ]; then
+  git clone -q --depth 1 --branch "$tag" https://github.com/NVIDIA/nccl "$work/repo.git" ||
+    { echo "build-nccl: cannot clone NVIDIA/nccl at $tag (set NCCL_SRC to a local copy)" >&2; exit 1; }
+  src="$work/repo.git"
+fi
+gitdir=$(git -C "$src" rev-parse --absolute-git-dir)  # a work tree or a bare mirror
+commit=$(git --git-dir="$gitdir" rev-parse "$tag^{commit}")
+mkdir -p "$work/nccl"
+git --git-dir="$gitdir" archive "$tag" | tar -C "$work/nccl" -xf -
+echo "[build-nccl] NCCL $tag ($commit) for sm_$arch with $("$cuda/bin/nvcc" --version | grep -o 'release [0-9.]*')"
+start=$(date +%s)
+make -C "$work/nccl" -j "$(nproc)" src.build CUDA_HOME="$cuda" BUILDDIR="$work/out" \
+  NVCC_GENCODE="-gencode=arch=compute_${arch},code=sm_${arch}" > "$work/make.log" 2>&1 ||
+  { tail -30 "$work/make.log" >&2; echo "build-nccl: make failed" >&2; exit 1; }
+took=$(( $(date +%s) - start ))
+mkdir -p "$out/lib" "$out/include"
+lib=$(ls "$work"/out/lib/libnccl.so.2.* | head -1)
+cp -L "$lib" "$out/lib/libnccl.so.2"
+strip --strip-unneeded "$out/lib/libnccl.so.2"
+cp "$work"/out/include/nccl*.h "$out/include/"
+xz -T0 -6 -k -c "$out/lib/libnccl.so.2" > "$out/libnccl.so.2.xz"
+so=$(stat -c %s "$out/lib/libnccl.so.2"); xzs=$(stat -c %s "$out/libnccl.so.2.xz")
+{
+  echo "tag: $tag"
+  echo "commit: $commit"
+  echo "arch: sm_$arch"
+  echo "nvcc: $("$cuda/bin/nvcc" --version | grep -o 'release [0-9.,]* V[0-9.]*')"
+  echo "libnccl.so.2 bytes (stripped): $so"
+  echo "libnccl.so.2.xz bytes: $xzs"
+  echo "fits 64 MiB: $([ "$xzs" -le $((64 << 20)) ] && echo yes || echo no)"
+  echo "build seconds ($(nproc) cores): $took"
+} | tee "$out/build-info.txt"
