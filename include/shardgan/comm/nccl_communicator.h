@@ -24,12 +24,17 @@ namespace shardgan {
 /// thread (watchdog.h) polls every such collective from its launch and enforces the
 /// timeout. With `blocking_wait` (dist.blocking_wait, c10d's TORCH_NCCL_BLOCKING_WAIT)
 /// wait() polls the event on the host instead and throws CollectiveTimeout itself. The
-/// blocking calls (all_gather, reduce_scatter, all_reduce, broadcast, barrier) always
-/// return only once the collective has finished on the device.
+/// blocking all_gather and reduce_scatter are the async call followed by that wait(): by
+/// default they return once the compute stream is ordered after the collective, not once
+/// it has finished, and a timeout is the watchdog's (the next call then throws). all_reduce,
+/// broadcast and barrier return only once the collective has finished on the device, and
+/// throw CollectiveTimeout themselves.
 ///
-/// Streams (as FSDP): all-gathers run on one stream and reduce-scatters on another, so a
-/// prefetched all-gather never queues behind a gradient reduction; all-reduce, broadcast
-/// and barrier use the reduce-scatter stream. Ordering: each collective first waits (on the
+/// Streams (as FSDP): all-gathers run on one stream and reduce-scatters on another, so that
+/// a prefetched all-gather need not queue behind a gradient reduction on the same stream;
+/// all-reduce, broadcast and barrier use the reduce-scatter stream. Both streams share one
+/// NCCL communicator, and NCCL does not promise that two operations of one communicator
+/// progress concurrently: whether they overlap on a GPU has not been measured. Ordering: each collective first waits (on the
 /// GPU, not the host) for an event recorded on the legacy default CUDA stream (stream 0,
 /// where LibTorch computes); after its Work's wait(), the default stream's later work sees
 /// its results (and, with blocking_wait or a blocking call, any stream's).
