@@ -32,8 +32,15 @@ commit=$(git --git-dir="$gitdir" rev-parse "$tag^{commit}")
 mkdir -p "$work/nccl"
 git --git-dir="$gitdir" archive "$tag" | tar -C "$work/nccl" -xf -
 echo "[build-nccl] NCCL $tag ($commit) for sm_$arch with $("$cuda/bin/nvcc" --version | grep -o 'release [0-9.]*')"
+# The CUDA toolkit ships its own (older) nccl.h and nccl_device/ headers; with the toolkit's
+# include folder ahead of NCCL's, they shadow the ones being built (same include guards,
+# other macros). Give make the toolkit's headers without NCCL's.
+mkdir -p "$work/cuda-include"
+for f in "$cuda"/include/*; do
+  case $(basename "$f") in nccl*) ;; *) ln -s "$f" "$work/cuda-include/" ;; esac
+done
 start=$(date +%s)
-make -C "$work/nccl" -j "$(nproc)" src.build CUDA_HOME="$cuda" BUILDDIR="$work/out" \
+make -C "$work/nccl" -j "$(nproc)" src.build CUDA_HOME="$cuda" CUDA_INC="$work/cuda-include" BUILDDIR="$work/out" \
   NVCC_GENCODE="-gencode=arch=compute_${arch},code=sm_${arch}" > "$work/make.log" 2>&1 ||
   { tail -30 "$work/make.log" >&2; echo "build-nccl: make failed" >&2; exit 1; }
 took=$(( $(date +%s) - start ))
