@@ -204,7 +204,9 @@ TEST(CollectivesSplit, SplitCallsEqualOneCall) {
 // per rank; run at world size <= 2 to bound memory). Without the split, the count cast to
 // int is negative and MPI_Ibcast fails.
 TEST(CollectivesSplit, BroadcastAboveIntMax) {
-  MpiCommunicator comm(MPI_COMM_WORLD, 120.0);  // registered at world size 1 and 2 only (2 GiB per rank)
+  MpiCommunicator comm(MPI_COMM_WORLD, 120.0);
+  // ctest runs it at world size 1 and 2 only; a manual run at more ranks reports a skip.
+  if (comm.world_size() > 2) GTEST_SKIP() << "2 GiB per rank: run at world size 1 and 2 only";
   const int64_t numel = (int64_t{1} << 31) + 7;
   at::Tensor t = torch::empty({numel}, torch::kByte);
   const int root = comm.world_size() - 1;
@@ -277,7 +279,7 @@ TEST(CollectivesSplit, AllGatherAndReduceScatterAboveIntMax) {
 TEST(CollectivesProgress, ThreadAdvancesAllGatherWithoutMpiCalls) {
   MpiCommunicator comm(MPI_COMM_WORLD, 60.0);
   const int n = comm.world_size(), r = comm.rank();
-  ASSERT_GE(n, 2) << "needs a peer (registered at world size 2 and up)";
+  if (n < 2) GTEST_SKIP() << "needs a peer (ctest runs it at world size 2 and up)";
   comm.enable_progress_thread(100);
   const int64_t s = int64_t{4} << 20;  // float32 elements: 16 MiB
   at::Tensor shard = torch::full({s}, static_cast<float>(r + 1));
