@@ -34,14 +34,14 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new FailurePrinter(rank));
   }
-  int rc = RUN_ALL_TESTS();
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  // The worst result and whether any rank skipped a case, in one all-reduce. A skipped case
+  // (GTEST_SKIP: no dataset, no root, no O_DIRECT) makes the whole entry report as skipped
+  // to ctest (SKIP_RETURN_CODE 77), not as passed; a failure still wins.
+  const int rc = RUN_ALL_TESTS();
+  int mine[2] = {rc, ::testing::UnitTest::GetInstance()->skipped_test_count() > 0 ? 1 : 0}, all[2] = {0, 0};
+  MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  const int worst = all[0], any_skipped = all[1];
   if (rank == 0 && worst != 0 && rc == 0) std::fprintf(stderr, "a test failed on another rank\n");
-  // A skipped case (GTEST_SKIP: no dataset, no root, no O_DIRECT) makes the whole entry
-  // report as skipped to ctest (SKIP_RETURN_CODE 77), not as passed; a failure still wins.
-  int skipped = ::testing::UnitTest::GetInstance()->skipped_test_count() > 0 ? 1 : 0, any_skipped = 0;
-  MPI_Allreduce(&skipped, &any_skipped, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();
   if (worst == 0 && any_skipped) {
     if (rank == 0) std::fprintf(stderr, "shardgan: a test case skipped (reason above); exit code 77\n");

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iomanip>
 #include <limits>
+#include <sstream>
 #include <type_traits>
 
 #include <yaml-cpp/yaml.h>
@@ -43,14 +44,14 @@ ConfigReader::ConfigReader(std::map<std::string, std::string> values, std::strin
 template <typename T>
 T ConfigReader::get(const std::string& key, T fallback, const char* meaning) {
   known_.insert(key);
-  auto [info, first] = info_.try_emplace(key);
-  if (first) {
+  ConfigKeyInfo& info = info_[key];  // require() may have made the entry already
+  if (info.type.empty()) {  // the first read
     order_.push_back(key);
-    info->second.type = type_name<T>();
-    info->second.default_text = to_text(fallback);
-    info->second.is_string = std::is_same_v<T, std::string>;
+    info.type = type_name<T>();
+    info.default_text = to_text(fallback);
+    info.is_string = std::is_same_v<T, std::string>;
   }
-  if (info->second.meaning.empty() && meaning) info->second.meaning = meaning;
+  if (info.meaning.empty() && meaning) info.meaning = meaning;
   auto it = values_.find(key);
   T v = fallback;
   if (it != values_.end()) {
@@ -71,8 +72,7 @@ T ConfigReader::get(const std::string& key, T fallback, const char* meaning) {
       }
     }
   }
-  resolved_ << key << ": " << to_text(v) << "\n";
-  info->second.value_text = to_text(v);
+  info.value_text = to_text(v);
   return v;
 }
 
@@ -103,6 +103,12 @@ size_t edit_distance(const std::string& a, const std::string& b) {
     }
   }
   return row[b.size()];
+}
+
+std::string ConfigReader::resolved() const {
+  std::string out;
+  for (const std::string& key : order_) out += key + ": " + info_.at(key).value_text + "\n";
+  return out;
 }
 
 std::string ConfigReader::resolved_nested_yaml() const {

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <map>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -59,7 +58,7 @@ class ConfigReader {
   /// Every key read so far with its final value, one "key: value" line each (flat, dotted
   /// keys); doubles are written with 17 significant digits, so that they read back exactly.
   /// This is what checkpoints store.
-  std::string resolved() const { return resolved_.str(); }
+  std::string resolved() const;
   /// The same keys and values as nested YAML ("train:\n  steps: 100"), sections in the
   /// order they were first read; parse_config() reads it back to the same config.
   std::string resolved_nested_yaml() const;
@@ -72,7 +71,6 @@ class ConfigReader {
   std::map<std::string, std::string> values_;
   std::string source_;
   std::set<std::string> known_;
-  std::ostringstream resolved_;
   std::vector<std::string> order_;
   std::map<std::string, ConfigKeyInfo> info_;
 };
