@@ -34,6 +34,7 @@ void Prefetcher::loop(int64_t first) {
     Item item{seq, {}};
     std::exception_ptr err;
     try {
+      std::lock_guard<std::mutex> hold(produce_mu_);
       item.tensors = produce_(seq);  // outside the lock: next() can take earlier items meanwhile
     } catch (...) {
       err = std::current_exception();

@@ -44,6 +44,7 @@ int64_t probe_once(const TrainConfig& cfg, int64_t micro_batch, const std::strin
   p.global_batch = micro_batch * kShadowWorld;
   p.run_dir = dir;
   p.preempt_grace_s = 0;
+  p.checkpoint_async = false;  // the probe saves nothing, and the shadow backend cannot split
   p.on_nonfinite = "skip";
   p.max_nonfinite_steps = 1000;
   for (OptimizerConfig* oc : {&p.g_optim, &p.d_optim}) oc->offload = OffloadConfig{};

@@ -413,6 +413,21 @@ TrainConfig read_config(Reader& r, const std::string& source) {
       "progress thread polling interval, in microseconds");
   require(c.progress_interval_us >= 1 && c.progress_interval_us <= 1e6, r, "dist.progress_interval_us",
           "must be 1 to 1e6 (microseconds)");
+  c.checkpoint_async = r.get<bool>("checkpoint.async", c.checkpoint_async,
+      "write checkpoints in the background: training waits only for a snapshot (at most one save in flight)");
+  require(!c.checkpoint_async || c.backend == "mpi", r, "checkpoint.async",
+          "needs dist.backend mpi: the background commit needs a communicator of its own, which the NCCL "
+          "backend cannot split off yet (set checkpoint.async: false)");
+  for (const auto* o : {&c.g_optim.offload, &c.d_optim.offload}) {
+    require(!c.checkpoint_async || !o->any(), r, "checkpoint.async",
+            "cannot be true with offload.<model>.optimizer or .param: the snapshot would read the offloaded "
+            "state back into memory (set checkpoint.async: false)");
+  }
+  c.checkpoint_snapshot = r.get<std::string>("checkpoint.snapshot", c.checkpoint_snapshot,
+      "with checkpoint.async: fork (a copy-on-write child process writes the files) or copy (host staging "
+      "buffers as big as the rank's checkpoint, written by a thread)");
+  require(c.checkpoint_snapshot == "fork" || c.checkpoint_snapshot == "copy", r, "checkpoint.snapshot",
+          "must be fork or copy");
   for (auto [who, R] : {std::pair{"generator", c.g_replicate_degree}, std::pair{"discriminator", c.d_replicate_degree}}) {
     require(R == 1 || c.backend == "mpi", r, std::string("sharding.") + who + ".replicate_degree",
             "> 1 needs dist.backend mpi: the NCCL communicator cannot split into replica groups yet");

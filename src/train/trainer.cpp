@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "shardgan/checkpoint/async_checkpoint.h"
 #include "shardgan/comm/hybrid_communicator.h"
 #include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/device/device.h"
@@ -112,6 +113,9 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   if (cfg_.eval_enabled) evaluator_ = std::make_unique<Evaluator>(cfg_, comm_, family_);
   noise_gen_ = at::detail::createCPUGenerator(cfg_.seed + 3);
   fixed_inputs_ = fixed_sample_inputs(cfg_, &sample_nrow_);
+  if (cfg_.checkpoint_async) {
+    async_ckpt_ = std::make_unique<AsyncCheckpointer>(comm_, parse_snapshot_kind(cfg_.checkpoint_snapshot));
+  }
 }
 
 Trainer::~Trainer() {
@@ -119,7 +123,9 @@ Trainer::~Trainer() {
   // the models and optimizers. The models go before the optimizers: with parameter offload
   // their units read the master shards from the optimizer (ShardSource), so the source
   // must outlive them; an optimizer's destructor does not touch its model. The data
-  // loader's read-ahead thread stops before the dataset it reads.
+  // loader's read-ahead thread stops before the dataset it reads. A checkpoint write in
+  // flight (which no longer reads the models) finishes first.
+  async_ckpt_.reset();
   evaluator_.reset();
   periodic_.reset();
   objective_.reset();
@@ -370,12 +376,26 @@ std::vector<ModelAndOptimizer> Trainer::checkpoint_models() {
   return {g, d};
 }
 
-std::string Trainer::save() {
+void Trainer::fill_counters() {
   counters_.noise_rng_state = noise_gen_.get_state();
   for (auto& [k, v] : scaler_g_->state()) counters_.scalars["g." + k] = v;
   for (auto& [k, v] : scaler_d_->state()) counters_.scalars["d." + k] = v;
   counters_.scalars["nonfinite_steps"] = static_cast<double>(nonfinite_steps_);
   counters_.scalars["nonfinite_in_a_row"] = static_cast<double>(nonfinite_in_a_row_);
+}
+
+double Trainer::wait_for_checkpoint_write(const char* why) {
+  if (!async_ckpt_ || !async_ckpt_->in_flight()) return 0;
+  const double waited = async_ckpt_->wait();
+  if (comm_.rank() == 0 && waited > 1e-3) {
+    spdlog::info("waited {:.2f} s for the checkpoint write in flight ({})", waited, why);
+  }
+  return waited;
+}
+
+std::string Trainer::save() {
+  wait_for_checkpoint_write("before a synchronous save");
+  fill_counters();
   SaveStats st;
   const auto t0 = std::chrono::steady_clock::now();
   std::string dir = save_checkpoint(cfg_.run_dir, counters_, checkpoint_models(),
@@ -384,6 +404,25 @@ std::string Trainer::save() {
   if (comm_.rank() == 0) {
     spdlog::info("saved step {}: {:.2f} MB on rank 0, training stalled {:.3f} s", counters_.step,
                  st.bytes / 1e6, st.total_s);
+  }
+  return dir;
+}
+
+std::string Trainer::save_async() {
+  if (!async_ckpt_) return save();
+  fill_counters();
+  // A fork must not copy an HDF5 lock that the read-ahead thread holds mid-read.
+  std::unique_lock<std::mutex> paused;
+  if (loader_ && async_ckpt_->kind() == SnapshotKind::kFork) paused = loader_->pause_reads();
+  AsyncSaveStats st;
+  const std::string dir = async_ckpt_->save(cfg_.run_dir, counters_, checkpoint_models(), cfg_.resolved_yaml,
+                                            static_cast<int>(cfg_.keep_checkpoints), &st);
+  if (paused.owns_lock()) paused.unlock();
+  if (comm_.rank() == 0) {
+    spdlog::info("saving step {} in the background ({} snapshot): training stalled {:.3f} s (snapshot {:.3f} s{})",
+                 counters_.step, snapshot_kind_name(async_ckpt_->kind()), st.stall_s, st.snapshot_s,
+                 st.waited_s > 1e-3 ? fmt::format(", {:.3f} s waiting for the previous save's write", st.waited_s)
+                                    : std::string());
   }
   return dir;
 }
@@ -487,11 +526,12 @@ void Trainer::run(const nlohmann::json& preflight) {
     }
     const bool saved = periodic_->checkpoint_due(m.step);
     if (saved) {
-      last_ckpt = save();
+      last_ckpt = save_async();  // synchronous unless checkpoint.async
       if (comm_.rank() == 0) spdlog::info("checkpoint {}", last_ckpt);
     }
     // Preemption: any rank's signal stops every rank after the same step.
     if (const int sig = preemption_vote()) {
+      wait_for_checkpoint_write("preemption");
       if (!saved) last_ckpt = save();
       ProgressLine::finish();
       if (comm_.rank() == 0) {
@@ -506,7 +546,13 @@ void Trainer::run(const nlohmann::json& preflight) {
   // The peak of training itself, before the final evaluation, save and sample grid add theirs.
   const std::vector<int64_t> training_rss = gather_peak_rss(comm_);
   if (evaluator_) summary.add_eval(evaluate());
-  last_ckpt = save();
+  last_ckpt = save();  // waits for a background write in flight first
+  if (async_ckpt_ && comm_.rank() == 0) {
+    const AsyncSaveTotals& t = async_ckpt_->totals();
+    spdlog::info("background checkpoints: {} saves, training stalled {:.3f} s in all ({:.3f} s per save); {} waited "
+                 "for the previous write ({:.2f} s); writing took {:.2f} s in the background",
+                 t.saves, t.stall_s, t.saves ? t.stall_s / t.saves : 0.0, t.waits, t.waited_s, t.write_s);
+  }
   last_samples = write_samples();
   ProgressLine::finish();
   const std::vector<int64_t> rss =

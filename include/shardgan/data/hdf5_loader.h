@@ -45,6 +45,9 @@ class Hdf5Loader {
   int64_t restarts() const { return restarts_; }      ///< prefetch restarts (restart() and jumps)
   /// Seconds get() waited for the thread (the I/O the queue did not hide); resets on restart.
   double wait_s() const;
+  /// Pauses the read-ahead thread between two reads until the returned lock is released
+  /// (Prefetcher::hold): no HDF5 call of this loader is in progress meanwhile.
+  std::unique_lock<std::mutex> pause_reads() { return prefetcher_->hold(); }
 
  private:
   int64_t seq_of(int64_t epoch, int64_t batch, int64_t micro) const;

@@ -42,6 +42,11 @@ class Prefetcher {
   /// Seconds next() spent waiting for the thread so far (0 when I/O kept ahead).
   double wait_s() const { return wait_s_; }
   int64_t capacity() const { return capacity_; }
+  /// Blocks the thread between two items: returns once `produce` is not running, and
+  /// `produce` does not start again until the lock returned is released. For a fork()
+  /// that must not copy a library lock held mid-call (an asynchronous checkpoint's
+  /// copy-on-write snapshot forks while this thread may be inside HDF5).
+  std::unique_lock<std::mutex> hold() { return std::unique_lock<std::mutex>(produce_mu_); }
 
  private:
   void loop(int64_t first);
@@ -49,6 +54,7 @@ class Prefetcher {
   Produce produce_;
   const int64_t capacity_;
   std::mutex mu_;
+  std::mutex produce_mu_;  // held by the thread while `produce` runs (hold())
   std::condition_variable not_full_, not_empty_;
   std::deque<Item> queue_;
   std::exception_ptr error_;  // set once, when produce threw; the thread then ends

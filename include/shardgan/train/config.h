@@ -63,6 +63,11 @@ struct TrainConfig {
   int64_t checkpoint_every = 200; ///< train.checkpoint_every (steps; 0 = only at the end)
   int64_t threads = 0;            ///< train.threads per rank (0 = cores / local ranks)
   int64_t keep_checkpoints = 3;   ///< train.keep_checkpoints: newest committed ones kept
+  /// checkpoint.async: periodic saves are snapshotted and written in the background
+  /// (async_checkpoint.h); the final save and a preemption save wait for the one in flight
+  /// and then save synchronously.
+  bool checkpoint_async = false;
+  std::string checkpoint_snapshot = "fork";  ///< checkpoint.snapshot: fork | copy
 
   int64_t d_steps = 1;            ///< train.d_steps: D steps per G step (BigGAN uses 2)
   /// train.d_joint_pass: D sees the fake and the real images of a micro-batch in one

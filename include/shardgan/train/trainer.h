@@ -10,6 +10,7 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
+#include "shardgan/checkpoint/async_checkpoint.h"
 #include "shardgan/checkpoint/checkpoint.h"
 #include "shardgan/models/family.h"
 #include "shardgan/optim/loss_scaler.h"
@@ -56,8 +57,14 @@ class Trainer {
   /// NaN or Inf ends the job (train.on_nonfinite, train.max_nonfinite_steps).
   void run(const nlohmann::json& preflight = nullptr);
 
-  /// Collective. Saves a checkpoint of the current state; returns its directory.
+  /// Collective. Saves a checkpoint of the current state synchronously (after waiting for
+  /// a background write in flight); returns its directory.
   std::string save();
+  /// Collective. With checkpoint.async, snapshots the current state and writes the
+  /// checkpoint in the background (AsyncCheckpointer::save; the previous background write
+  /// is waited for first, and its error rethrown); returns the directory it will have once
+  /// committed. Without checkpoint.async, save().
+  std::string save_async();
   /// Collective. Restores from what `--resume` names (see resolve_checkpoint_dir): rank 0
   /// picks the checkpoint and every rank confirms it sees it (agree_checkpoint_dir), so
   /// all ranks load the same step; with data.source hdf5 the read-ahead restarts at the
@@ -89,6 +96,12 @@ class Trainer {
   /// Collective: loads checkpoint directory `dir`, agreed on by every rank.
   void load_resolved(const std::string& dir);
   std::vector<ModelAndOptimizer> checkpoint_models();
+  /// Local: the counters a checkpoint stores (noise RNG, loss scalers, non-finite counts).
+  void fill_counters();
+  /// Local for the caller (the commit's collectives run on every rank's background thread):
+  /// waits for a background checkpoint write in flight, logs the wait on rank 0 when it was
+  /// longer than 1 ms, rethrows its error; returns the seconds waited.
+  double wait_for_checkpoint_write(const char* why);
   /// Counts a step whose update was skipped for a NaN or Inf, and throws NonFiniteError
   /// when the policy says so (identically on every rank: the flags were voted).
   void check_nonfinite(StepMetrics& r);
@@ -149,6 +162,7 @@ class Trainer {
   int64_t batch_epoch_ = 0, batch_index_ = 0;  // the real batch the current D step reads
   TrainCounters counters_;
   int64_t nonfinite_steps_ = 0, nonfinite_in_a_row_ = 0;  // saved in checkpoints
+  std::unique_ptr<AsyncCheckpointer> async_ckpt_;  // checkpoint.async (destroyed first)
 };
 
 }  // namespace shardgan

@@ -1,0 +1,98 @@
+#pragma once
+/// Asynchronous checkpoints (checkpoint.async; docs/checkpoints.md): training waits only
+/// while each rank's state is snapshotted, and the rank files, the index and the commit
+/// are written in the background with the same layout and commit protocol as
+/// save_checkpoint (checkpoint.h). The design follows PyTorch DCP's async_save (snapshot
+/// to host memory, write on a background thread; torch/distributed/checkpoint/
+/// state_dict_saver.py) and, for the copy-on-write snapshot, Redis's BGSAVE (fork(); the
+/// child writes the pages as they were at the fork).
+///
+/// Two snapshots:
+///  - kFork (CPU): fork(). The child process writes this rank's HDF5 file from its
+///    copy-on-write view of memory and exits; pages training changes meanwhile are copied
+///    by the kernel (at most the rank's checkpoint bytes, usually far less: the optimizer
+///    step, which rewrites the state, comes at the end of a step). The stall is the fork
+///    (page tables: about 2 ms per GiB of resident memory).
+///  - kCopy: every tensor is copied into host staging buffers reused from save to save
+///    (pinned when the tensor is on a GPU), and a thread writes the file. The stall is the
+///    copy; the memory is the rank's checkpoint bytes, held for the whole run.
+/// In both, a thread of this process then waits for the file and commits the checkpoint
+/// over a communicator of its own (Communicator::split), so that its collectives never
+/// interleave with training's. At most one save is in flight: the next save, wait() and
+/// the destructor wait for it.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "shardgan/checkpoint/checkpoint.h"
+
+namespace shardgan {
+
+enum class SnapshotKind { kFork, kCopy };
+
+/// "fork" or "copy" -> the kind; throws std::invalid_argument otherwise.
+SnapshotKind parse_snapshot_kind(const std::string& name);
+const char* snapshot_kind_name(SnapshotKind k);
+
+/// What an asynchronous save cost (seconds; bytes of this rank's file).
+struct AsyncSaveStats {
+  double waited_s = 0;    ///< waiting for the previous save at the start of this one
+  double snapshot_s = 0;  ///< the snapshot: fork, or the copy into staging
+  double stall_s = 0;     ///< all the time training was held: wait + plan + snapshot
+  int64_t staged_bytes = 0;  ///< bytes copied into staging (kCopy; device tensors under kFork)
+};
+
+/// Totals over a run (for its summary).
+struct AsyncSaveTotals {
+  int64_t saves = 0;         ///< asynchronous saves started
+  int64_t waits = 0;         ///< saves that had to wait for the previous one
+  double waited_s = 0, stall_s = 0, write_s = 0;  ///< write_s: background, file + commit
+};
+
+class AsyncCheckpointer {
+ public:
+  /// Collective over `comm` (one split: a barrier and MPI_Comm_split). Throws
+  /// CheckpointError when the background commit cannot have a communicator of its own
+  /// (a backend that cannot split, or MPI initialized without MPI_THREAD_MULTIPLE).
+  AsyncCheckpointer(Communicator& comm, SnapshotKind kind);
+  /// Waits for the save in flight (errors are logged, not thrown), unless the stack is
+  /// unwinding from an exception: then the background thread is left to the process's end.
+  ~AsyncCheckpointer();
+  AsyncCheckpointer(const AsyncCheckpointer&) = delete;
+  AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
+
+  /// Collective over the communicator given at construction (one all-reduce to create
+  /// the directory), then returns while the save goes on. First waits for the previous save
+  /// (and rethrows its error, CheckpointError, on every rank: every rank's background
+  /// commit agreed on it). Snapshots this rank's shards, optimizer states, extras, buffers
+  /// and counters as save_checkpoint would write them: the checkpoint equals a synchronous
+  /// save at this point bit for bit. Returns the directory the checkpoint will have once
+  /// committed. Nothing here may run concurrently with another thread that calls HDF5
+  /// under kFork (see Hdf5Loader::pause_reads). Throws CheckpointError if fork() fails.
+  std::string save(const std::string& run_dir, const TrainCounters& counters,
+                   const std::vector<ModelAndOptimizer>& models, const std::string& config_yaml,
+                   int keep_last, AsyncSaveStats* stats = nullptr);
+
+  /// Local (the background commit's collectives run on every rank's thread). Waits for
+  /// the save in flight, if any; rethrows its error (CheckpointError) on every rank.
+  /// Returns the seconds waited.
+  double wait();
+  /// Whether a save is in flight (local).
+  bool in_flight() const { return state_ != nullptr; }
+  const AsyncSaveTotals& totals() const { return totals_; }
+  SnapshotKind kind() const { return kind_; }
+
+ private:
+  struct State;  // a save in flight: what its thread needs, shared with the thread
+  std::shared_ptr<Communicator> comm_;  // the commit's own communicator
+  Communicator& train_comm_;
+  SnapshotKind kind_;
+  std::shared_ptr<State> state_;
+  std::vector<at::Tensor> staging_;      // kCopy: reused from save to save
+  AsyncSaveTotals totals_;
+};
+
+}  // namespace shardgan
