@@ -19,3 +19,10 @@ add_test(NAME ckpt_save_failure_test
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_save_failure_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
 set_tests_properties(ckpt_save_failure_test PROPERTIES TIMEOUT 300 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+
+# Background checkpoints (checkpoint.async): bit-exact against synchronous saves, kill -9
+# during the background write, SIGTERM with a write in flight, refused configs.
+add_test(NAME async_checkpoint
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/async_checkpoint_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(async_checkpoint PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -42,7 +43,16 @@ struct FileOp {
   bool if_exists = false;
 };
 
+// SHARDGAN_TEST_CKPT_WRITE_DELAY_MS (tests only): the background writer sleeps this long
+// before it writes, so that a test can act while a write is surely in flight.
+void test_delay() {
+  if (const char* e = std::getenv("SHARDGAN_TEST_CKPT_WRITE_DELAY_MS")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(e)));
+  }
+}
+
 ckpt::FileEntry write_ops(const std::string& dir, int rank, const std::vector<FileOp>& ops) {
+  test_delay();
   ckpt::RankFileWriter w(dir, rank);
   for (const FileOp& op : ops) {
     if (!op.is_attr) {
