@@ -126,13 +126,26 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     j["per_rank"][k]["state_bytes"] = gan_state_bytes(ge[s], de[s]);
     j["per_rank"][k]["total_peak_bytes"] = gan_peak_bytes(ge[s], de[s]);
   }
-  const int64_t per_rank = gan_peak_bytes(ge[cfg.g_sharding.stage], de[cfg.d_sharding.stage]);
+  // checkpoint.async: a rank's checkpoint (its master shards, optimizer states and EMA) is
+  // held twice while a save is in flight. Copy snapshots keep staging buffers of that size in
+  // this process for the whole run; a fork snapshot costs the node at most as much (the pages
+  // training rewrites before the child has written them), outside this process's RSS.
+  const int64_t master_elem = dtype_bytes(cfg.model_dtype);
+  auto ckpt_bytes = [&](const ModelMemoryEstimate& e) {
+    return e.shard_numel * master_elem + e.optimizer_state_bytes + e.ema_bytes;
+  };
+  const int64_t ckpt_snapshot =
+      cfg.checkpoint_async ? ckpt_bytes(ge[cfg.g_sharding.stage]) + ckpt_bytes(de[cfg.d_sharding.stage]) : 0;
+  const int64_t in_process = cfg.checkpoint_snapshot == "copy" ? ckpt_snapshot : 0;
+  const int64_t outside = ckpt_snapshot - in_process;
+  const int64_t per_rank = gan_peak_bytes(ge[cfg.g_sharding.stage], de[cfg.d_sharding.stage]) + in_process;
   j["configured"] = {{"generator_stage", cfg.g_sharding.stage},
                      {"discriminator_stage", cfg.d_sharding.stage},
                      {"state_bytes", gan_state_bytes(ge[cfg.g_sharding.stage], de[cfg.d_sharding.stage])},
+                     {"checkpoint_snapshot_bytes", ckpt_snapshot},
                      {"per_rank_peak_bytes", per_rank},
-                     {"node_peak_bytes", per_rank * local_ranks},
-                     {"node_bytes_checked", with_margin(per_rank) * local_ranks}};
+                     {"node_peak_bytes", (per_rank + outside) * local_ranks},
+                     {"node_bytes_checked", (with_margin(per_rank) + outside) * local_ranks}};
   // The prediction: what this process holds once the probe has run (LibTorch, oneDNN and
   // OpenMP loaded and used once, MPI; the probe's own memory given back to the OS), the
   // persistent training state (exact, the code's own accounting), the data, and one step's
@@ -177,17 +190,18 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     };
     const int64_t shared_pools =
         pool(cfg.g_sharding, cfg.g_replicate_degree, ge[3]) + pool(cfg.d_sharding, cfg.d_replicate_degree, de[3]);
-    const int64_t predicted = rss_now + persistent + data + transient + shared_pools + kPredictionMarginBytes;
+    const int64_t predicted = rss_now + persistent + data + transient + shared_pools + in_process + kPredictionMarginBytes;
     j["configured"]["predicted"] = {{"process_rss_bytes", rss_now},
                                     {"process_rss_before_probe_bytes", rss_before},
                                     {"persistent_state_bytes", persistent},
                                     {"data_bytes", data},
                                     {"step_transient_bytes", transient},
                                     {"node_shared_pool_bytes", shared_pools},
+                                    {"checkpoint_staging_bytes", in_process},
                                     {"micro_batch", micro},
                                     {"margin_bytes", kPredictionMarginBytes},
                                     {"vmhwm_bytes_per_rank", predicted}};
-    j["configured"]["node_bytes_checked"] = predicted * local_ranks;
+    j["configured"]["node_bytes_checked"] = (predicted + outside) * local_ranks;
   }
   j["node_memory"] = {{"total_bytes", host.total_bytes}, {"available_bytes", host.available_bytes}};
   return j;
@@ -235,6 +249,13 @@ void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
   if (fits.empty()) {
     fits = "no ZeRO stage fits at this world size: use more nodes/ranks with stage 3, bfloat16 "
            "compute, or offload to disk (offload.<model>.optimizer and, at stage 3, offload.<model>.param)";
+  }
+  const int64_t snap = report["configured"].value("checkpoint_snapshot_bytes", int64_t{0});
+  if (snap > 0) {
+    fits += ". checkpoint.async counts " + gib(snap) + " per rank for the checkpoint snapshot (" +
+            (cfg.checkpoint_snapshot == "fork" ? "the fork snapshot's worst case, pages rewritten while the child writes"
+                                               : "copy snapshot: staging buffers") +
+            "); set checkpoint.async: false to save synchronously";
   }
   throw MemoryPreflightError(
       cfg.source + ": memory pre-flight: G stage " + std::to_string(cfg.g_sharding.stage) + " and D stage " +
