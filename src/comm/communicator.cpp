@@ -21,6 +21,12 @@ void Communicator::check_block_sizes(const char* op, const at::Tensor& full,
   throw CollectiveError(s.str());
 }
 
+std::unique_ptr<Work> Communicator::all_to_all_async(at::Tensor&, const at::Tensor&) {
+  throw CollectiveError("all_to_all on rank " + std::to_string(rank()) + ": the " + backend() +
+                        " backend has no all-to-all (needed for sharding.<model>.quantized_gradients); "
+                        "use dist.backend=mpi or quantized_gradients: none");
+}
+
 std::unique_ptr<Communicator> Communicator::split(int, int) {
   throw CollectiveError("split on rank " + std::to_string(rank()) + ": the " + backend() +
                         " backend cannot split its communicator (needed for hybrid sharding, "

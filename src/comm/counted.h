@@ -19,6 +19,8 @@ inline void add_delta(CommStats& stats, const CommStats& before, const CommStats
   stats.reduce_scatter_bytes += after.reduce_scatter_bytes - before.reduce_scatter_bytes;
   stats.all_reduce_bytes += after.all_reduce_bytes - before.all_reduce_bytes;
   stats.broadcast_bytes += after.broadcast_bytes - before.broadcast_bytes;
+  stats.all_to_all_calls += after.all_to_all_calls - before.all_to_all_calls;
+  stats.all_to_all_bytes += after.all_to_all_bytes - before.all_to_all_bytes;
 }
 
 // Runs `call` (a collective on `group`) and adds the traffic it counted there to `stats`.

@@ -48,6 +48,10 @@ std::unique_ptr<Work> HybridCommunicator::reduce_scatter_async(at::Tensor& shard
   return counted(stats_, *shard_, [&] { return shard_->reduce_scatter_async(shard, full, op); });
 }
 
+std::unique_ptr<Work> HybridCommunicator::all_to_all_async(at::Tensor& out, const at::Tensor& in) {
+  return counted(stats_, *shard_, [&] { return shard_->all_to_all_async(out, in); });
+}
+
 void HybridCommunicator::all_reduce_replicas(at::Tensor& t, ReduceOp op) { replicate_->all_reduce(t, op); }
 
 void HybridCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {

@@ -1,6 +1,7 @@
 #include "shardgan/comm/mpi_communicator.h"
 
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -38,6 +39,7 @@ MPI_Datatype mpi_type(at::ScalarType t) {
 // The reduce-scatter's point-to-point messages; no other point-to-point traffic uses the
 // communicators this backend runs on (collectives have a context of their own).
 constexpr int kReduceScatterTag = 0x5247;
+constexpr int kAllToAllTag = 0x4141;
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
@@ -361,6 +363,38 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(at::Tensor& shard, c
   };
   return std::make_unique<MpiWork>(*this, std::move(reqs), describe("reduce_scatter", rank_, world_size_, full),
                                    std::move(finish));
+}
+
+std::unique_ptr<Work> MpiCommunicator::all_to_all_async(at::Tensor& out, const at::Tensor& in) {
+  check_cpu_contiguous(in, "all_to_all", "in", rank_);
+  check_cpu_contiguous(out, "all_to_all", "out", rank_);
+  const int n = world_size_;
+  if (in.numel() != out.numel() || in.scalar_type() != out.scalar_type() || in.numel() % n != 0 ||
+      in.data_ptr() == out.data_ptr()) {
+    throw CollectiveError(describe("all_to_all", rank_, n, in) + ": out must be another tensor of the same numel "
+                          "and dtype, divisible by the world size (got " + std::to_string(out.numel()) + ")");
+  }
+  stats_.all_to_all_calls++;
+  stats_.all_to_all_bytes += in.numel() * in.element_size();
+  const int64_t s = in.numel() / n, block_bytes = s * in.element_size();
+  MPI_Datatype base = mpi_type(in.scalar_type());
+  const bool large = s > max_count_;
+  MPI_Datatype block = large ? large_contiguous(s, max_count_, base, in.element_size()) : base;
+  const int count = large ? 1 : static_cast<int>(s);
+  std::vector<MPI_Request> reqs;
+  const auto* src = static_cast<const char*>(in.data_ptr());
+  auto* dst = static_cast<char*>(out.data_ptr());
+  std::memcpy(dst + rank_ * block_bytes, src + rank_ * block_bytes, static_cast<size_t>(block_bytes));
+  for (int k = 1; k < n; ++k) {
+    const int to = (rank_ + k) % n, from = (rank_ - k + n) % n;
+    MPI_Request rr, sr;
+    MPI_Irecv(dst + from * block_bytes, count, block, from, kAllToAllTag, comm_, &rr);
+    MPI_Isend(src + to * block_bytes, count, block, to, kAllToAllTag, comm_, &sr);
+    reqs.push_back(rr);
+    reqs.push_back(sr);
+  }
+  if (large) MPI_Type_free(&block);
+  return std::make_unique<MpiWork>(*this, std::move(reqs), describe("all_to_all", rank_, n, in));
 }
 
 void MpiCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {

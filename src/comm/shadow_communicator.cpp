@@ -61,6 +61,18 @@ std::unique_ptr<Work> ShadowCommunicator::reduce_scatter_async(at::Tensor& shard
   return std::make_unique<ShadowWork>(shard, recv, out);
 }
 
+std::unique_ptr<Work> ShadowCommunicator::all_to_all_async(at::Tensor& out, const at::Tensor& in) {
+  if (in.numel() != out.numel() || in.numel() % world_size_ != 0 || in.scalar_type() != out.scalar_type()) {
+    throw CollectiveError("all_to_all (shadow): out and in must have one numel, divisible by the world size, and one dtype");
+  }
+  stats_.all_to_all_calls++;
+  stats_.all_to_all_bytes += in.numel() * in.element_size();
+  torch::NoGradGuard no_grad;
+  const int64_t s = in.numel() / world_size_;
+  out.view({world_size_, s}).copy_(in.narrow(0, 0, s).view({1, -1}).expand({world_size_, s}));
+  return std::make_unique<ShadowWork>(out.narrow(0, 0, s), at::empty({0}), out.narrow(0, 0, s).clone());
+}
+
 void ShadowCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {
   reduce_scatter_async(shard, full, op)->wait();
 }

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "shardgan/comm/node_shared.h"
+#include "shardgan/comm/quantized_collectives.h"
 #include "shardgan/sharding/flat_param.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/sharding/sharded_unit.h"
@@ -32,6 +33,19 @@ class SharedGatherWork final : public Work {
   Communicator& comm_;
 };
 }  // namespace
+
+std::unique_ptr<Work> UnitCollectives::start_quantized_gather() {
+  const QuantSpec q{cfg_.quantized_weights_bits, cfg_.quantization_block};
+  const int64_t pb = quantized_bytes(flat_.shard_numel(), q);
+  at::Tensor master;
+  {
+    Timed t(flat_.offloaded() && owner_ ? &owner_->comm_times().offload_read_s : nullptr);
+    master = flat_.offloaded() && owner_ ? owner_->read_master_shard(unit_) : flat_.master_shard();
+  }
+  peak_comm_bytes_ = std::max(peak_comm_bytes_, pb * (1 + comm_.world_size()));
+  Timed t(collective_sink());
+  return quantized_all_gather_async(comm_, flat_.full(), master.contiguous(), q);
+}
 
 UnitCollectives::UnitCollectives(ShardedUnit& unit, FlatParam& flat, Communicator& comm,
                                  const ShardingConfig& cfg, ShardedModel* owner)
@@ -121,6 +135,11 @@ void UnitCollectives::prefetch() {
     return;
   }
   flat_.allocate_full();
+  if (cfg_.quantized_weights_bits != 0) {
+    gather_.work = start_quantized_gather();
+    mark_gathered();
+    return;
+  }
   gather_.send = fill_own_block();  // with parameter offload, read from the tier here
   {
     Timed t(collective_sink());
@@ -137,6 +156,11 @@ void UnitCollectives::gather() {
   }
   if (gathered_) return;
   if (std::unique_ptr<Work> w = start_shared_gather()) {
+    Timed t(collective_sink());
+    w->wait();
+  } else if (cfg_.stage == 3 && cfg_.quantized_weights_bits != 0) {
+    flat_.allocate_full();
+    std::unique_ptr<Work> w = start_quantized_gather();
     Timed t(collective_sink());
     w->wait();
   } else {
@@ -211,6 +235,20 @@ void UnitCollectives::start_reduce() {
   // Start the reduce-scatter and return: it overlaps the rest of backward. The owner
   // bounds how many are in flight and finishes them all before backward returns.
   if (owner_) owner_->before_reduce_start(unit_);
+  if (cfg_.quantized_gradients_bits != 0 && !persistent) {
+    // qgZ: each destination block quantized, exchanged with an all-to-all, and summed in
+    // float32 on arrival (DequantizeReduceWork).
+    const QuantSpec q{cfg_.quantized_gradients_bits, cfg_.quantization_block};
+    const int64_t S = flat_.shard_numel(), n = comm_.world_size();
+    reduce_.out = torch::empty({S}, flat.options().dtype(at::kFloat));
+    peak_comm_bytes_ = std::max(peak_comm_bytes_, 2 * n * quantized_bytes(S, q) + nbytes(reduce_.out) + nbytes(flat));
+    {
+      Timed t(collective_sink());
+      reduce_.work = quantized_reduce_scatter_async(comm_, reduce_.out, flat, q);
+    }
+    if (owner_) owner_->on_reduce_started(unit_);
+    return;
+  }
   reduce_.in = flat;
   reduce_.out = torch::empty({flat_.shard_numel()}, flat.options());
   peak_comm_bytes_ = std::max(peak_comm_bytes_, nbytes(reduce_.out) + (persistent ? 0 : nbytes(flat)));
@@ -231,7 +269,7 @@ bool UnitCollectives::avg_on_accumulate() const {
   // dynamic loss scaling), so float16 is averaged by the collective, which scales before it
   // rounds to 16 bits (ReduceOp::kAvg).
   const int n = comm_.world_size();
-  return !grad_shard_aliases_flat_ && (n & (n - 1)) == 0 && reduce_dtype_ == at::kBFloat16 &&
+  return cfg_.quantized_gradients_bits == 0 && !grad_shard_aliases_flat_ && (n & (n - 1)) == 0 && reduce_dtype_ == at::kBFloat16 &&
          c10::elementSize(flat_.master_dtype()) > c10::elementSize(reduce_dtype_);
 }
 

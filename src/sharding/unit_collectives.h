@@ -122,6 +122,9 @@ class UnitCollectives {
   /// blocks. nullptr (the caller all-gathers through the communicator) without a pool, for
   /// a unit without parameters, or when this rank still holds the slot itself.
   std::unique_ptr<Work> start_shared_gather();
+  /// qwZ: quantizes this rank's master shard, starts the int8 all-gather and returns a
+  /// handle whose wait() dequantizes every block into the gathered flat parameter.
+  std::unique_ptr<Work> start_quantized_gather();
   /// The gather has its values (or will, once gather_ completes): tell the model.
   void mark_gathered();
   /// Whether the reduce-scatter sums and finish_reduce() scales by 1/N instead (see there).

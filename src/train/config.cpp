@@ -106,6 +106,26 @@ ShardingConfig read_sharding(Reader& r, const std::string& who) {
     if (v == "float16") t = at::kHalf;
     (std::string(what) == "compute_dtype" ? c.compute_dtype : c.reduce_dtype) = t;
   }
+  // ZeRO++'s quantized collectives (comm/quantize.h).
+  const std::string qw = "sharding." + who + ".quantized_weights", qg = "sharding." + who + ".quantized_gradients";
+  const std::string w = r.get<std::string>(qw, "none",
+      "stage 3: gather parameters as int8 blocks with a float32 scale each (ZeRO++ qwZ): none or int8");
+  require(w == "none" || w == "int8", r, qw, "must be none or int8");
+  require(w == "none" || c.stage == 3, r, qw, "needs sharding." + who + ".stage 3 (qwZ quantizes the per-unit "
+          "all-gather of parameter shards)");
+  c.quantized_weights_bits = w == "int8" ? 8 : 0;
+  const std::string g = r.get<std::string>(qg, "none",
+      "stages 2-3: reduce-scatter gradients as int8 or int4 blocks through an all-to-all, summed in float32 "
+      "(ZeRO++ qgZ): none, int8 or int4");
+  require(g == "none" || g == "int8" || g == "int4", r, qg, "must be none, int8 or int4");
+  require(g == "none" || c.stage >= 2, r, qg, "needs sharding." + who + ".stage 2 or 3 (qgZ quantizes the "
+          "reduce-scatter of every micro-batch's gradients)");
+  c.quantized_gradients_bits = g == "none" ? 0 : g == "int8" ? 8 : 4;
+  const std::string qb = "sharding." + who + ".quantization_block";
+  c.quantization_block = r.get<int64_t>(qb, c.quantization_block,
+      "elements per float32 scale of the quantized collectives");
+  require(c.quantization_block >= 2 && c.quantization_block % 2 == 0 && c.quantization_block <= (int64_t{1} << 24),
+          r, qb, "must be even, from 2 to 16777216");
   return c;
 }
 

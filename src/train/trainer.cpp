@@ -157,7 +157,7 @@ std::unique_ptr<Communicator> Trainer::model_communicator(int replicate_degree, 
 
 std::array<int64_t, 3> Trainer::comm_bytes() {
   auto bytes = [](const CommStats& s) {
-    return s.all_gather_bytes + s.reduce_scatter_bytes + s.all_reduce_bytes + s.broadcast_bytes;
+    return s.all_gather_bytes + s.reduce_scatter_bytes + s.all_reduce_bytes + s.broadcast_bytes + s.all_to_all_bytes;
   };
   std::array<int64_t, 3> b{bytes(comm_.stats()), 0, 0};
   for (Communicator* c : {g_comm_.get(), d_comm_.get()}) {

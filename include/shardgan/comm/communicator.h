@@ -41,11 +41,12 @@ class CollectiveTimeout : public CollectiveError {
 /// received, as the algorithm-independent volume: see the ZeRO paper, Sec. 7).
 struct CommStats {
   int64_t all_gather_calls = 0, reduce_scatter_calls = 0, all_reduce_calls = 0,
-          broadcast_calls = 0, barrier_calls = 0;
+          broadcast_calls = 0, barrier_calls = 0, all_to_all_calls = 0;
   int64_t all_gather_bytes = 0;      ///< bytes of the full (gathered) output, per call summed
   int64_t reduce_scatter_bytes = 0;  ///< bytes of the full (unreduced) input, per call summed
   int64_t all_reduce_bytes = 0;      ///< bytes of the reduced tensor, per call summed
   int64_t broadcast_bytes = 0;
+  int64_t all_to_all_bytes = 0;      ///< bytes of the input (every block, the own one included), per call summed
 };
 
 /// Handle of a collective in flight (c10d's Work). wait() blocks until it completes, or
@@ -94,6 +95,13 @@ class Communicator {
   /// 16-bit floats are reduced in float32 and rounded once; kAvg scales by 1/N before that
   /// rounding, so a float16 average whose sum exceeds 65504 is still finite.
   virtual void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) = 0;
+
+  /// Collective, non-blocking (MPI_Alltoall): block q of `in` goes to rank q, and block p of
+  /// `out` receives rank p's block number rank(). `in` and `out`: contiguous 1-D, numel
+  /// B * world_size(), same dtype and device, distinct. Neither may be touched before wait().
+  /// The quantized gradient reduce-scatter (qgZ) exchanges its blocks with it. The default
+  /// throws CollectiveError: the backend has none (NCCL, for now).
+  virtual std::unique_ptr<Work> all_to_all_async(at::Tensor& out, const at::Tensor& in);
 
   /// Collective. Reduces `t` (contiguous, any shape) in place across ranks.
   virtual void all_reduce(at::Tensor& t, ReduceOp op) = 0;

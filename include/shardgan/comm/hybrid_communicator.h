@@ -48,6 +48,7 @@ class HybridCommunicator final : public Communicator {
   /// groups (the replicate group; blocking, with its timeout).
   void all_reduce_replicas(at::Tensor& t, ReduceOp op) override;
   /// Inside the shard group only.
+  std::unique_ptr<Work> all_to_all_async(at::Tensor& out, const at::Tensor& in) override;  ///< in the shard group
   void all_reduce(at::Tensor& t, ReduceOp op) override;
   void broadcast(at::Tensor& t, int root) override;
   void barrier() override;

@@ -17,6 +17,7 @@ class LocalCommunicator final : public Communicator {
   /// Copies `full` into `shard` (the reduction over one rank is the identity for sum,
   /// average and max).
   void reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
+  std::unique_ptr<Work> all_to_all_async(at::Tensor& out, const at::Tensor& in) override;  ///< a copy
   void all_reduce(at::Tensor& t, ReduceOp op) override;
   void broadcast(at::Tensor& t, int root) override;
   void barrier() override;

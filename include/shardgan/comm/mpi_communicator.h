@@ -47,6 +47,9 @@ class MpiCommunicator final : public Communicator {
   /// equals MPI_Reduce_scatter_block's bit for bit.
   std::unique_ptr<Work> reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
                                              ReduceOp op) override;
+  /// Point-to-point like reduce_scatter_async: every pair posted at once, blocks above
+  /// max_count() elements as one derived-type element.
+  std::unique_ptr<Work> all_to_all_async(at::Tensor& out, const at::Tensor& in) override;
   void all_reduce(at::Tensor& t, ReduceOp op) override;
   void broadcast(at::Tensor& t, int root) override;
   void barrier() override;

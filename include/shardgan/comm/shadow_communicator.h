@@ -26,6 +26,8 @@ class ShadowCommunicator final : public Communicator {
   /// As reduce_scatter, the receive buffer held until wait().
   std::unique_ptr<Work> reduce_scatter_async(at::Tensor& shard, const at::Tensor& full, ReduceOp op) override;
   /// kSum multiplies by world_size(); kAvg and kMax leave `t` (16-bit through float32).
+  /// Every block of `out` becomes block 0 of `in` (a stand-in, sizes checked).
+  std::unique_ptr<Work> all_to_all_async(at::Tensor& out, const at::Tensor& in) override;
   void all_reduce(at::Tensor& t, ReduceOp op) override;
   void broadcast(at::Tensor& t, int root) override {}
   void barrier() override {}

@@ -70,6 +70,20 @@ struct ShardingConfig {
   /// ShardedModel::kSharedSlots slots of the model's largest gathered unit, kept for the
   /// run and mapped by every rank of the node.
   bool node_shared_gather = false;
+  /// Stage 3, ZeRO++ qwZ (Wang et al. 2023, Sec. 4.1): 8 gathers the parameters as int8
+  /// blocks (comm/quantize.h), 0 in the compute dtype. Every rank, its own block included,
+  /// computes with the dequantized values: each element within max|block| / 254 of the
+  /// master value. Master shards and optimizer state stay in the master dtype. Where the
+  /// node-shared gather applies (one host), it moves no bytes and is used unquantized.
+  int quantized_weights_bits = 0;
+  /// Stages 2-3, ZeRO++ qgZ (Sec. 4.3): 8 or 4 quantizes each destination block of a
+  /// micro-batch's gradients, exchanges them with an all-to-all and sums the dequantized
+  /// blocks in float32 (one hop: no re-quantization between hops), 0 reduce-scatters in the
+  /// reduce dtype. Each element of the averaged gradient is within
+  /// sum_q max|block_q| / (2 q_max N) of the exact average (q_max 127 or 7).
+  int quantized_gradients_bits = 0;
+  /// Elements per float32 scale of both quantized collectives.
+  int64_t quantization_block = 256;
 };
 
 /// Inputs or outputs of a unit or model. Tensors may be undefined (e.g. no labels).
