@@ -4,7 +4,9 @@
 # host limited by `tc` (token bucket) to RATE, the class-conditional BigGAN of
 # configs/biggan-1b.yaml at width CH with ZeRO-3 for G and D (bfloat16 compute and reduction,
 # float32 masters and Adam; node_shared_gather off, as across hosts). For each mode (plain,
-# qwz = quantized_weights int8, qgz = quantized_gradients GBITS, both) it trains STEPS steps
+# qwz = quantized_weights int8, qgz = quantized_gradients GBITS, both; hsdp = one replica
+# group per host, hsdp-qgz = the same with quantized gradients, which also quantizes the
+# cross-host replica average) it trains STEPS steps
 # and prints one JSON line: bytes that crossed between the hosts per step after step 1 (rx +
 # tx on host 0's veth, from the kernel's counters), shardgan's own per-rank volume
 # (comm_bytes_world), the mean step time after step 1, the losses, and peak RSS per rank.
@@ -34,6 +36,9 @@ for rate in $RATES; do
       qgz) Q=(--set sharding.generator.quantized_gradients=$GBITS --set sharding.discriminator.quantized_gradients=$GBITS) ;;
       both) Q=(--set sharding.generator.quantized_weights=int8 --set sharding.discriminator.quantized_weights=int8
                --set sharding.generator.quantized_gradients=$GBITS --set sharding.discriminator.quantized_gradients=$GBITS) ;;
+      hsdp) Q=(--set sharding.generator.replicate_degree=auto --set sharding.discriminator.replicate_degree=auto) ;;
+      hsdp-qgz) Q=(--set sharding.generator.replicate_degree=auto --set sharding.discriminator.replicate_degree=auto
+                   --set sharding.generator.quantized_gradients=$GBITS --set sharding.discriminator.quantized_gradients=$GBITS) ;;
     esac
     RUN=$T/$rate-$mode
     mpirun "${HOSTS[@]}" -np 4 build/shardgan-train configs/biggan-1b.yaml \

@@ -62,6 +62,26 @@ print(f"bytes vs plain: qwZ {w:.3f}, qgZ int4 {g4:.3f}, qgZ int8 {g8:.3f} (predi
 sys.exit(0 if 0 < fg and 0 < fr and fg + fr <= 1.001 and abs(g8 - p8) <= 0.02 and abs(both - pb) <= 0.02 else 1)
 PY
 [ $? -eq 0 ] && ok "$(cat "$T/r.txt")" || bad "$(cat "$T/r.txt")"
+# HSDP on 4 ranks (2 replica groups of 2): qgZ also quantizes the cross-replica average
+# (int4 reduce-scatter, float32 sum, int8 gather), so its volume (comm_bytes_replicate) falls
+# to (0.5 + 4/256 + 1 + 4/256) / 4 = 0.383 of the float32 all-reduce's.
+HSDP=(--set sharding.generator.replicate_degree=2 --set sharding.discriminator.replicate_degree=2)
+timeout 300 "${MPIRUN[@]}" -np 4 --bind-to none "$TRAIN" "${BASE[@]}" "${HSDP[@]}" --set run.dir="$T/hsdp" > "$T/hsdp.log" 2>&1 \
+  || bad "hsdp: $(tail -3 "$T/hsdp.log")"
+# shellcheck disable=SC2046
+timeout 300 "${MPIRUN[@]}" -np 4 --bind-to none "$TRAIN" "${BASE[@]}" "${HSDP[@]}" $(q none int4) --set run.dir="$T/hsdp-q" \
+  > "$T/hsdp-q.log" 2>&1 || bad "hsdp qgZ: $(tail -3 "$T/hsdp-q.log")"
+"$PY" - "$T/hsdp-q/metrics.jsonl" "$T/hsdp/metrics.jsonl" > "$T/h.txt" <<'PY'
+import json, math, sys
+q = [json.loads(l) for l in open(sys.argv[1])]
+p = [json.loads(l) for l in open(sys.argv[2])]
+worst = max(abs(a[k] - b[k]) / abs(b[k]) for a, b in zip(q, p) for k in ("loss_d", "loss_g"))
+ratio = sum(a["comm_bytes_replicate"] for a in q) / sum(b["comm_bytes_replicate"] for b in p)
+print(f"HSDP with qgZ int4: cross-replica bytes {ratio:.3f} of plain HSDP's (formula 0.383), "
+      f"largest relative loss difference {worst:.4f}")
+sys.exit(0 if len(q) == 4 and abs(ratio - 0.383) <= 0.02 and worst <= 0.05 else 1)
+PY
+[ $? -eq 0 ] && ok "$(cat "$T/h.txt")" || bad "$(cat "$T/h.txt")"
 expect_fail "qwZ at stage 2" "sharding.generator.quantized_weights" "${MPIRUN[@]}" -np 1 "$TRAIN" "${BASE[@]}" \
   --set sharding.generator.stage=2 --set sharding.generator.quantized_weights=int8 --set run.dir="$T/e1"
 expect_fail "qgZ at stage 1" "sharding.discriminator.quantized_gradients" "${MPIRUN[@]}" -np 1 "$TRAIN" "${BASE[@]}" \

@@ -155,6 +155,41 @@ TEST_P(QuantizedCollectives, FewerBytesThanTheUnquantizedCollectives) {
   EXPECT_GE(2.0 / per_elem, GetParam() == 8 ? 1.96 : 3.8);
 }
 
+// HSDP's cross-replica average: quantized reduce-scatter, float32 sum, int8 all-gather.
+TEST_P(QuantizedCollectives, AllReduceAvgWithinBoundAndIdenticalOnEveryRank) {
+  const QuantSpec q{GetParam(), 64};
+  const int64_t len = 1001;  // not a multiple of the world size: padded inside
+  at::Tensor t = sample(len, 300 + r), exact = t.to(at::kDouble);
+  comm.all_reduce(exact, ReduceOp::kAvg);
+  at::Tensor every = torch::empty({len * n});
+  comm.all_gather(every, t);
+  quantized_all_reduce_avg(comm, t, q);
+  // The reduce-scatter's bound on each element (blocks of the padded per-rank parts), then
+  // the int8 re-quantization of the average (blocks of the same parts of the result).
+  const int64_t s = (len + n - 1) / n;
+  at::Tensor bound = torch::zeros({s * n}, torch::kDouble), mag = torch::zeros({s * n}, torch::kDouble);
+  for (int p = 0; p < n; ++p) {
+    at::Tensor x = at::constant_pad_nd(every.narrow(0, p * len, len), {0, s * n - len}, 0);
+    for (int b = 0; b < n; ++b) {
+      bound.narrow(0, b * s, s) += block_absmax(x.narrow(0, b * s, s).contiguous(), q.block).to(at::kDouble) /
+                                   (2.0 * q.qmax() * n);
+    }
+    mag += x.abs().to(at::kDouble);
+  }
+  at::Tensor avg = at::constant_pad_nd(exact, {0, s * n - len}, 0);
+  for (int b = 0; b < n; ++b) {
+    bound.narrow(0, b * s, s) += block_absmax(avg.narrow(0, b * s, s).contiguous(), q.block) * (1.0 / 254 * 1.01);
+  }
+  bound += mag * n * std::numeric_limits<float>::epsilon() + 1e-30;
+  bound = bound.narrow(0, 0, len);
+  at::Tensor err = (t.to(at::kDouble) - exact).abs();
+  EXPECT_TRUE((err <= bound).all().item<bool>()) << "max err/bound " << (err / bound).max().item<double>();
+  EXPECT_FALSE((err <= bound / 10).all().item<bool>()) << "the bound is ten times too loose";
+  at::Tensor r0 = t.clone();
+  comm.broadcast(r0, 0);
+  EXPECT_TRUE(torch::equal(r0, t));
+}
+
 INSTANTIATE_TEST_SUITE_P(Bits, QuantizedCollectives, ::testing::Values(8, 4));
 
 }  // namespace

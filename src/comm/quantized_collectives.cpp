@@ -103,4 +103,18 @@ std::unique_ptr<Work> quantized_reduce_scatter_async(Communicator& comm, at::Ten
   return std::make_unique<DequantizeReduceWork>(std::move(inner), send, recv, out, q);
 }
 
+void quantized_all_reduce_avg(Communicator& comm, at::Tensor& t, const QuantSpec& q) {
+  const int64_t n = comm.world_size(), numel = t.numel(), s = (numel + n - 1) / n;
+  if (t.dim() != 1 || !t.is_contiguous()) {
+    throw CollectiveError("quantized all_reduce on rank " + std::to_string(comm.rank()) + ": t must be contiguous 1-D");
+  }
+  torch::NoGradGuard no_grad;
+  at::Tensor padded = torch::zeros({s * n}, t.options().dtype(at::kFloat));
+  padded.narrow(0, 0, numel).copy_(t);
+  at::Tensor part = torch::empty({s}, padded.options());
+  quantized_reduce_scatter_async(comm, part, padded, q)->wait();
+  quantized_all_gather_async(comm, padded, part, QuantSpec{8, q.block})->wait();
+  t.copy_(padded.narrow(0, 0, numel));
+}
+
 }  // namespace shardgan

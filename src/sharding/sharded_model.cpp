@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 
 #include "shardgan/comm/node_shared.h"
+#include "shardgan/comm/hybrid_communicator.h"
+#include "shardgan/comm/quantized_collectives.h"
 #include "sharding/ownership.h"
 #include "sharding/torch_internals.h"
 #include "shardgan/util/threads.h"
@@ -225,7 +227,14 @@ void ShardedModel::reduce_across_replicas() {
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& u : units_) {
     if (u->stage() == 0 || !u->reduced()) continue;
-    comm_.all_reduce_replicas(u->grad_shard(), ReduceOp::kAvg);
+    auto* hybrid = dynamic_cast<HybridCommunicator*>(&comm_);
+    if (cfg_.quantized_gradients_bits != 0 && hybrid) {
+      // ZeRO++-style across replicas: quantized reduce-scatter, float32 sum, int8 gather.
+      quantized_all_reduce_avg(hybrid->replicate_group(), u->grad_shard(),
+                               QuantSpec{cfg_.quantized_gradients_bits, cfg_.quantization_block});
+    } else {
+      comm_.all_reduce_replicas(u->grad_shard(), ReduceOp::kAvg);
+    }
   }
   times_.collective_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -116,7 +116,7 @@ ShardingConfig read_sharding(Reader& r, const std::string& who) {
   c.quantized_weights_bits = w == "int8" ? 8 : 0;
   const std::string g = r.get<std::string>(qg, "none",
       "stages 2-3: reduce-scatter gradients as int8 or int4 blocks through an all-to-all, summed in float32 "
-      "(ZeRO++ qgZ): none, int8 or int4");
+      "(ZeRO++ qgZ; under HSDP also the cross-replica average): none, int8 or int4");
   require(g == "none" || g == "int8" || g == "int4", r, qg, "must be none, int8 or int4");
   require(g == "none" || c.stage >= 2, r, qg, "needs sharding." + who + ".stage 2 or 3 (qgZ quantizes the "
           "reduce-scatter of every micro-batch's gradients)");

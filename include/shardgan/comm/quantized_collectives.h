@@ -30,4 +30,14 @@ std::unique_ptr<Work> quantized_all_gather_async(Communicator& comm, at::Tensor 
 std::unique_ptr<Work> quantized_reduce_scatter_async(Communicator& comm, at::Tensor out, const at::Tensor& full,
                                                      const QuantSpec& q);
 
+/// Collective (the all-to-all and the all-gather above, on `comm`): an average over the
+/// ranks of `t` (contiguous 1-D, floating, any length; padded to a multiple of the world
+/// size internally), in place, as ZeRO++ does across nodes: quantize, reduce in float32
+/// (quantized_reduce_scatter_async with `q`), re-quantize the average as int8 and gather it
+/// (quantized_all_gather_async). Every rank ends with the same values. Each element is
+/// within the reduce-scatter's bound plus max|block of the average| / 254 of the exact
+/// average (plus float32 rounding). HSDP's cross-replica gradient average uses it when the
+/// model has sharding.<model>.quantized_gradients.
+void quantized_all_reduce_avg(Communicator& comm, at::Tensor& t, const QuantSpec& q);
+
 }  // namespace shardgan
