@@ -433,6 +433,11 @@ TrainConfig read_config(Reader& r, const std::string& source) {
       "progress thread polling interval, in microseconds");
   require(c.progress_interval_us >= 1 && c.progress_interval_us <= 1e6, r, "dist.progress_interval_us",
           "must be 1 to 1e6 (microseconds)");
+  for (auto [who, sc] : {std::pair{"generator", &c.g_sharding}, std::pair{"discriminator", &c.d_sharding}}) {
+    require(sc->quantized_gradients_bits == 0 || c.backend == "mpi", r,
+            std::string("sharding.") + who + ".quantized_gradients",
+            "needs dist.backend mpi: the NCCL backend has no all-to-all yet (set it to none)");
+  }
   c.checkpoint_async = r.get<bool>("checkpoint.async", c.checkpoint_async,
       "write checkpoints in the background: training waits only for a snapshot (at most one save in flight)");
   require(!c.checkpoint_async || c.backend == "mpi", r, "checkpoint.async",
