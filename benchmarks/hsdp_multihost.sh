@@ -23,7 +23,7 @@ trap 'bash "$NETNS" down "$P" 2 2> /dev/null; rm -rf "$T"' EXIT
 bash "$NETNS" up "$P" 2 > /dev/null
 mapfile -t HOSTS < <(bash "$NETNS" mpirun-args "$P")
 VETH=${P}v0
-counter() { echo $(( $(cat /sys/class/net/$VETH/statistics/rx_bytes) + $(cat /sys/class/net/$VETH/statistics/tx_bytes) )); }
+source benchmarks/multihost_lib.sh
 for mode in full hsdp; do
   R=1; [ $mode = hsdp ] && R=auto
   RUN=$T/$mode
@@ -33,17 +33,9 @@ for mode in full hsdp; do
     --set train.checkpoint_every=0 --set train.plots=false --set data.source=synthetic \
     --set sharding.generator.replicate_degree=$R --set sharding.discriminator.replicate_degree=$R \
     --set run.dir="$RUN" > "$T/$mode.log" 2>&1 &
-  pid=$!
-  # Counter at each step boundary (a line of metrics.jsonl appears when a step ends).
-  declare -A at=(); at[0]=$(counter); seen=0
-  while kill -0 $pid 2> /dev/null; do
-    n=$(wc -l 2> /dev/null < "$RUN/metrics.jsonl" || echo 0)
-    while [ "$seen" -lt "$n" ]; do seen=$((seen + 1)); at[$seen]=$(counter); done
-    sleep 0.2
-  done
-  wait $pid || { echo "$mode failed:"; tail -20 "$T/$mode.log"; exit 1; }
-  n=$(wc -l < "$RUN/metrics.jsonl"); while [ "$seen" -lt "$n" ]; do seen=$((seen + 1)); at[$seen]=$(counter); done
-  cross=$(( (at[$STEPS] - at[1]) / (STEPS - 1) ))
+  veth_bytes_per_step $! "$RUN/metrics.jsonl" "$STEPS" "$VETH"
+  [ "$RC" -eq 0 ] || { echo "$mode failed:"; tail -20 "$T/$mode.log"; exit 1; }
+  cross=$CROSS
   rss=$(grep -o "peak RSS:    \[[^]]*\]" "$T/$mode.log" | sed 's/.*\[\(.*\)\]/\1/')
   params=$(grep -o "model biggan: G [0-9]* parameters, D [0-9]* parameters" "$T/$mode.log" | awk '{print $4 + $7}')
   layout=$(grep -m1 -o "generator: hybrid sharding, [^(]*([^)]*)" "$T/$mode.log" || echo "generator: full sharding")

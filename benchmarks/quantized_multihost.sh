@@ -24,7 +24,7 @@ trap 'bash "$NETNS" down "$P" 2 2> /dev/null; rm -rf "$T"' EXIT
 bash "$NETNS" up "$P" 2 > /dev/null
 mapfile -t HOSTS < <(bash "$NETNS" mpirun-args "$P")
 VETH=${P}v0
-counter() { echo $(( $(cat /sys/class/net/$VETH/statistics/rx_bytes) + $(cat /sys/class/net/$VETH/statistics/tx_bytes) )); }
+source benchmarks/multihost_lib.sh
 for rate in $RATES; do
   for i in 0 1; do
     tc qdisc replace dev ${P}v$i root tbf rate "$rate" burst 4mbit latency 100ms
@@ -47,16 +47,9 @@ for rate in $RATES; do
       --set train.checkpoint_every=0 --set train.plots=false --set data.source=synthetic \
       --set sharding.generator.node_shared_gather=false --set sharding.discriminator.node_shared_gather=false \
       "${Q[@]}" --set run.dir="$RUN" > "$RUN.log" 2>&1 &
-    pid=$!
-    declare -A at=(); at[0]=$(counter); seen=0
-    while kill -0 $pid 2> /dev/null; do
-      n=$(wc -l 2> /dev/null < "$RUN/metrics.jsonl" || echo 0)
-      while [ "$seen" -lt "$n" ]; do seen=$((seen + 1)); at[$seen]=$(counter); done
-      sleep 0.2
-    done
-    wait $pid || { echo "$rate $mode failed:"; tail -20 "$RUN.log"; exit 1; }
-    n=$(wc -l < "$RUN/metrics.jsonl"); while [ "$seen" -lt "$n" ]; do seen=$((seen + 1)); at[$seen]=$(counter); done
-    cross=$(( (at[$STEPS] - at[1]) / (STEPS - 1) ))
+    veth_bytes_per_step $! "$RUN/metrics.jsonl" "$STEPS" "$VETH"
+    [ "$RC" -eq 0 ] || { echo "$rate $mode failed:"; tail -20 "$RUN.log"; exit 1; }
+    cross=$CROSS
     rss=$(grep -o "peak RSS:    \[[^]]*\]" "$RUN.log" | sed 's/.*\[\(.*\)\]/\1/')
     params=$(grep -o "model biggan: G [0-9]* parameters, D [0-9]* parameters" "$RUN.log" | awk '{print $4 + $7}')
     python3 - "$RUN/metrics.jsonl" "$mode" "$rate" "$CH" "$params" "$cross" "$rss" "$STEPS" "$COMMIT" "$GBITS" >> "$OUT" <<'PY'

@@ -1,6 +1,7 @@
 #include "shardgan/comm/quantized_collectives.h"
 
 #include <exception>
+#include <functional>
 #include <string>
 
 #include <torch/torch.h>
@@ -8,17 +9,18 @@
 namespace shardgan {
 namespace {
 
-// qwZ: the int8 all-gather in flight; wait() dequantizes every rank's block (this rank's
-// too, so that every rank computes with the same values) into the gathered flat parameter.
-class DequantizeGatherWork final : public Work {
+// A quantized collective in flight: wait() waits for the exchange, then runs `finish` (the
+// dequantization), which owns the buffers. Destroyed unwaited, it waits, except while an
+// exception unwinds (the job is ending; MpiWork leaves its requests in flight then too).
+class DequantizeWork final : public Work {
  public:
-  DequantizeGatherWork(std::unique_ptr<Work> inner, at::Tensor send, at::Tensor recv, at::Tensor full, QuantSpec q)
-      : inner_(std::move(inner)), send_(std::move(send)), recv_(std::move(recv)), full_(std::move(full)), q_(q) {}
-  ~DequantizeGatherWork() override {
+  DequantizeWork(std::unique_ptr<Work> inner, std::function<void()> finish)
+      : inner_(std::move(inner)), finish_(std::move(finish)) {}
+  ~DequantizeWork() override {
     if (inner_ && std::uncaught_exceptions() == 0) {
       try {
         wait();
-      } catch (...) {
+      } catch (...) {  // never throw from a destructor; the error surfaces elsewhere
       }
     }
   }
@@ -27,46 +29,13 @@ class DequantizeGatherWork final : public Work {
     inner_->wait();
     inner_.reset();
     torch::NoGradGuard no_grad;
-    const int64_t n = recv_.numel() / send_.numel(), s = full_.numel() / n, pb = send_.numel();
-    for (int64_t p = 0; p < n; ++p) dequantize_blocks(recv_.narrow(0, p * pb, pb), q_, full_.narrow(0, p * s, s));
-    send_ = recv_ = full_ = at::Tensor();
+    finish_();
+    finish_ = nullptr;
   }
 
  private:
   std::unique_ptr<Work> inner_;
-  at::Tensor send_, recv_, full_;
-  QuantSpec q_;
-};
-
-// qgZ: the all-to-all of quantized gradient blocks in flight; wait() writes the float32
-// average of the N dequantized blocks for this rank, summed in rank order.
-class DequantizeReduceWork final : public Work {
- public:
-  DequantizeReduceWork(std::unique_ptr<Work> inner, at::Tensor send, at::Tensor recv, at::Tensor out, QuantSpec q)
-      : inner_(std::move(inner)), send_(std::move(send)), recv_(std::move(recv)), out_(std::move(out)), q_(q) {}
-  ~DequantizeReduceWork() override {
-    if (inner_ && std::uncaught_exceptions() == 0) {
-      try {
-        wait();
-      } catch (...) {
-      }
-    }
-  }
-  void wait() override {
-    if (!inner_) return;
-    inner_->wait();
-    inner_.reset();
-    torch::NoGradGuard no_grad;
-    const int64_t pb = quantized_bytes(out_.numel(), q_), n = recv_.numel() / pb;
-    for (int64_t p = 0; p < n; ++p) dequantize_blocks(recv_.narrow(0, p * pb, pb), q_, out_, /*accumulate=*/p > 0);
-    out_.div_(static_cast<double>(n));
-    send_ = recv_ = out_ = at::Tensor();
-  }
-
- private:
-  std::unique_ptr<Work> inner_;
-  at::Tensor send_, recv_, out_;
-  QuantSpec q_;
+  std::function<void()> finish_;
 };
 
 }  // namespace
@@ -83,8 +52,11 @@ std::unique_ptr<Work> quantized_all_gather_async(Communicator& comm, at::Tensor 
   at::Tensor send = torch::empty({pb}, shard.options().dtype(at::kByte));
   quantize_blocks(shard, q, send);
   at::Tensor recv = torch::empty({pb * n}, send.options());
-  std::unique_ptr<Work> inner = comm.all_gather_async(recv, send);
-  return std::make_unique<DequantizeGatherWork>(std::move(inner), send, recv, full, q);
+  // Every rank's block, this rank's too, so that every rank computes with the same values.
+  auto finish = [send, recv, full, q, n, s, pb] {
+    for (int64_t p = 0; p < n; ++p) dequantize_blocks(recv.narrow(0, p * pb, pb), q, full.narrow(0, p * s, s));
+  };
+  return std::make_unique<DequantizeWork>(comm.all_gather_async(recv, send), std::move(finish));
 }
 
 std::unique_ptr<Work> quantized_reduce_scatter_async(Communicator& comm, at::Tensor out, const at::Tensor& full,
@@ -99,8 +71,12 @@ std::unique_ptr<Work> quantized_reduce_scatter_async(Communicator& comm, at::Ten
   at::Tensor send = torch::empty({pb * n}, full.options().dtype(at::kByte));
   for (int64_t p = 0; p < n; ++p) quantize_blocks(full.narrow(0, p * s, s), q, send.narrow(0, p * pb, pb));
   at::Tensor recv = torch::empty({pb * n}, send.options());
-  std::unique_ptr<Work> inner = comm.all_to_all_async(recv, send);
-  return std::make_unique<DequantizeReduceWork>(std::move(inner), send, recv, out, q);
+  // The float32 average of the N dequantized blocks for this rank, summed in rank order.
+  auto finish = [send, recv, out, q, n, pb]() mutable {
+    for (int64_t p = 0; p < n; ++p) dequantize_blocks(recv.narrow(0, p * pb, pb), q, out, /*accumulate=*/p > 0);
+    out.div_(static_cast<double>(n));
+  };
+  return std::make_unique<DequantizeWork>(comm.all_to_all_async(recv, send), std::move(finish));
 }
 
 void quantized_all_reduce_avg(Communicator& comm, at::Tensor& t, const QuantSpec& q) {

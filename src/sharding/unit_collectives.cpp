@@ -237,7 +237,7 @@ void UnitCollectives::start_reduce() {
   if (owner_) owner_->before_reduce_start(unit_);
   if (cfg_.quantized_gradients_bits != 0 && !persistent) {
     // qgZ: each destination block quantized, exchanged with an all-to-all, and summed in
-    // float32 on arrival (DequantizeReduceWork).
+    // float32 on arrival (quantized_reduce_scatter_async).
     const QuantSpec q{cfg_.quantized_gradients_bits, cfg_.quantization_block};
     const int64_t S = flat_.shard_numel(), n = comm_.world_size();
     reduce_.out = torch::empty({S}, flat.options().dtype(at::kFloat));
