@@ -277,7 +277,6 @@ double AsyncCheckpointer::wait() {
   if (!state_) return 0;
   const auto t0 = clock_type::now();
   std::shared_ptr<State> s = std::move(state_);
-  state_.reset();
   s->thread.join();
   const double waited = since(t0);
   totals_.write_s += s->write_s;

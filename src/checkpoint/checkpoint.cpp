@@ -25,8 +25,8 @@ using ckpt::Manifest;
 using namespace ckpt_detail;
 namespace {
 
-h5::DType h5_type(at::ScalarType t) { return ckpt_detail::h5_type(t); }
-h5::DType h5_type(const at::Tensor& t) { return ckpt_detail::h5_type(t.scalar_type()); }
+using ckpt_detail::h5_type;  // with the overload below, not hidden by it
+h5::DType h5_type(const at::Tensor& t) { return h5_type(t.scalar_type()); }
 
 void check_model_matches(const ckpt::ModelEntry& me, ShardedModel& m, const std::string& dir) {
   auto differ = [&](const std::string& what) {

@@ -3,14 +3,10 @@
 #include <sstream>
 #include <string>
 
+#include "completed_work.h"
+
 namespace shardgan {
-namespace {
-
-struct CompletedWork final : Work {
-  void wait() override {}
-};
-
-}  // namespace
+using detail::CompletedWork;
 
 void Communicator::check_block_sizes(const char* op, const at::Tensor& full,
                                      const at::Tensor& shard) const {

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "completed_work.h"
+
 namespace shardgan {
 namespace {
 
@@ -13,10 +15,6 @@ void same_numel(const char* op, const at::Tensor& a, const at::Tensor& b) {
   }
 }
 
-struct DoneWork final : Work {
-  void wait() override {}
-};
-
 }  // namespace
 
 std::unique_ptr<Work> LocalCommunicator::all_to_all_async(at::Tensor& out, const at::Tensor& in) {
@@ -25,7 +23,7 @@ std::unique_ptr<Work> LocalCommunicator::all_to_all_async(at::Tensor& out, const
   stats_.all_to_all_bytes += in.numel() * in.element_size();
   torch::NoGradGuard no_grad;
   out.copy_(in);
-  return std::make_unique<DoneWork>();
+  return std::make_unique<detail::CompletedWork>();
 }
 
 void LocalCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {

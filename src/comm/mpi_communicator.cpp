@@ -262,6 +262,33 @@ MPI_Datatype large_contiguous(int64_t n, int64_t chunk, MPI_Datatype base, int64
   return out;
 }
 
+// The direct exchange that reduce_scatter_async and all_to_all_async post (every pair at
+// once, peers in the order r+1, r+2, ...): block q of `in` (contiguous 1-D, s elements per
+// block) goes to rank q with `tag`, and rank `from`'s block for this rank arrives at
+// recv_at(from). Blocks above max_count elements travel as one large_contiguous element.
+std::vector<MPI_Request> post_block_exchange(MPI_Comm comm, int rank, int n, int tag, const at::Tensor& in,
+                                             int64_t s, int64_t max_count,
+                                             const std::function<void*(int from)>& recv_at) {
+  MPI_Datatype base = mpi_type(in.scalar_type());
+  const bool large = s > max_count;
+  MPI_Datatype block = large ? large_contiguous(s, max_count, base, in.element_size()) : base;
+  const int count = large ? 1 : static_cast<int>(s);
+  std::vector<MPI_Request> reqs;
+  reqs.reserve(2 * static_cast<size_t>(std::max(n - 1, 0)));
+  const auto* src = static_cast<const char*>(in.data_ptr());
+  const int64_t block_bytes = s * in.element_size();
+  for (int k = 1; k < n; ++k) {
+    const int to = (rank + k) % n, from = (rank - k + n) % n;
+    MPI_Request rr, sr;
+    MPI_Irecv(recv_at(from), count, block, from, tag, comm, &rr);
+    MPI_Isend(src + to * block_bytes, count, block, to, tag, comm, &sr);
+    reqs.push_back(rr);
+    reqs.push_back(sr);
+  }
+  if (large) MPI_Type_free(&block);
+  return reqs;
+}
+
 }  // namespace
 
 MPI_Request MpiCommunicator::start_all_gather(at::Tensor& full, const at::Tensor& shard) {
@@ -317,24 +344,10 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(at::Tensor& shard, c
   const int64_t s = shard.numel();
   const int n = world_size_;
   at::Tensor recv = at::empty({std::max(n - 1, 0), s}, full.options());
-  MPI_Datatype base = mpi_type(full.scalar_type());
-  const bool large = s > max_count_;  // one element of a derived type as large as a block
-  MPI_Datatype block = large ? large_contiguous(s, max_count_, base, full.element_size()) : base;
-  const int count = large ? 1 : static_cast<int>(s);
-  std::vector<MPI_Request> reqs;
-  reqs.reserve(2 * static_cast<size_t>(std::max(n - 1, 0)));
-  const auto* in = static_cast<const char*>(full.data_ptr());
-  const int64_t block_bytes = s * full.element_size();
-  for (int k = 1; k < n; ++k) {  // peers in the order r+1, r+2, ...: every pair at once
-    const int to = (rank_ + k) % n, from = (rank_ - k + n) % n;
-    MPI_Request rr, sr;
-    // Row k-1 of `recv` holds rank `from`'s block.
-    MPI_Irecv(recv[k - 1].data_ptr(), count, block, from, kReduceScatterTag, comm_, &rr);
-    MPI_Isend(in + to * block_bytes, count, block, to, kReduceScatterTag, comm_, &sr);
-    reqs.push_back(rr);
-    reqs.push_back(sr);
-  }
-  if (large) MPI_Type_free(&block);
+  // Row k-1 of `recv` holds the block of rank (rank - k) mod n.
+  std::vector<MPI_Request> reqs = post_block_exchange(
+      comm_, rank_, n, kReduceScatterTag, full, s, max_count_,
+      [&](int from) { return recv[(rank_ - from + n) % n - 1].data_ptr(); });
   at::Tensor own = full.narrow(0, rank_ * s, s), dst = shard;
   const int me = rank_;
   // Every rank's block in rank order: own at position `me`, rank q's in recv row (me - q) mod n - 1.
@@ -377,23 +390,11 @@ std::unique_ptr<Work> MpiCommunicator::all_to_all_async(at::Tensor& out, const a
   stats_.all_to_all_calls++;
   stats_.all_to_all_bytes += in.numel() * in.element_size();
   const int64_t s = in.numel() / n, block_bytes = s * in.element_size();
-  MPI_Datatype base = mpi_type(in.scalar_type());
-  const bool large = s > max_count_;
-  MPI_Datatype block = large ? large_contiguous(s, max_count_, base, in.element_size()) : base;
-  const int count = large ? 1 : static_cast<int>(s);
-  std::vector<MPI_Request> reqs;
-  const auto* src = static_cast<const char*>(in.data_ptr());
   auto* dst = static_cast<char*>(out.data_ptr());
-  std::memcpy(dst + rank_ * block_bytes, src + rank_ * block_bytes, static_cast<size_t>(block_bytes));
-  for (int k = 1; k < n; ++k) {
-    const int to = (rank_ + k) % n, from = (rank_ - k + n) % n;
-    MPI_Request rr, sr;
-    MPI_Irecv(dst + from * block_bytes, count, block, from, kAllToAllTag, comm_, &rr);
-    MPI_Isend(src + to * block_bytes, count, block, to, kAllToAllTag, comm_, &sr);
-    reqs.push_back(rr);
-    reqs.push_back(sr);
-  }
-  if (large) MPI_Type_free(&block);
+  std::memcpy(dst + rank_ * block_bytes, static_cast<const char*>(in.data_ptr()) + rank_ * block_bytes,
+              static_cast<size_t>(block_bytes));
+  std::vector<MPI_Request> reqs = post_block_exchange(comm_, rank_, n, kAllToAllTag, in, s, max_count_,
+                                                      [&](int from) { return dst + from * block_bytes; });
   return std::make_unique<MpiWork>(*this, std::move(reqs), describe("all_to_all", rank_, n, in));
 }
 

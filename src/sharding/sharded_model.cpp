@@ -225,10 +225,10 @@ void ShardedModel::reduce_across_replicas() {
   if (comm_.replicate_degree() == 1) return;
   finish_reduces();
   const auto t0 = std::chrono::steady_clock::now();
+  auto* hybrid = cfg_.quantized_gradients_bits != 0 ? dynamic_cast<HybridCommunicator*>(&comm_) : nullptr;
   for (auto& u : units_) {
     if (u->stage() == 0 || !u->reduced()) continue;
-    auto* hybrid = dynamic_cast<HybridCommunicator*>(&comm_);
-    if (cfg_.quantized_gradients_bits != 0 && hybrid) {
+    if (hybrid) {
       // ZeRO++-style across replicas: quantized reduce-scatter, float32 sum, int8 gather.
       quantized_all_reduce_avg(hybrid->replicate_group(), u->grad_shard(),
                                QuantSpec{cfg_.quantized_gradients_bits, cfg_.quantization_block});

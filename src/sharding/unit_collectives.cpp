@@ -37,11 +37,7 @@ class SharedGatherWork final : public Work {
 std::unique_ptr<Work> UnitCollectives::start_quantized_gather() {
   const QuantSpec q{cfg_.quantized_weights_bits, cfg_.quantization_block};
   const int64_t pb = quantized_bytes(flat_.shard_numel(), q);
-  at::Tensor master;
-  {
-    Timed t(flat_.offloaded() && owner_ ? &owner_->comm_times().offload_read_s : nullptr);
-    master = flat_.offloaded() && owner_ ? owner_->read_master_shard(unit_) : flat_.master_shard();
-  }
+  const at::Tensor master = read_master();
   peak_comm_bytes_ = std::max(peak_comm_bytes_, pb * (1 + comm_.world_size()));
   Timed t(collective_sink());
   return quantized_all_gather_async(comm_, flat_.full(), master.contiguous(), q);
@@ -68,14 +64,15 @@ UnitCollectives::~UnitCollectives() {
 
 double* UnitCollectives::collective_sink() { return owner_ ? &owner_->comm_times().collective_s : nullptr; }
 
+at::Tensor UnitCollectives::read_master() {
+  Timed t(flat_.offloaded() && owner_ ? &owner_->comm_times().offload_read_s : nullptr);
+  // With an owner, an offloaded shard comes through it: from the read-ahead started one
+  // unit earlier, or read now with the tier serialized against the worker.
+  return flat_.offloaded() && owner_ ? owner_->read_master_shard(unit_) : flat_.master_shard();
+}
+
 at::Tensor UnitCollectives::fill_own_block() {
-  at::Tensor master;
-  {
-    Timed t(flat_.offloaded() && owner_ ? &owner_->comm_times().offload_read_s : nullptr);
-    // With an owner, an offloaded shard comes through it: from the read-ahead started one
-    // unit earlier, or read now with the tier serialized against the worker.
-    master = flat_.offloaded() && owner_ ? owner_->read_master_shard(unit_) : flat_.master_shard();
-  }
+  const at::Tensor master = read_master();
   // Converted straight into this rank's block of the flat parameter: the all-gather then
   // runs in place, with no send buffer to allocate and no copy of it inside the backend.
   at::Tensor own = flat_.full().narrow(0, flat_.shard_offset(), flat_.shard_numel());

@@ -117,6 +117,9 @@ class UnitCollectives {
   /// offloaded) in the compute dtype into this rank's block of the flat parameter and
   /// returns that block, the send buffer of an in-place all-gather.
   at::Tensor fill_own_block();
+  /// This rank's master shard: the flat parameter's, or with parameter offload the owner's
+  /// read from the tier (timed as offload_read_s).
+  at::Tensor read_master();
   /// node_shared_gather: maps the flat parameter onto a slot of the model's node-shared
   /// pool and publishes this rank's block; the returned work waits for the other ranks'
   /// blocks. nullptr (the caller all-gathers through the communicator) without a pool, for
