@@ -24,3 +24,9 @@ add_test(NAME fault_inject_train_test
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fault_inject_train_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
 set_tests_properties(fault_inject_train_test PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+
+# Gradient offload (offload.<model>.gradient) end to end: bitwise parity with no offload.
+add_test(NAME gradient_offload
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gradient_offload_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(gradient_offload PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)

@@ -36,10 +36,11 @@ OffloadStore::OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const
   if (buffer_count_ < 2) throw std::invalid_argument("offload.buffer_count must be >= 2");
   // The cpu tier's arrays stay where they are, so its ring holds only the staging
   // (scratch) slices, and a buffer of the same bytes gives longer chunks.
-  if (device_ == OffloadDevice::kCpu && scratch_ > 0) ring_first_ = arrays_;
+  // (None at all when nothing is staged: the chunks then only cut the host arrays.)
+  if (device_ == OffloadDevice::kCpu) ring_first_ = arrays_;
   ring_slices_ = arrays_ + scratch_ - ring_first_;
   // Each slice of a buffer holds a whole number of 4096-byte blocks.
-  chunk_numel_ = (buffer_bytes_ / ring_slices_) / kAlign * kAlign / elem_;
+  chunk_numel_ = (buffer_bytes_ / std::max(1, ring_slices_)) / kAlign * kAlign / elem_;
   if (chunk_numel_ < 1) {
     throw std::invalid_argument("offload.buffer_bytes " + std::to_string(buffer_bytes_) + " is too small: it needs " +
                                 std::to_string(ring_slices_ * kAlign) + " bytes or more");
@@ -51,7 +52,7 @@ OffloadStore::OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const
   chunk_numel_ = std::min(chunk_numel_, align_up(largest * elem_) / elem_);
   // The cpu tier streams from memory: one staging buffer is enough, nothing to overlap.
   if (device_ == OffloadDevice::kCpu) buffer_count_ = 1;
-  ring_ = std::make_unique<HostArray>(buffer_count_ * ring_slices_ * chunk_numel_ * elem_);
+  if (ring_slices_ > 0) ring_ = std::make_unique<HostArray>(buffer_count_ * ring_slices_ * chunk_numel_ * elem_);
   if (device_ == OffloadDevice::kCpu) {
     for (int64_t n : numel_) {
       for (int a = 0; a < arrays_; ++a) host_.push_back(std::make_unique<HostArray>(n * elem_));
@@ -78,8 +79,9 @@ OffloadStore::OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const
 OffloadStore::~OffloadStore() = default;
 
 void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
-                          const std::function<void(const Chunk&)>& fn, uint32_t arrays) {
+                          const std::function<void(const Chunk&)>& fn, uint32_t arrays, uint32_t written) {
   auto used = [&](int a) { return ((arrays >> a) & 1u) != 0; };
+  auto write_back = [&](int a) { return used(a) && ((written >> a) & 1u) != 0; };
   struct Piece {
     size_t unit;
     int64_t offset, numel;
@@ -144,7 +146,7 @@ void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
       run(j, [&](int a) { return slot_ptr(j, a); });
       if (mode != Mode::kRead) {
         for (int a = 0; a < arrays_; ++a) {
-          if (!used(a)) continue;
+          if (!write_back(a)) continue;
           writes[j % count].push_back(file_->submit_write(file_off(p, a), slot_ptr(j, a), align_up(p.numel * elem_)));
         }
       }

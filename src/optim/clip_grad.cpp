@@ -19,12 +19,13 @@ double local_sum_of_squares(const std::vector<ShardedModel*>& models, int rank) 
     for (auto& u : m->units()) {
       if (u->stage() == 0 && rank != 0) continue;  // replicated: counted once, on rank 0
       if (m->comm().replica_rank() != 0) continue;  // HSDP: replica group 0 counts the shards
-      const at::Tensor& g = u->grad_shard();
-      if (g.scalar_type() == at::kFloat && g.device().is_cpu() && g.is_contiguous()) {
-        s += sum_of_squares(g.data_ptr<float>(), g.numel());
-      } else {
-        s += g.to(at::kDouble).square().sum().item<double>();
-      }
+      u->with_grad_shard([&](at::Tensor& g) {  // offloaded: read from the tier
+        if (g.scalar_type() == at::kFloat && g.device().is_cpu() && g.is_contiguous()) {
+          s += sum_of_squares(g.data_ptr<float>(), g.numel());
+        } else {
+          s += g.to(at::kDouble).square().sum().item<double>();
+        }
+      }, false);
     }
   }
   return s;
@@ -48,7 +49,7 @@ ClipResult clip_grad_norm(const std::vector<ShardedModel*>& models, double max_n
   if (coef < 1) {
     torch::NoGradGuard no_grad;
     for (ShardedModel* m : models) {
-      for (auto& u : m->units()) u->grad_shard().mul_(coef);
+      for (auto& u : m->units()) u->with_grad_shard([&](at::Tensor& g) { g.mul_(coef); }, true);
     }
     r.clip_coef = coef;
     r.clipped = true;

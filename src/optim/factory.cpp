@@ -42,6 +42,21 @@ OptimizerConfig OptimizerConfig::biggan_discriminator() {
   return c;
 }
 
+AdamConfig adam_config(const OptimizerConfig& cfg) {
+  if (cfg.type != OptimizerType::kAdam && cfg.type != OptimizerType::kAdamW) {
+    throw std::invalid_argument(std::string("adam_config: the optimizer is ") + to_string(cfg.type));
+  }
+  AdamConfig a;
+  a.lr = cfg.lr;
+  a.beta1 = cfg.beta1;
+  a.beta2 = cfg.beta2;
+  a.eps = cfg.eps;
+  a.weight_decay = cfg.weight_decay;
+  a.decoupled_weight_decay = cfg.type == OptimizerType::kAdamW;
+  a.param_copy = cfg.param_copy;
+  return a;
+}
+
 std::unique_ptr<ShardedOptimizer> make_optimizer(ShardedModel& model, const OptimizerConfig& cfg) {
   std::unique_ptr<ShardedOptimizer> opt;
   if (cfg.param_copy != ParamCopy::kNone && cfg.type != OptimizerType::kAdam &&
@@ -56,14 +71,7 @@ std::unique_ptr<ShardedOptimizer> make_optimizer(ShardedModel& model, const Opti
   switch (cfg.type) {
     case OptimizerType::kAdam:
     case OptimizerType::kAdamW: {
-      AdamConfig a;
-      a.lr = cfg.lr;
-      a.beta1 = cfg.beta1;
-      a.beta2 = cfg.beta2;
-      a.eps = cfg.eps;
-      a.weight_decay = cfg.weight_decay;
-      a.decoupled_weight_decay = cfg.type == OptimizerType::kAdamW;
-      a.param_copy = cfg.param_copy;
+      const AdamConfig a = adam_config(cfg);
       if (cfg.offload.optimizer != OffloadDevice::kNone) opt = std::make_unique<OffloadedAdam>(model, a, cfg.offload);
       else opt = std::make_unique<ShardedAdam>(model, a);
       break;

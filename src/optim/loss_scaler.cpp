@@ -37,13 +37,14 @@ bool DynamicLossScaler::unscale_and_vote(const std::vector<ShardedModel*>& model
   bool finite = true;
   for (ShardedModel* m : models) {
     for (auto& u : m->units()) {
-      at::Tensor& g = u->grad_shard();
-      if (g.scalar_type() == at::kFloat && g.device().is_cpu() && g.is_contiguous()) {
-        finite &= scale_and_check_finite(g.data_ptr<float>(), g.numel(), static_cast<float>(inv));
-      } else {
-        finite &= g.isfinite().all().item<bool>();
-        g.mul_(inv);
-      }
+      u->with_grad_shard([&](at::Tensor& g) {  // offloaded: read from the tier and written back
+        if (g.scalar_type() == at::kFloat && g.device().is_cpu() && g.is_contiguous()) {
+          finite &= scale_and_check_finite(g.data_ptr<float>(), g.numel(), static_cast<float>(inv));
+        } else {
+          finite &= g.isfinite().all().item<bool>();
+          g.mul_(inv);
+        }
+      }, true);
     }
   }
   at::Tensor vote = torch::full({1}, finite ? 0.0f : 1.0f, torch::kFloat);

@@ -26,22 +26,46 @@ at::Tensor view(void* p, int64_t n, at::ScalarType dt) {
 
 OffloadedAdam::OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadConfig& offload)
     : ShardedOptimizer(model, cfg.lr), cfg_(cfg) {
-  validate_adam_config(cfg);
-  if (offload.optimizer == OffloadDevice::kNone) throw std::invalid_argument("OffloadedAdam: offload.optimizer is none");
-  if (cfg.param_copy != ParamCopy::kNone) throw std::invalid_argument("OffloadedAdam: param_copy is not supported");
-  std::vector<int64_t> numel;
   dtype_ = model.units().empty() ? at::kFloat : model.units()[0]->shard().scalar_type();
-  for (auto& u : model.units()) {
-    const at::Tensor& s = u->shard();
-    // Shards on a GPU are staged through the store's (pinned) host buffers: the gradient
-    // goes down, the updated parameters come back (ZeRO-Offload).
-    if ((s.scalar_type() != at::kFloat && s.scalar_type() != at::kDouble) || s.scalar_type() != dtype_) {
-      throw std::invalid_argument("optimizer offload needs float32 or float64 shards of one dtype; unit '" +
-                                  u->name() + "' has " + std::string(c10::toString(s.scalar_type())) + " on " +
-                                  s.device().str());
-    }
-    numel.push_back(u->shard_numel());
+  std::vector<int64_t> numel;
+  for (auto& u : model.units()) numel.push_back(u->shard_numel());
+  init(offload, std::move(numel));
+  // Each unit's shard is written to the store and freed before the next one.
+  for (auto& u : model.units()) adopt_unit(*u);
+}
+
+OffloadedAdam::OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadConfig& offload,
+                             std::vector<int64_t> unit_shard_numels, at::ScalarType dtype)
+    : ShardedOptimizer(model, cfg.lr), cfg_(cfg) {
+  if (!model.units().empty()) throw std::invalid_argument("OffloadedAdam: a streamed build starts from a model with no units");
+  dtype_ = dtype;
+  init(offload, std::move(unit_shard_numels));
+}
+
+void OffloadedAdam::adopt_unit(ShardedUnit& u) {
+  const size_t i = u.index();
+  if (i >= store_->unit_count() || store_->unit_numel(i) != u.shard_numel()) {
+    throw std::invalid_argument("OffloadedAdam: unit '" + u.name() + "' (index " + std::to_string(i) + ", " +
+                                std::to_string(u.shard_numel()) + " shard elements) does not match the store made for " +
+                                std::to_string(store_->unit_count()) + " units");
   }
+  const at::Tensor& s = u.shard();
+  // Shards on a GPU are staged through the store's (pinned) host buffers: the gradient
+  // goes down, the updated parameters come back (ZeRO-Offload).
+  if ((s.scalar_type() != at::kFloat && s.scalar_type() != at::kDouble) || s.scalar_type() != dtype_) {
+    throw std::invalid_argument("optimizer offload needs float32 or float64 shards of one dtype; unit '" +
+                                u.name() + "' has " + std::string(c10::toString(s.scalar_type())) + " on " +
+                                s.device().str());
+  }
+  if (params_offloaded()) u.offload_shard(this);
+  if (grads_offloaded()) u.offload_grad(this);
+}
+
+void OffloadedAdam::init(const OffloadConfig& offload, std::vector<int64_t> numel) {
+  ShardedModel& model = model_;
+  validate_adam_config(cfg_);
+  if (offload.optimizer == OffloadDevice::kNone) throw std::invalid_argument("OffloadedAdam: offload.optimizer is none");
+  if (cfg_.param_copy != ParamCopy::kNone) throw std::invalid_argument("OffloadedAdam: param_copy is not supported");
   if (offload.param != OffloadDevice::kNone) {
     if (offload.param != offload.optimizer) {
       throw std::invalid_argument(std::string("parameter offload to ") + to_string(offload.param) +
@@ -55,31 +79,71 @@ OffloadedAdam::OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadC
     param_array_ = 0;
     moment_array_ = 1;
   }
+  if (offload.gradient != OffloadDevice::kNone) {
+    if (offload.gradient != offload.optimizer) {
+      throw std::invalid_argument(std::string("gradient offload to ") + to_string(offload.gradient) +
+                                  " needs the optimizer state on the same device (offload.optimizer " +
+                                  to_string(offload.optimizer) + "): the step reads the gradient beside the moments");
+    }
+    if (model.config().stage < 2) {
+      throw std::invalid_argument("gradient offload needs ZeRO stage 2 or 3 (" + model.name() + " is at stage " +
+                                  std::to_string(model.config().stage) + ")");
+    }
+    grad_array_ = moment_array_ + 2;
+  }
   // Under HSDP ranks of different replica groups share a shard index: the group tells them apart.
   const Communicator& c = model.comm();
   const std::string stem = model.name() + ".rank" + std::to_string(c.rank()) +
                            (c.replicate_degree() > 1 ? ".replica" + std::to_string(c.replica_rank()) : "");
-  // Arrays: exp_avg, exp_avg_sq (after the master shard with parameter offload). Staging
-  // slices: the gradient, and the parameters unless they are an array of the store.
-  const bool params = params_offloaded();
-  store_ = std::make_unique<OffloadStore>(offload.optimizer, offload, stem, std::move(numel), params ? 3 : 2,
-                                          params ? 1 : 2, static_cast<int64_t>(c10::elementSize(dtype_)));
+  // Arrays: exp_avg, exp_avg_sq (after the master shard with parameter offload, before the
+  // gradient with gradient offload). Staging slices: the gradient and the parameters,
+  // each unless it is an array of the store.
+  const bool params = params_offloaded(), grads = grads_offloaded();
+  const int arrays = 2 + (params ? 1 : 0) + (grads ? 1 : 0);
+  int scratch = 0;
+  grad_scratch_ = grads ? -1 : scratch++;
+  param_scratch_ = params ? -1 : scratch++;
+  store_ = std::make_unique<OffloadStore>(offload.optimizer, offload, stem, std::move(numel), arrays, scratch,
+                                          static_cast<int64_t>(c10::elementSize(dtype_)));
   if (offload.optimizer == OffloadDevice::kDisk) {
     if (!store_->direct()) {
       spdlog::warn("offload: '{}' refuses O_DIRECT; {} optimizer state uses buffered I/O (page cache) instead, "
                    "so its RAM is not bounded by offload.buffer_bytes. Use a local disk (ext4, xfs) for offload.path",
                    store_->path(), model.name());
     }
-    spdlog::info("offload: {} optimizer state{} on disk, {} ({:.3f} GiB, O_DIRECT {}), ring {} x {} bytes",
-                 model.name(), params ? " and master parameters" : "", store_->path(), store_->disk_bytes() / 1073741824.0, store_->direct() ? "on" : "off",
+    spdlog::info("offload: {} optimizer state{}{} on disk, {} ({:.3f} GiB, O_DIRECT {}), ring {} x {} bytes",
+                 model.name(), params ? ", master parameters" : "", grads ? ", gradients" : "", store_->path(), store_->disk_bytes() / 1073741824.0, store_->direct() ? "on" : "off",
                  offload.buffer_count, offload.buffer_bytes);
   }
   overlap_ = offload.overlap_copies;
   block_numel_ = std::max<int64_t>(1, offload.copy_block_bytes / static_cast<int64_t>(c10::elementSize(dtype_)));
-  // Each unit's shard is written to the store and freed before the next one.
-  if (params) {
-    for (auto& u : model.units()) u->offload_shard(this);
-  }
+}
+
+void OffloadedAdam::accumulate_grad(size_t unit, const at::Tensor& reduced, double scale, bool first) {
+  if (!grads_offloaded()) throw std::logic_error("OffloadedAdam: gradients of " + model_.name() + " are not offloaded");
+  const uint32_t mask = 1u << grad_array_;
+  // first: nothing to read. The shard is zeroed and the reduction added, as into a
+  // resident shard allocated as zeros (the same bits: a -0 comes out +0).
+  store_->stream({unit}, first ? OffloadStore::Mode::kWrite : OffloadStore::Mode::kUpdate,
+                 [&](const OffloadStore::Chunk& c) {
+                   at::Tensor g = view(c.data[grad_array_], c.numel, dtype_);
+                   if (first) g.zero_();
+                   g.add_(reduced.narrow(0, c.offset, c.numel).to(dtype_), scale);
+                 }, mask);
+}
+
+void OffloadedAdam::read_grad(size_t unit, at::Tensor& dst) {
+  if (!grads_offloaded()) throw std::logic_error("OffloadedAdam: gradients of " + model_.name() + " are not offloaded");
+  store_->stream({unit}, OffloadStore::Mode::kRead, [&](const OffloadStore::Chunk& c) {
+    dst.narrow(0, c.offset, c.numel).copy_(view(c.data[grad_array_], c.numel, dtype_));
+  }, 1u << grad_array_);
+}
+
+void OffloadedAdam::write_grad(size_t unit, const at::Tensor& src) {
+  if (!grads_offloaded()) throw std::logic_error("OffloadedAdam: gradients of " + model_.name() + " are not offloaded");
+  store_->stream({unit}, OffloadStore::Mode::kWrite, [&](const OffloadStore::Chunk& c) {
+    view(c.data[grad_array_], c.numel, dtype_).copy_(src.narrow(0, c.offset, c.numel));
+  }, 1u << grad_array_);
 }
 
 void OffloadedAdam::read_shard(size_t unit, at::Tensor& dst) {
@@ -179,6 +243,13 @@ double OffloadedAdam::update_in_memory(const AdamCoefficients& c) {
   const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype_));
   const int64_t align = std::max<int64_t>(1, 4096 / esize);
   const int64_t slice = store_->chunk_numel();
+  // Gradient offload: a unit that nothing was reduced into since the last step holds
+  // stale values in its array; its gradient is zero, as a released resident shard's.
+  if (grads_offloaded()) {
+    for (auto& u : units) {
+      if (!u->grad_in_tier()) view(store_->host_array(u->index(), grad_array_), u->shard_numel(), dtype_).zero_();
+    }
+  }
   // With the overlap, at least two slots, each a whole number of 4096-byte blocks.
   int64_t block = slice;
   if (overlap_) block = std::min({block_numel_, slice, std::max(align, slice / 2 / align * align)});
@@ -211,6 +282,7 @@ double OffloadedAdam::update_in_memory(const AdamCoefficients& c) {
     return view(static_cast<char*>(base) + offset * esize, n, dtype_);
   };
   auto staged = [&](int s, size_t b) { return at(store_->staging(s), static_cast<int64_t>(b % slots) * block, blocks[b].numel); };
+  const bool grads = grads_offloaded();
   CopyStream down(dev), up(dev);
   auto copy = [&](CopyStream& stream, const at::Tensor& dst, const at::Tensor& src) {
     if (overlap_) {
@@ -232,8 +304,8 @@ double OffloadedAdam::update_in_memory(const AdamCoefficients& c) {
     if (out_pending[slot]) out[slot]->wait();  // its last parameters have gone back
     out_pending[slot] = 0;
     ShardedUnit& u = *units[k.unit];
-    if (!params) copy(down, staged(1, b), u.shard().narrow(0, k.offset, k.numel));
-    copy(down, staged(0, b), u.grad_shard().narrow(0, k.offset, k.numel));
+    if (!params) copy(down, staged(param_scratch_, b), u.shard().narrow(0, k.offset, k.numel));
+    if (!grads) copy(down, staged(grad_scratch_, b), u.grad_shard().narrow(0, k.offset, k.numel));
     mark(down, *in[slot]);
   };
   double compute = 0;
@@ -244,8 +316,8 @@ double OffloadedAdam::update_in_memory(const AdamCoefficients& c) {
       const Block& k = blocks[b];
       const size_t slot = b % slots;
       in[slot]->wait();
-      at::Tensor p = params ? at(store_->host_array(k.unit, param_array_), k.offset, k.numel) : staged(1, b);
-      at::Tensor g = staged(0, b);
+      at::Tensor p = params ? at(store_->host_array(k.unit, param_array_), k.offset, k.numel) : staged(param_scratch_, b);
+      at::Tensor g = grads ? at(store_->host_array(k.unit, grad_array_), k.offset, k.numel) : staged(grad_scratch_, b);
       at::Tensor m = at(store_->host_array(k.unit, moment_array_), k.offset, k.numel);
       at::Tensor v = at(store_->host_array(k.unit, moment_array_ + 1), k.offset, k.numel);
       const auto t0 = Clock::now();
@@ -281,27 +353,30 @@ double OffloadedAdam::update_streamed(const AdamCoefficients& c) {
   double compute = 0;
   std::vector<size_t> all(units.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  const bool params = params_offloaded();
+  const bool params = params_offloaded(), grads = grads_offloaded();
+  // With gradient offload the gradient is read beside the moments and not written back.
+  const uint32_t written = grads ? ~(1u << grad_array_) : OffloadStore::kAllArrays;
   store_->stream(all, OffloadStore::Mode::kUpdate, [&](const OffloadStore::Chunk& ch) {
     if (ch.numel == 0) return;
     ShardedUnit& u = *units[ch.unit];
     // With parameter offload the master chunk is an array of the store, updated in the
     // ring and written back with the moments; otherwise it is staged from the unit.
     at::Tensor p_dev = params ? at::Tensor() : u.shard().narrow(0, ch.offset, ch.numel);
-    at::Tensor g_dev = u.grad_shard().narrow(0, ch.offset, ch.numel);
-    at::Tensor p = params ? view(ch.data[param_array_], ch.numel, dtype_) : view(ch.scratch[1], ch.numel, dtype_);
-    at::Tensor g = view(ch.scratch[0], ch.numel, dtype_);
+    at::Tensor g_dev = grads ? at::Tensor() : u.grad_shard().narrow(0, ch.offset, ch.numel);
+    at::Tensor p = params ? view(ch.data[param_array_], ch.numel, dtype_) : view(ch.scratch[param_scratch_], ch.numel, dtype_);
+    at::Tensor g = grads ? view(ch.data[grad_array_], ch.numel, dtype_) : view(ch.scratch[grad_scratch_], ch.numel, dtype_);
+    if (grads && !u.grad_in_tier()) g.zero_();  // nothing reduced since the last step: stale values
     at::Tensor m = view(ch.data[moment_array_], ch.numel, dtype_);
     at::Tensor v = view(ch.data[moment_array_ + 1], ch.numel, dtype_);
     const int64_t block = overlap_ ? block_numel_ : ch.numel;
     const int64_t blocks = (ch.numel + block - 1) / block;
     auto part = [&](const at::Tensor& t, int64_t i) { return t.narrow(0, i * block, std::min(block, ch.numel - i * block)); };
-    const c10::Device dev = g_dev.device();
+    const c10::Device dev = u.device();
     DeviceEvent in0(dev), in1(dev), out(dev);
     DeviceEvent* in[2] = {&in0, &in1};
     auto stage_in = [&](int64_t i) {
       if (!params) part(p, i).copy_(part(p_dev, i), overlap_);
-      part(g, i).copy_(part(g_dev, i), overlap_);
+      if (!grads) part(g, i).copy_(part(g_dev, i), overlap_);
       in[i % 2]->record();
     };
     stage_in(0);
@@ -316,7 +391,7 @@ double OffloadedAdam::update_streamed(const AdamCoefficients& c) {
     }
     out.record();
     out.wait();
-  });
+  }, OffloadStore::kAllArrays, written);
   return compute;
 }
 

@@ -23,6 +23,15 @@ std::unique_ptr<ShardedModel> build_sharded_model(const ModelSpec& spec, Communi
     throw std::invalid_argument("model '" + spec.name + "': the master dtype must be float32 or float64");
   }
   auto model = std::make_unique<ShardedModel>(spec.name, comm, cfg);
+  populate_sharded_model(*model, spec, seed, dtype, device, {});
+  return model;
+}
+
+void populate_sharded_model(ShardedModel& model, const ModelSpec& spec, uint64_t seed, at::ScalarType dtype,
+                            c10::Device device, const std::function<void(ShardedUnit&)>& after_unit) {
+  if (dtype != at::kFloat && dtype != at::kDouble) {
+    throw std::invalid_argument("model '" + spec.name + "': the master dtype must be float32 or float64");
+  }
   for (const UnitSpec& u : spec.units) {
     torch::manual_seed(unit_seed(seed, u.name));
     BuiltUnit b = u.make(/*initialize=*/true);
@@ -30,10 +39,17 @@ std::unique_ptr<ShardedModel> build_sharded_model(const ModelSpec& spec, Communi
       throw std::invalid_argument("model '" + spec.name + "': unit '" + u.name + "' built no module or forward");
     }
     b.module->to(device, dtype);
-    model->add_unit(u.name, std::move(b.module), std::move(b.forward));
+    ShardedUnit& added = model.add_unit(u.name, std::move(b.module), std::move(b.forward));
+    if (after_unit) after_unit(added);
   }
-  if (spec.program) model->set_program(spec.program);
-  return model;
+  if (spec.program) model.set_program(spec.program);
+}
+
+std::vector<int64_t> unit_shard_numels(const ModelSpec& spec, int world_size, int stage) {
+  std::vector<int64_t> out = unit_numels(spec);
+  if (stage == 0) return out;
+  for (int64_t& t : out) t = (t + world_size - 1) / world_size;
+  return out;
 }
 
 std::vector<int64_t> unit_numels(const ModelSpec& spec) {

@@ -106,8 +106,9 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
     e.padded_numel += p;
     e.shard_numel += s;
     e.param_bytes += (spec.stage <= 2 ? p * cb : 0) + (shard_is_view || (spec.offload_params_to_disk && spec.stage == 3) ? 0 : s * mb);
-    e.grad_bytes += (spec.stage <= 1 ? p * rb : 0) + (grad_shard_is_view ? 0 : s * mb);
-    e.grad_released_bytes += grad_shard_is_view ? 0 : s * mb;
+    const bool grad_off = spec.offload_grads_to_disk && spec.stage >= 2;
+    e.grad_bytes += (spec.stage <= 1 ? p * rb : 0) + (grad_shard_is_view || grad_off ? 0 : s * mb);
+    e.grad_released_bytes += grad_shard_is_view || grad_off ? 0 : s * mb;
     if (!spec.offload_to_disk) e.optimizer_state_bytes += spec.optimizer_states * s * mb;
     e.ema_bytes += spec.ema ? s * mb : 0;
     if (spec.stage == 3) gathered.push_back(p * cb);

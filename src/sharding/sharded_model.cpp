@@ -228,13 +228,16 @@ void ShardedModel::reduce_across_replicas() {
   auto* hybrid = cfg_.quantized_gradients_bits != 0 ? dynamic_cast<HybridCommunicator*>(&comm_) : nullptr;
   for (auto& u : units_) {
     if (u->stage() == 0 || !u->reduced()) continue;
-    if (hybrid) {
-      // ZeRO++-style across replicas: quantized reduce-scatter, float32 sum, int8 gather.
-      quantized_all_reduce_avg(hybrid->replicate_group(), u->grad_shard(),
-                               QuantSpec{cfg_.quantized_gradients_bits, cfg_.quantization_block});
-    } else {
-      comm_.all_reduce_replicas(u->grad_shard(), ReduceOp::kAvg);
-    }
+    // With gradient offload, the shard comes from the tier and goes back (one unit at a time).
+    u->with_grad_shard([&](at::Tensor& g) {
+      if (hybrid) {
+        // ZeRO++-style across replicas: quantized reduce-scatter, float32 sum, int8 gather.
+        quantized_all_reduce_avg(hybrid->replicate_group(), g,
+                                 QuantSpec{cfg_.quantized_gradients_bits, cfg_.quantization_block});
+      } else {
+        comm_.all_reduce_replicas(g, ReduceOp::kAvg);
+      }
+    }, true);
   }
   times_.collective_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

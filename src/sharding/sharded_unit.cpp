@@ -68,7 +68,35 @@ bool ShardedUnit::gradients_staged() const { return coll_->gradients_staged(); }
 bool ShardedUnit::reduce_in_flight() const { return coll_->reduce_in_flight(); }
 bool ShardedUnit::reduced() const { return coll_->reduced(); }
 void ShardedUnit::set_gradient_sync(bool on) { coll_->set_gradient_sync(on); }
-at::Tensor& ShardedUnit::grad_shard() { return coll_->grad_shard(); }
+at::Tensor& ShardedUnit::grad_shard() {
+  if (coll_->grad_sink()) {
+    throw std::logic_error("unit '" + name_ + "': the gradient shard is offloaded (offload.<model>.gradient); use "
+                           "with_grad_shard()");
+  }
+  return coll_->grad_shard();
+}
+bool ShardedUnit::grad_offloaded() const { return coll_->grad_sink() != nullptr; }
+bool ShardedUnit::grad_in_tier() const { return coll_->grad_sink() ? coll_->grad_in_tier() : coll_->reduced(); }
+void ShardedUnit::with_grad_shard(const std::function<void(at::Tensor&)>& fn, bool write) {
+  if (!coll_->grad_sink()) {
+    fn(coll_->grad_shard());
+    return;
+  }
+  coll_->with_offloaded_grad(fn, write);
+}
+
+void ShardedUnit::offload_grad(GradSink* sink) {
+  if (cfg_.stage < 2) {
+    throw std::logic_error("unit '" + name_ + "': gradient offload needs ZeRO stage 2 or 3, not " +
+                           std::to_string(cfg_.stage));
+  }
+  if (!sink) throw std::invalid_argument("unit '" + name_ + "': offload_grad needs a sink");
+  if (coll_->grad_sink()) throw std::logic_error("unit '" + name_ + "': the gradient shard is offloaded already");
+  if (coll_->reduce_in_flight() || coll_->reduced() || coll_->gradients_staged()) {
+    throw std::logic_error("unit '" + name_ + "': offload_grad between zero_grad() and a backward, not after one");
+  }
+  coll_->set_grad_sink(sink, index_);
+}
 int64_t ShardedUnit::persistent_grad_bytes() const { return coll_->persistent_grad_bytes(); }
 int64_t ShardedUnit::released_grad_bytes() const { return coll_->released_grad_bytes(); }
 int64_t ShardedUnit::peak_comm_buffer_bytes() const { return coll_->peak_comm_buffer_bytes(); }

@@ -4,12 +4,14 @@
 #include "sharding/unit_collectives.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include <torch/torch.h>
 
 #include "shardgan/comm/node_shared.h"
 #include "shardgan/comm/quantized_collectives.h"
 #include "shardgan/sharding/flat_param.h"
+#include "shardgan/sharding/grad_sink.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/sharding/sharded_unit.h"
 #include "sharding/torch_internals.h"
@@ -84,8 +86,32 @@ int64_t UnitCollectives::persistent_grad_bytes() const { return nbytes(grad_flat
 
 int64_t UnitCollectives::released_grad_bytes() const {
   // Counted while released too: it is the shard's size at the model's update.
-  if (grad_shard_aliases_flat_) return 0;
+  if (grad_shard_aliases_flat_ || grad_sink_) return 0;
   return flat_.shard_numel() * static_cast<int64_t>(c10::elementSize(flat_.master_dtype()));
+}
+
+void UnitCollectives::set_grad_sink(GradSink* sink, size_t index) {
+  grad_sink_ = sink;
+  grad_index_ = index;
+  grad_in_tier_ = false;
+  grad_shard_ = at::Tensor();
+}
+
+void UnitCollectives::with_offloaded_grad(const std::function<void(at::Tensor&)>& fn, bool write) {
+  at::Tensor g = torch::zeros({flat_.shard_numel()}, torch::TensorOptions().dtype(flat_.master_dtype()));
+  if (grad_in_tier_) {
+    Timed t(owner_ ? &owner_->comm_times().offload_grad_s : nullptr);
+    std::unique_lock<std::mutex> lk;
+    if (owner_) lk = std::unique_lock<std::mutex>(owner_->tier_mutex());
+    grad_sink_->read_grad(grad_index_, g);
+  }
+  fn(g);  // not under the tier's lock: fn may run a collective
+  if (!write) return;
+  Timed t(owner_ ? &owner_->comm_times().offload_grad_s : nullptr);
+  std::unique_lock<std::mutex> lk;
+  if (owner_) lk = std::unique_lock<std::mutex>(owner_->tier_mutex());
+  grad_sink_->write_grad(grad_index_, g);
+  grad_in_tier_ = true;
 }
 
 at::Tensor& UnitCollectives::grad_shard() {
@@ -280,6 +306,15 @@ void UnitCollectives::finish_reduce() {
   reduced_ = true;
   if (grad_shard_aliases_flat_) {
     grad_shard_.copy_(reduce_.out);  // stage 1: the owned slice of the accumulated flat gradient
+  } else if (grad_sink_) {
+    // Gradient offload: added into the tier's shard chunk by chunk, by the same operations
+    // as into a resident one (a released shard starts from zeros).
+    const double scale = avg_on_accumulate() ? 1.0 / comm_.world_size() : 1.0;
+    Timed t(owner_ ? &owner_->comm_times().offload_grad_s : nullptr);
+    std::unique_lock<std::mutex> lk;
+    if (owner_) lk = std::unique_lock<std::mutex>(owner_->tier_mutex());
+    grad_sink_->accumulate_grad(grad_index_, reduce_.out, scale, !grad_in_tier_);
+    grad_in_tier_ = true;
   } else {
     const double scale = avg_on_accumulate() ? 1.0 / comm_.world_size() : 1.0;
     grad_shard().add_(reduce_.out.to(flat_.master_dtype()), scale);
@@ -302,6 +337,7 @@ void UnitCollectives::after_optimizer_step() {
 void UnitCollectives::zero_grad() {
   finish_reduce();
   reduced_ = false;
+  grad_in_tier_ = false;  // the tier's values are stale now: the next reduction overwrites them
   if (grad_flat_.defined()) grad_flat_.zero_();
   if (grad_shard_aliases_flat_ || !release_grad_shard_) {
     if (grad_shard_.defined()) grad_shard_.zero_();

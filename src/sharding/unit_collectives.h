@@ -7,6 +7,7 @@
 // (the handle: shard, padding, views) and its UnitHooks (unit_hooks.h: when these run).
 // The public contracts are on ShardedUnit's methods of the same names (sharded_unit.h).
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include <ATen/core/Tensor.h>
@@ -17,6 +18,7 @@
 namespace shardgan {
 
 class FlatParam;
+class GradSink;
 class ShardedModel;
 class ShardedUnit;
 
@@ -79,6 +81,13 @@ class UnitCollectives {
   void set_release_grad_shard(bool on) { release_grad_shard_ = on; }
   /// The gradient shard; allocated (zeros) here when released (see zero_grad).
   at::Tensor& grad_shard();
+  /// Gradient offload (ShardedUnit::offload_grad): reductions go into `sink`'s shard of
+  /// unit `index` from now on.
+  void set_grad_sink(GradSink* sink, size_t index);
+  GradSink* grad_sink() const { return grad_sink_; }
+  bool grad_in_tier() const { return grad_in_tier_; }
+  /// ShardedUnit::with_grad_shard for an offloaded gradient.
+  void with_offloaded_grad(const std::function<void(at::Tensor&)>& fn, bool write);
   int64_t persistent_grad_bytes() const;
   int64_t released_grad_bytes() const;
   int64_t peak_comm_buffer_bytes() const { return peak_comm_bytes_; }
@@ -110,6 +119,9 @@ class UnitCollectives {
   bool staged_ = false;          // staged_flat_ holds this step's flat gradient
   bool expects_reduce_ = false;  // see ShardedUnit::expects_reduce()
   at::Tensor staged_flat_;       // P elements, reduce dtype (grad_flat_ at stages 0-1)
+  GradSink* grad_sink_ = nullptr;  // gradient offload: where reductions go
+  size_t grad_index_ = 0;          // this unit's index in the sink
+  bool grad_in_tier_ = false;      // a reduction was added into the sink since zero_grad()
   ReduceScatterState reduce_;    // in flight
   int64_t peak_comm_bytes_ = 0;
 

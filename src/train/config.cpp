@@ -231,11 +231,12 @@ void read_offload(Reader& r, TrainConfig& c) {
                              std::tuple{"discriminator", &c.d_optim, &c.d_sharding}}) {
     OffloadConfig o = shared;
     const std::string w = who;
-    for (auto [what, dst] : {std::pair{"optimizer", &o.optimizer}, std::pair{"param", &o.param}}) {
+    for (auto [what, dst] : {std::pair{"optimizer", &o.optimizer}, std::pair{"param", &o.param},
+                             std::pair{"gradient", &o.gradient}}) {
       const std::string key = "offload." + w + "." + what;
       try {
         *dst = parse_offload_device(r.get<std::string>(
-            key, "none", "offload this model's optimizer state / master parameters: none, cpu or disk"));
+            key, "none", "offload this model's optimizer state / master parameters / reduced gradient shards: none, cpu or disk"));
       } catch (const std::invalid_argument& e) {
         throw ConfigError(r.source() + ": key '" + key + "' " + e.what());
       }
@@ -248,6 +249,11 @@ void read_offload(Reader& r, TrainConfig& c) {
     require(o.param == OffloadDevice::kNone || o.param == o.optimizer, r, "offload." + w + ".param",
             "needs offload." + w + ".optimizer on the same device (" + to_string(o.param) +
                 "): the master shard and its Adam moments share one store");
+    require(o.gradient == OffloadDevice::kNone || sc->stage >= 2, r, "offload." + w + ".gradient",
+            "needs sharding." + w + ".stage 2 or 3: gradient offload moves gradient shards, which stages 0 and 1 do not keep");
+    require(o.gradient == OffloadDevice::kNone || o.gradient == o.optimizer, r, "offload." + w + ".gradient",
+            "needs offload." + w + ".optimizer on the same device (" + to_string(o.gradient) +
+                "): the offloaded Adam step reads the gradient beside its moments");
     oc->offload = o;
   }
 }

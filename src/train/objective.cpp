@@ -145,11 +145,15 @@ namespace {
 // isfinite() mask would allocate a byte per element: 0.5 GB for a 5e8-element shard).
 bool grads_finite(ShardedModel& m) {
   torch::NoGradGuard no_grad;
+  bool finite = true;
   for (auto& u : m.units()) {
-    const at::Tensor& g = u->grad_shard();
-    if (g.defined() && g.numel() > 0 && !std::isfinite(g.sum(at::kDouble).item<double>())) return false;
+    if (!finite) break;
+    if (u->grad_offloaded() && !u->grad_in_tier()) continue;  // zeros: nothing to read
+    u->with_grad_shard([&](at::Tensor& g) {  // offloaded: read from the tier
+      if (g.defined() && g.numel() > 0 && !std::isfinite(g.sum(at::kDouble).item<double>())) finite = false;
+    }, false);
   }
-  return true;
+  return finite;
 }
 
 }  // namespace

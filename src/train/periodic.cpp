@@ -106,16 +106,18 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
                       {"system_s", m.system_s},
                       {"user_s", m.user_s},
                       {"time_offload_read_s", m.time_offload_read_s},
+                      {"time_offload_grad_s", m.time_offload_grad_s},
                       {"time_optimizer_s", m.time_optimizer_s},
                       {"time_optimizer_io_s", m.time_optimizer_io_s},
                       {"comm_bytes_world", m.comm_bytes_world},
                       {"comm_bytes_shard_group", m.comm_bytes_shard_group},
                       {"comm_bytes_replicate", m.comm_bytes_replicate}};
   if (m.time_offload_read_s > 0 || m.time_optimizer_io_s > 0) {
-    spdlog::info("step {:>6} time: collectives {:.2f} s, offload reads for all-gathers {:.2f} s, optimizer {:.2f} s "
-                 "(offload I/O {:.2f} s), forward/backward and the rest {:.2f} s",
-                 m.step, m.time_collective_s, m.time_offload_read_s, m.time_optimizer_s, m.time_optimizer_io_s,
-                 m.step_time_s - m.time_collective_s - m.time_offload_read_s - m.time_optimizer_s);
+    spdlog::info("step {:>6} time: collectives {:.2f} s, offload reads for all-gathers {:.2f} s, gradient offload "
+                 "{:.2f} s, optimizer {:.2f} s (offload I/O {:.2f} s), forward/backward and the rest {:.2f} s",
+                 m.step, m.time_collective_s, m.time_offload_read_s, m.time_offload_grad_s, m.time_optimizer_s,
+                 m.time_optimizer_io_s,
+                 m.step_time_s - m.time_collective_s - m.time_offload_read_s - m.time_offload_grad_s - m.time_optimizer_s);
   }
   if (cfg_.r1_gamma > 0) j["r1"] = m.r1;
   if (m.device_mem_used_bytes >= 0) j["device_mem_used_bytes"] = m.device_mem_used_bytes;

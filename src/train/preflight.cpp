@@ -35,6 +35,7 @@ ModelMemorySpec spec_for(const TrainConfig& cfg, const ModelSpec& model, const S
     s.offload_ring_bytes = oc.offload.buffer_count * oc.offload.buffer_bytes;
     s.offload_to_disk = oc.offload.optimizer == OffloadDevice::kDisk;
     s.offload_params_to_disk = oc.offload.param == OffloadDevice::kDisk;
+    s.offload_grads_to_disk = oc.offload.gradient == OffloadDevice::kDisk;
   }
   s.reshard_after_forward = sc.reshard_after_forward;
   // A frozen D is released unit by unit in the G step's backward (input gradients), so it
@@ -146,6 +147,16 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
                      {"per_rank_peak_bytes", per_rank},
                      {"node_peak_bytes", (per_rank + outside) * local_ranks},
                      {"node_bytes_checked", (with_margin(per_rank) + outside) * local_ranks}};
+  // The disk tier, per rank and model: the arrays each offload key sends to the file
+  // (Adam's two moments, the master shard, the gradient shard), S elements each.
+  auto disk_bytes = [&](const ModelMemoryEstimate& e, const OptimizerConfig& oc) {
+    const OffloadConfig& o = oc.offload;
+    const int arrays = (o.optimizer == OffloadDevice::kDisk ? 2 : 0) + (o.param == OffloadDevice::kDisk ? 1 : 0) +
+                       (o.gradient == OffloadDevice::kDisk ? 1 : 0);
+    return e.shard_numel * master_elem * arrays;
+  };
+  j["configured"]["offload_disk_bytes"] = {{"generator", disk_bytes(ge[cfg.g_sharding.stage], cfg.g_optim)},
+                                           {"discriminator", disk_bytes(de[cfg.d_sharding.stage], cfg.d_optim)}};
   // The prediction: what this process holds once the probe has run (LibTorch, oneDNN and
   // OpenMP loaded and used once, MPI; the probe's own memory given back to the OS), the
   // persistent training state (exact, the code's own accounting), the data, and one step's
@@ -248,7 +259,8 @@ void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
   }
   if (fits.empty()) {
     fits = "no ZeRO stage fits at this world size: use more nodes/ranks with stage 3, bfloat16 "
-           "compute, or offload to disk (offload.<model>.optimizer and, at stage 3, offload.<model>.param)";
+           "compute, or offload to disk (offload.<model>.optimizer, offload.<model>.gradient at stages 2-3 and "
+           "offload.<model>.param at stage 3)";
   }
   const int64_t snap = report["configured"].value("checkpoint_snapshot_bytes", int64_t{0});
   if (snap > 0) {

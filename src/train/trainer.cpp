@@ -17,6 +17,7 @@
 #include "shardgan/device/device.h"
 #include "shardgan/data/hdf5_loader.h"
 #include "shardgan/optim/factory.h"
+#include "shardgan/optim/offloaded_adam.h"
 #include "shardgan/sharding/deferred.h"
 #include "shardgan/train/inference.h"
 #include "shardgan/train/plots.h"
@@ -86,17 +87,15 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   // (the replica group's under HSDP).
   g_comm_ = model_communicator(cfg_.g_replicate_degree, "generator");
   d_comm_ = model_communicator(cfg_.d_replicate_degree, "discriminator");
-  g_ = build_sharded_model(family_.generator(comm_), g_comm(), cfg_.g_sharding, cfg_.seed + 1, cfg_.model_dtype,
-                           cfg_.compute_device);
-  d_ = build_sharded_model(family_.discriminator(comm_), d_comm(), cfg_.d_sharding, cfg_.seed + 2, cfg_.model_dtype,
-                           cfg_.compute_device);
   for (OptimizerConfig* oc : {&cfg_.g_optim, &cfg_.d_optim}) {
     if (oc->offload.optimizer != OffloadDevice::kDisk || !oc->offload.path.empty()) continue;
     oc->offload.path = cfg_.run_dir + "/offload";  // the default; an explicit path must exist
     std::filesystem::create_directories(oc->offload.path);
   }
-  opt_g_ = make_optimizer(*g_, cfg_.g_optim);
-  opt_d_ = make_optimizer(*d_, cfg_.d_optim);
+  std::tie(g_, opt_g_) = build_model_and_optimizer(family_.generator(comm_), g_comm(), cfg_.g_sharding, cfg_.g_optim,
+                                                   cfg_.seed + 1);
+  std::tie(d_, opt_d_) = build_model_and_optimizer(family_.discriminator(comm_), d_comm(), cfg_.d_sharding,
+                                                   cfg_.d_optim, cfg_.seed + 2);
   auto compute = [&](const ShardingConfig& s) { return s.compute_dtype.value_or(cfg_.model_dtype); };
   scaler_g_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.g_sharding));
   scaler_d_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.d_sharding));
@@ -136,6 +135,25 @@ Trainer::~Trainer() {
   opt_d_.reset();
   loader_.reset();
   dataset_.reset();
+}
+
+std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> Trainer::build_model_and_optimizer(
+    const ModelSpec& spec, Communicator& comm, const ShardingConfig& sc, const OptimizerConfig& oc, uint64_t seed) {
+  if (oc.offload.param == OffloadDevice::kNone) {
+    auto model = build_sharded_model(spec, comm, sc, seed, cfg_.model_dtype, cfg_.compute_device);
+    auto opt = make_optimizer(*model, oc);
+    return {std::move(model), std::move(opt)};
+  }
+  // Parameter offload: the optimizer's store first, then each unit's master shard into it
+  // as the unit is built, so that a rank never holds all its master shards at once (they
+  // are the size of the state offload exists to keep out of RAM).
+  auto model = std::make_unique<ShardedModel>(spec.name, comm, sc);
+  auto opt = std::make_unique<OffloadedAdam>(*model, adam_config(oc), oc.offload,
+                                             unit_shard_numels(spec, comm.world_size(), sc.stage), cfg_.model_dtype);
+  opt->set_schedule(LrSchedule(oc.lr, oc.schedule));
+  populate_sharded_model(*model, spec, seed, cfg_.model_dtype, cfg_.compute_device,
+                         [&](ShardedUnit& u) { opt->adopt_unit(u); });
+  return {std::move(model), std::move(opt)};
 }
 
 std::unique_ptr<Communicator> Trainer::model_communicator(int replicate_degree, const std::string& who) {
@@ -244,22 +262,24 @@ StepMetrics Trainer::train_step() {
   auto times = [this] {
     const CommTimes& g = g_->comm_times();
     const CommTimes& d = d_->comm_times();
-    return std::array<double, 4>{g.collective_s + d.collective_s, g.offload_read_s + d.offload_read_s,
+    return std::array<double, 5>{g.collective_s + d.collective_s, g.offload_read_s + d.offload_read_s,
                                  opt_g_->update_seconds() + opt_d_->update_seconds(),
-                                 opt_g_->update_io_seconds() + opt_d_->update_io_seconds()};
+                                 opt_g_->update_io_seconds() + opt_d_->update_io_seconds(),
+                                 g.offload_grad_s + d.offload_grad_s};
   };
-  const std::array<double, 4> before = times();
+  const std::array<double, 5> before = times();
   const std::array<int64_t, 3> bytes_before = comm_bytes();
   struct rusage ru0 {};
   getrusage(RUSAGE_SELF, &ru0);
   StepMetrics r = objective_->step({g_.get(), opt_g_.get(), scaler_g_.get()},
                                    {d_.get(), opt_d_.get(), scaler_d_.get()}, in);
   abandonable_ = false;
-  const std::array<double, 4> after = times();
+  const std::array<double, 5> after = times();
   r.time_collective_s = after[0] - before[0];
   r.time_offload_read_s = after[1] - before[1];
   r.time_optimizer_s = after[2] - before[2];
   r.time_optimizer_io_s = after[3] - before[3];
+  r.time_offload_grad_s = after[4] - before[4];
   const std::array<int64_t, 3> bytes_after = comm_bytes();
   r.comm_bytes_world = bytes_after[0] - bytes_before[0];
   r.comm_bytes_shard_group = bytes_after[1] - bytes_before[1];

@@ -27,6 +27,11 @@ struct OffloadConfig {
   /// offload.<model>.param: the float32 master parameter shards (ZeRO stage 3 only, on
   /// the same device as `optimizer`: OffloadedAdam keeps both in one store).
   OffloadDevice param = OffloadDevice::kNone;
+  /// offload.<model>.gradient: the reduced gradient shards (ZeRO stages 2 and 3, on the
+  /// same device as `optimizer`: OffloadedAdam reads them in its step). Each unit's shard
+  /// goes to the store as its reduce-scatter completes, so peak RAM no longer grows with
+  /// the gradient shard (ZeRO-Infinity offloads gradients too, Sec. 5.1).
+  OffloadDevice gradient = OffloadDevice::kNone;
   /// offload.path: an existing folder for the disk tier's files (one per rank and model).
   /// Empty in the config: the trainer uses (and creates) `<run.dir>/offload`.
   std::string path;
@@ -50,7 +55,9 @@ struct OffloadConfig {
   /// the first block of every chunk is copied before any compute.
   int64_t copy_block_bytes = int64_t{2} << 20;
 
-  bool any() const { return optimizer != OffloadDevice::kNone || param != OffloadDevice::kNone; }
+  bool any() const {
+    return optimizer != OffloadDevice::kNone || param != OffloadDevice::kNone || gradient != OffloadDevice::kNone;
+  }
 };
 
 }  // namespace shardgan

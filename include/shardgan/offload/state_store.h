@@ -61,11 +61,13 @@ class OffloadStore {
   /// Calls fn on every chunk of `units` (in the order given, each unit front to back).
   /// fn must not keep the pointers. Only the arrays whose bit is set in `arrays` are read
   /// or written (the others' data[a] are nullptr): a gather reads the master parameters
-  /// alone, not the moments beside them. Throws OffloadError from the disk (after waiting
-  /// for whatever is still in flight) and rethrows fn's exceptions the same way.
+  /// alone, not the moments beside them. Of those, only the ones set in `written` are
+  /// written back in kUpdate mode (the optimizer step reads the gradient, and does not
+  /// write it). Throws OffloadError from the disk (after waiting for whatever is still in
+  /// flight) and rethrows fn's exceptions the same way.
   static constexpr uint32_t kAllArrays = ~uint32_t{0};
   void stream(const std::vector<size_t>& units, Mode mode, const std::function<void(const Chunk&)>& fn,
-              uint32_t arrays = kAllArrays);
+              uint32_t arrays = kAllArrays, uint32_t written = kAllArrays);
 
   /// cpu tier only: array `a` of unit `unit` itself (unit_numel[unit] elements), for a
   /// caller that pipelines its own copies across chunks (OffloadedAdam's step). Valid for
@@ -77,6 +79,9 @@ class OffloadStore {
   void* staging(int s) const;
 
   OffloadDevice device() const { return device_; }
+  /// Units the store was made for, and the elements of each array of unit `u`.
+  size_t unit_count() const { return numel_.size(); }
+  int64_t unit_numel(size_t u) const { return numel_.at(u); }
   /// Elements of one array in a full chunk (a multiple of 4096 / elem_bytes).
   int64_t chunk_numel() const { return chunk_numel_; }
   /// Host memory this store holds: the ring, plus the arrays for cpu (bytes).

@@ -8,6 +8,7 @@
 #include "shardgan/optim/fused_adam.h"
 #include "shardgan/optim/lr_schedule.h"
 #include "shardgan/optim/optimizer.h"
+#include "shardgan/optim/sharded_adam.h"
 
 namespace shardgan {
 
@@ -52,5 +53,8 @@ struct OptimizerConfig {
 /// OffloadedAdam when offload.optimizer is cpu or disk. Throws std::invalid_argument naming
 /// the bad field and value, OffloadError (naming the path) when the disk tier cannot be set up.
 std::unique_ptr<ShardedOptimizer> make_optimizer(ShardedModel& model, const OptimizerConfig& cfg);
+/// The AdamConfig of an adam or adamw OptimizerConfig (the hyperparameters and param_copy).
+/// Throws std::invalid_argument for another type.
+AdamConfig adam_config(const OptimizerConfig& cfg);
 
 }  // namespace shardgan

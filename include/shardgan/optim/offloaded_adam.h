@@ -26,8 +26,12 @@
 /// too): only the optimizer state leaves. With it (`offload.<model>.param`, stage 3; the
 /// same device as the optimizer state), the float32 master shard joins the moments in the
 /// store and the units read it from here (ShardSource) when they start an all-gather;
-/// the step then updates it in the ring, in place. Gradient shards stay with the units
-/// (4 bytes per parameter per rank at float32 stage 3, over the world size).
+/// the step then updates it in the ring, in place. With gradient offload
+/// (`offload.<model>.gradient`, stages 2 and 3, the same device again), each unit's
+/// reduced gradient shard is added into the store as its reduce-scatter completes
+/// (GradSink), so the shards (4 bytes per parameter per rank at float32, over the world
+/// size) are not held from backward to the step; the step reads them from the ring
+/// beside the moments and does not write them back. Otherwise they stay with the units.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -38,14 +42,16 @@
 #include "shardgan/offload/offload_config.h"
 #include "shardgan/optim/optimizer.h"
 #include "shardgan/optim/sharded_adam.h"
+#include "shardgan/sharding/grad_sink.h"
 #include "shardgan/sharding/shard_source.h"
 
 namespace shardgan {
 
 class OffloadStore;
+class ShardedUnit;
 struct AdamCoefficients;
 
-class OffloadedAdam final : public ShardedOptimizer, public ShardSource {
+class OffloadedAdam final : public ShardedOptimizer, public ShardSource, public GradSink {
  public:
   /// Builds the store for `model`'s units on offload.optimizer's device (cpu or disk; the
   /// disk file is `<offload.path>/<model>.rank<R>.offload`, reserved here). Moments start
@@ -54,9 +60,23 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource {
   /// every use of the model. Throws std::invalid_argument for a bad hyperparameter (as
   /// ShardedAdam), for offload.optimizer none, for param_copy, for shards that are not
   /// float32 or float64 on the CPU, or for offload.param other than none or
-  /// offload.optimizer's device, or below stage 3; OffloadError naming the path when the
-  /// disk tier cannot be set up.
+  /// offload.optimizer's device, or below stage 3, or for offload.gradient other than none
+  /// or offload.optimizer's device, or below stage 2; OffloadError naming the path when
+  /// the disk tier cannot be set up. With offload.gradient, hands every unit the store as
+  /// its GradSink (ShardedUnit::offload_grad): build the optimizer before any backward.
   OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadConfig& offload);
+  /// A streamed build: `model` has no units yet. The store is made for units of
+  /// `unit_shard_numels` shard elements of `dtype` (float32 or float64); each unit is then
+  /// handed to adopt_unit() as it is added (populate_sharded_model), so that with
+  /// offload.param its master shard leaves RAM before the next unit is built, and no rank
+  /// ever holds all its master shards. Throws as the constructor above.
+  OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadConfig& offload,
+                std::vector<int64_t> unit_shard_numels, at::ScalarType dtype);
+  /// Local. Checks the model's unit `u` (its index, shard size and dtype against the
+  /// store's) and offloads its master shard (offload.param) and its gradient
+  /// (offload.gradient) into the store. The constructor without unit sizes calls it for
+  /// every unit. Throws std::invalid_argument naming the unit on a mismatch.
+  void adopt_unit(ShardedUnit& u);
   ~OffloadedAdam() override;
 
   /// Throws std::logic_error: the state is not resident. Use read_unit_state and
@@ -78,6 +98,14 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource {
   /// the store (the master array alone). Local; reads or writes the disk.
   void read_shard(size_t unit, at::Tensor& dst) override;
   void write_shard(size_t unit, const at::Tensor& src) override;
+  /// Whether the gradient shards go to the store too (offload.gradient).
+  bool grads_offloaded() const { return grad_array_ >= 0; }
+  /// GradSink (gradient offload): adds a reduced shard into the store chunk by chunk
+  /// (read, add, write; first: zero, add, write), or reads or replaces it. Local; the
+  /// caller holds the model's tier lock. Throws std::logic_error without gradient offload.
+  void accumulate_grad(size_t unit, const at::Tensor& reduced, double scale, bool first) override;
+  void read_grad(size_t unit, at::Tensor& dst) override;
+  void write_grad(size_t unit, const at::Tensor& src) override;
   const char* type_name() const override { return cfg_.decoupled_weight_decay ? "adamw" : "adam"; }
   OffloadStore& store() { return *store_; }
   /// Seconds the last step spent waiting for the disk or copying, and in the kernel.
@@ -89,6 +117,9 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource {
   void update() override;
 
  private:
+  /// Validates the config and the offload keys against the model's stage, and makes the
+  /// store for units of `numel` shard elements of dtype_.
+  void init(const OffloadConfig& offload, std::vector<int64_t> numel);
   /// The step on the cpu tier: one pipeline of copy blocks across chunks and units.
   /// Returns the seconds spent in the kernel.
   double update_in_memory(const AdamCoefficients& c);
@@ -104,6 +135,9 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource {
   at::ScalarType dtype_;
   int param_array_ = -1;  // store array of the master shard (parameter offload), or -1
   int moment_array_ = 0;  // store array of exp_avg; exp_avg_sq follows it
+  int grad_array_ = -1;   // store array of the gradient shard (gradient offload), or -1
+  int grad_scratch_ = 0;  // staging slice of the gradient, or -1 when it is an array
+  int param_scratch_ = 1; // staging slice of the parameters, or -1 when they are an array
   bool overlap_ = true;         // offload.overlap_copies
   int64_t block_numel_ = 0;     // offload.copy_block_bytes in elements of dtype_
   double io_s_ = 0, compute_s_ = 0, io_total_s_ = 0;

@@ -51,6 +51,17 @@ std::unique_ptr<ShardedModel> build_sharded_model(const ModelSpec& spec, Communi
                                                   at::ScalarType dtype,
                                                   c10::Device device = c10::Device(c10::kCPU));
 
+/// build_sharded_model into a model that exists already (with no units): after each unit
+/// is added, `after_unit` (if set) gets it, before the next unit is built. Parameter
+/// offload uses it to move each unit's master shard to disk before the next one exists,
+/// so that no rank ever holds all its master shards (OffloadedAdam::adopt_unit).
+void populate_sharded_model(ShardedModel& model, const ModelSpec& spec, uint64_t seed, at::ScalarType dtype,
+                            c10::Device device, const std::function<void(ShardedUnit&)>& after_unit);
+
+/// Local. The shard elements S of each unit of `spec` on `world_size` ranks at `stage`
+/// (T at stage 0, else ceil(T / world_size), as FlatParam pads), from unit_numels.
+std::vector<int64_t> unit_shard_numels(const ModelSpec& spec, int world_size, int stage);
+
 /// Local. Parameter elements of each unit of `spec`, in order, found by building each unit
 /// uninitialized and dropping it at once (peak memory: one unit). For the memory pre-flight.
 std::vector<int64_t> unit_numels(const ModelSpec& spec);

@@ -51,6 +51,9 @@ struct ModelMemorySpec {
   /// (S * master bytes) goes to disk as well and costs no RAM between steps. With cpu it
   /// stays in host memory, which is RAM here, and nothing changes.
   bool offload_params_to_disk = false;
+  /// Gradient offload to disk (offload.<model>.gradient: disk, stages 2-3): the gradient
+  /// shard (S * master bytes) leaves RAM; only the reduce-scatter's buffers stay.
+  bool offload_grads_to_disk = false;
   /// An EMA of the weights (the generator's): one more master-dtype shard.
   bool ema = false;
   /// ShardingConfig::reshard_after_forward. False keeps every unit gathered from forward

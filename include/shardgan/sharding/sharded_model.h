@@ -49,6 +49,9 @@ struct MemoryStats {
 struct CommTimes {
   double collective_s = 0;
   double offload_read_s = 0;
+  /// Gradient offload: reduced gradient shards added into the tier (backward), and read
+  /// from or written back to it for the vote, clipping, unscaling and the HSDP average.
+  double offload_grad_s = 0;
 };
 
 class ShardedModel {
@@ -218,6 +221,9 @@ class ShardedModel {
   /// master shard from its tier on a worker thread. A no-op unless `u` is a stage-3 unit
   /// whose shard is offloaded, not gathered, and not already being read.
   void read_ahead(ShardedUnit& u);
+  /// Not for users: the lock that serializes the offload tier between the read-ahead
+  /// worker and the compute thread (gradient offload writes the tier during backward).
+  std::mutex& tier_mutex() { return tier_mu_; }
   /// Local: `u`'s master shard ([S], master dtype, CPU), taken from its read-ahead (waiting
   /// for it) when one was started, else read now. Reads of the tier are serialized, so
   /// the tier sees one reader at a time. Rethrows the tier's OffloadError.

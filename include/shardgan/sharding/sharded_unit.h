@@ -21,6 +21,7 @@
 
 namespace shardgan {
 
+class GradSink;
 class ShardedModel;
 class ShardSource;
 namespace detail {
@@ -163,8 +164,29 @@ class ShardedUnit {
   /// dtype of the gathered parameters (ShardingConfig::compute_dtype, else the master's).
   at::ScalarType compute_dtype() const { return flat_->compute_dtype(); }
   /// The averaged gradient for shard(): same shape, dtype and device. Allocated here as
-  /// zeros when zero_grad() has released it and no reduction has arrived since.
+  /// zeros when zero_grad() has released it and no reduction has arrived since. Throws
+  /// std::logic_error naming the unit once the gradient is offloaded (offload_grad): use
+  /// with_grad_shard() then.
   at::Tensor& grad_shard();
+  /// Gradient offload (stages 2 and 3): from now on each completed reduction is added into
+  /// the unit's gradient shard in `sink` (grad_sink.h) instead of a resident tensor, so the
+  /// shard is never held in memory between the reduce-scatter and the optimizer step. The
+  /// optimizer owning the sink reads it there. Local. Throws std::logic_error below stage
+  /// 2, if already offloaded, or while a reduction is in flight or completed (call it
+  /// between zero_grad() and the next backward).
+  void offload_grad(GradSink* sink);
+  /// Whether the gradient shard lives in an offload tier (offload_grad).
+  bool grad_offloaded() const;
+  /// With gradient offload: whether a reduction has been added into the tier since the
+  /// last zero_grad() (else the shard is zero and the tier holds stale values). Equals
+  /// reduced() for a unit whose gradients are not offloaded.
+  bool grad_in_tier() const;
+  /// Passes fn the gradient shard ([S], master dtype, on device()): grad_shard() itself
+  /// when resident, else a transient copy read from the tier (zeros if nothing was
+  /// reduced into it since zero_grad()), stored back when `write`. The way for clipping,
+  /// unscaling, the finiteness vote and the HSDP average to reach an offloaded gradient.
+  /// Local (fn may run collectives, called alike on every rank); reads and writes the disk.
+  void with_grad_shard(const std::function<void(at::Tensor&)>& fn, bool write);
   /// Bytes this rank keeps between steps for parameters (full copy at stages 0-2, the
   /// shard at stage 3, plus a separate master shard with mixed precision).
   int64_t persistent_param_bytes() const;

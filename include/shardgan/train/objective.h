@@ -38,6 +38,7 @@ struct StepMetrics {
   /// waited for, master shards read from the offload tier for all-gathers, optimizer
   /// updates, and of those the offload tier's I/O. The rest is forward/backward compute.
   double time_collective_s = 0, time_offload_read_s = 0, time_optimizer_s = 0, time_optimizer_io_s = 0;
+  double time_offload_grad_s = 0;  ///< gradient offload: the tier's reads and writes outside the step
   /// What the operating system counted for rank 0's process during the step
   /// (getrusage(RUSAGE_SELF), all threads): minor page faults, and CPU seconds in the
   /// kernel and in user space. Fresh mappings that the kernel must fault in and zero show

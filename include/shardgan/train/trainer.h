@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -135,6 +136,10 @@ class Trainer {
   /// The communicator a model shards over: `comm` itself, or the HSDP one built for
   /// `replicate_degree` (R = 1: none, `comm` is used).
   std::unique_ptr<Communicator> model_communicator(int replicate_degree, const std::string& who);
+  /// Builds a model of `spec` on `comm` and its optimizer. With offload.param the store is
+  /// made first and each unit's master shard moves into it as the unit is built.
+  std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> build_model_and_optimizer(
+      const ModelSpec& spec, Communicator& comm, const ShardingConfig& sc, const OptimizerConfig& oc, uint64_t seed);
   Communicator& g_comm() { return g_comm_ ? *g_comm_ : comm_; }
   Communicator& d_comm() { return d_comm_ ? *d_comm_ : comm_; }
   /// Rank 0's collective volume so far (CommStats bytes) on the world communicator, the
