@@ -69,3 +69,11 @@ shardgan_mpi_test(test_d_joint_pass 300 1 2)
 # MPI all-gather with no MPI all-gather, page lifetime, and the timeout naming a silent rank.
 shardgan_test(test_node_shared_gather)
 shardgan_mpi_test(test_node_shared_gather 120 2 3)
+
+# train.update: simultaneous (ParaGAN) against a plain-autograd reference of its equations.
+shardgan_test(test_simultaneous_update)
+shardgan_mpi_filtered(simultaneous_update test_simultaneous_update "*" 300 1 2 4)
+add_test(NAME simultaneous_update_train
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/simultaneous_train_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(simultaneous_update_train PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)

@@ -352,6 +352,11 @@ TrainConfig read_config(Reader& r, const std::string& source) {
   require(c.d_steps >= 1, r, "train.d_steps", "must be >= 1 (D steps per G step)");
   c.d_joint_pass = r.get<bool>("train.d_joint_pass", c.d_joint_pass,
       "D sees fake and real images of a micro-batch in one forward and backward (BigGAN-PyTorch's G_D)");
+  c.update = r.get<std::string>("train.update", c.update,
+      "alternating (D's steps, then G against the updated D) or simultaneous (ParaGAN: G and D each against the "
+      "other's weights of before the step; one G forward serves both)");
+  require(c.update == "alternating" || c.update == "simultaneous", r, "train.update",
+          "must be alternating or simultaneous");
   c.loss = r.get<std::string>("train.loss", c.loss, "nonsaturating (DCGAN) or hinge (BigGAN)");
   require(c.loss == "nonsaturating" || c.loss == "hinge", r, "train.loss",
           "must be nonsaturating (DCGAN) or hinge (BigGAN)");

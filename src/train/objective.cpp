@@ -41,92 +41,35 @@ at::Tensor GanObjective::g_loss(const at::Tensor& fake) const {
 }
 
 StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs& in) {
-  const int64_t k = micro_;
   // loss_d, loss_g, D(x), D(G(z)) on the host, as the engine's other scalars: the world's
   // all-reduce of host tensors runs over MPI, also beside NCCL (losses on a GPU are copied).
   at::Tensor stats = torch::zeros({4}, torch::kDouble);
-  auto host = [](const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); };
   StepMetrics r;
-  // D steps: each loss is divided by k so that the accumulated gradient equals the one of
-  // the whole global batch. G runs without autograd, so G gets no gradients.
-  for (int64_t s = 0; s < d_steps_; ++s) {
-    bool loss_finite = true;
-    TensorList fake_in = in.latents();
-    for (int64_t j = 0; j < k; ++j) {
-      TensorList real = in.real(j);
-      at::Tensor y_fake = fake_in[1].defined() ? in.local(fake_in[1], j) : at::Tensor();
-      at::Tensor fake;
-      {
-        torch::NoGradGuard no_grad;
-        fake = g.model->forward(TensorList{in.local(fake_in[0], j), y_fake}).at(0);
-      }
-      // Real and fake each get their own forward and backward, unless they share one joint
-      // pass (d_joint_pass). One backward through two D forwards would keep every D unit
-      // gathered until the backward of the first forward reaches it (the engine runs the
-      // later forward's path first, and a unit's parameter gradients are complete only after
-      // both); two backwards release each unit as soon as it is done, at the cost of one
-      // more reduce-scatter of D per D step (stages 2-3). The joint pass has neither cost.
-      const at::ScalarType md = real.at(0).scalar_type();
-      const bool r1_due = r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
-      at::Tensor d_real, d_fake, loss_real, loss_fake;
-      if (d_joint_pass_ && !r1_due) {
-        d.model->set_gradient_sync(j == k - 1);
-        std::tie(d_real, d_fake) = d_joint_pass(d, real, fake, y_fake, md);
-        loss_real = d_loss_real(d_real) / k;
-        loss_fake = d_loss_fake(d_fake) / k;
-      } else {
-        d.model->set_gradient_sync(false);
-        auto [logits, r1] = d_real_pass(d, real, md);
-        d_real = logits;
-        loss_real = d_loss_real(d_real) / k;
-        r.r1 += r1 / d_steps_;
-        d.model->set_gradient_sync(j == k - 1);
-        {
-          // BigGAN-PyTorch's D sees real and fake in one forward, so spectral norm advances
-          // u once per D forward of a D step: the real pass did it.
-          PowerIterationPause once;
-          d_fake = d.model->forward(TensorList{fake, y_fake}).at(0).reshape({-1}).to(md);
-        }
-        loss_fake = d_loss_fake(d_fake) / k;
-        d.scaler->scale_loss(loss_fake).backward();
-      }
-      // loss_d, D(x), D(G(z)) of this micro-batch, copied to the host together (one copy
-      // and one wait on a GPU).
-      const at::Tensor v = host(at::stack({loss_real.detach() + loss_fake.detach(),
-                                           torch::sigmoid(d_real.detach()).mean(),
-                                           torch::sigmoid(d_fake.detach()).mean()}));
-      loss_finite = loss_finite && std::isfinite(v[0].item<double>());
-      stats[0] += v[0] / d_steps_;
-      stats[2] += v[1] / (k * d_steps_);
-      stats[3] += v[2] / (k * d_steps_);
-    }
-    double norm = 0;
-    bool nonfinite = false;
-    if (before_update_) before_update_();
-    if (!finish_update(d, norm, s, loss_finite, nonfinite)) r.skipped_d = true;
-    r.nonfinite_d = r.nonfinite_d || nonfinite;
-    r.grad_norm_d = norm;
-  }
-
-  // G step: D is frozen; it is gathered for forward and backward but yields input
-  // gradients only (no D parameter gradients, no D reduce-scatter).
-  d.model->set_requires_grad(false);
-  TensorList gen_in = in.latents();
   bool g_loss_finite = true;
-  for (int64_t j = 0; j < k; ++j) {
-    g.model->set_gradient_sync(j == k - 1);
-    at::Tensor y = gen_in[1].defined() ? in.local(gen_in[1], j) : at::Tensor();
-    at::Tensor fake = g.model->forward(TensorList{in.local(gen_in[0], j), y}).at(0);
-    at::Tensor out = d.model->forward(TensorList{fake, y}).at(0).reshape({-1});
-    at::Tensor loss = g_loss(out.to(gen_in[0].scalar_type())) / k;
-    g.scaler->scale_loss(loss).backward();
-    const at::Tensor loss_g = host(loss.detach());
-    g_loss_finite = g_loss_finite && std::isfinite(loss_g.item<double>());
-    stats[1] += loss_g;
+  if (!simultaneous_) {
+    for (int64_t s = 0; s < d_steps_; ++s) d_update(g, d, in, s, nullptr, r, stats);
+    g_loss_finite = g_pass(g, d, in, nullptr, stats);
+    if (before_update_) before_update_();
+    r.skipped_g = !finish_update(g, r.grad_norm_g, 0, g_loss_finite, r.nonfinite_g);
+  } else {
+    // ParaGAN's update (Shi et al. 2024, Fig. 5): G_{t+1} from L_G(G_t, D_t) and D_{t+1}
+    // from L_D(G_t, D_t). G's pass runs first, against the D that no update has touched
+    // yet, and keeps its images: D's first update trains on them, so one G forward serves
+    // both models. Further D steps (d_steps > 1) draw their images from G_t too, so G's
+    // update waits for them; with one D step it runs at once, and G's gradient shards are
+    // released before D's backward.
+    std::vector<MicroFakes> fakes;
+    g_loss_finite = g_pass(g, d, in, &fakes, stats);
+    if (d_steps_ == 1) {
+      if (before_update_) before_update_();
+      r.skipped_g = !finish_update(g, r.grad_norm_g, 0, g_loss_finite, r.nonfinite_g);
+    }
+    for (int64_t s = 0; s < d_steps_; ++s) d_update(g, d, in, s, s == 0 ? &fakes : nullptr, r, stats);
+    if (d_steps_ > 1) {
+      if (before_update_) before_update_();
+      r.skipped_g = !finish_update(g, r.grad_norm_g, 0, g_loss_finite, r.nonfinite_g);
+    }
   }
-  d.model->set_requires_grad(true);
-  if (before_update_) before_update_();
-  r.skipped_g = !finish_update(g, r.grad_norm_g, 0, g_loss_finite, r.nonfinite_g);
   r.loss_scale_d = d.scaler->scale();
   r.loss_scale_g = g.scaler->scale();
 
@@ -136,6 +79,98 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
   r.d_real = stats[2].item<double>();
   r.d_fake = stats[3].item<double>();
   return r;
+}
+
+void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in, int64_t s,
+                            const std::vector<MicroFakes>* given, StepMetrics& r, at::Tensor& stats) {
+  const int64_t k = micro_;
+  auto host = [](const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); };
+  // Each loss is divided by k so that the accumulated gradient equals the one of the whole
+  // global batch. G runs without autograd, so G gets no gradients.
+  bool loss_finite = true;
+  TensorList fake_in = given ? TensorList{} : in.latents();
+  for (int64_t j = 0; j < k; ++j) {
+    TensorList real = in.real(j);
+    at::Tensor y_fake, fake;
+    if (given) {
+      fake = given->at(j).images;
+      y_fake = given->at(j).labels;
+    } else {
+      y_fake = fake_in[1].defined() ? in.local(fake_in[1], j) : at::Tensor();
+      torch::NoGradGuard no_grad;
+      fake = g.model->forward(TensorList{in.local(fake_in[0], j), y_fake}).at(0);
+    }
+    // Real and fake each get their own forward and backward, unless they share one joint
+    // pass (d_joint_pass). One backward through two D forwards would keep every D unit
+    // gathered until the backward of the first forward reaches it (the engine runs the
+    // later forward's path first, and a unit's parameter gradients are complete only after
+    // both); two backwards release each unit as soon as it is done, at the cost of one
+    // more reduce-scatter of D per D step (stages 2-3). The joint pass has neither cost.
+    const at::ScalarType md = real.at(0).scalar_type();
+    const bool r1_due = r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
+    at::Tensor d_real, d_fake, loss_real, loss_fake;
+    if (d_joint_pass_ && !r1_due) {
+      d.model->set_gradient_sync(j == k - 1);
+      std::tie(d_real, d_fake) = d_joint_pass(d, real, fake, y_fake, md);
+      loss_real = d_loss_real(d_real) / k;
+      loss_fake = d_loss_fake(d_fake) / k;
+    } else {
+      d.model->set_gradient_sync(false);
+      auto [logits, r1] = d_real_pass(d, real, md);
+      d_real = logits;
+      loss_real = d_loss_real(d_real) / k;
+      r.r1 += r1 / d_steps_;
+      d.model->set_gradient_sync(j == k - 1);
+      {
+        // BigGAN-PyTorch's D sees real and fake in one forward, so spectral norm advances
+        // u once per D forward of a D step: the real pass did it.
+        PowerIterationPause once;
+        d_fake = d.model->forward(TensorList{fake, y_fake}).at(0).reshape({-1}).to(md);
+      }
+      loss_fake = d_loss_fake(d_fake) / k;
+      d.scaler->scale_loss(loss_fake).backward();
+    }
+    // loss_d, D(x), D(G(z)) of this micro-batch, copied to the host together (one copy
+    // and one wait on a GPU).
+    const at::Tensor v = host(at::stack({loss_real.detach() + loss_fake.detach(),
+                                         torch::sigmoid(d_real.detach()).mean(),
+                                         torch::sigmoid(d_fake.detach()).mean()}));
+    loss_finite = loss_finite && std::isfinite(v[0].item<double>());
+    stats[0] += v[0] / d_steps_;
+    stats[2] += v[1] / (k * d_steps_);
+    stats[3] += v[2] / (k * d_steps_);
+  }
+  double norm = 0;
+  bool nonfinite = false;
+  if (before_update_) before_update_();
+  if (!finish_update(d, norm, s, loss_finite, nonfinite)) r.skipped_d = true;
+  r.nonfinite_d = r.nonfinite_d || nonfinite;
+  r.grad_norm_d = norm;
+}
+
+bool GanObjective::g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, std::vector<MicroFakes>* keep,
+                          at::Tensor& stats) {
+  const int64_t k = micro_;
+  auto host = [](const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); };
+  // D is frozen; it is gathered for forward and backward but yields input gradients only
+  // (no D parameter gradients, no D reduce-scatter).
+  d.model->set_requires_grad(false);
+  TensorList gen_in = in.latents();
+  bool g_loss_finite = true;
+  for (int64_t j = 0; j < k; ++j) {
+    g.model->set_gradient_sync(j == k - 1);
+    at::Tensor y = gen_in[1].defined() ? in.local(gen_in[1], j) : at::Tensor();
+    at::Tensor fake = g.model->forward(TensorList{in.local(gen_in[0], j), y}).at(0);
+    if (keep) keep->push_back({fake.detach(), y});
+    at::Tensor out = d.model->forward(TensorList{fake, y}).at(0).reshape({-1});
+    at::Tensor loss = g_loss(out.to(gen_in[0].scalar_type())) / k;
+    g.scaler->scale_loss(loss).backward();
+    const at::Tensor loss_g = host(loss.detach());
+    g_loss_finite = g_loss_finite && std::isfinite(loss_g.item<double>());
+    stats[1] += loss_g;
+  }
+  d.model->set_requires_grad(true);
+  return g_loss_finite;
 }
 
 namespace {

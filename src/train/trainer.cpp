@@ -103,6 +103,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   objective_ = std::make_unique<GanObjective>(cfg_.loss, cfg_.d_steps, cfg_.micro_batches, cfg_.grad_clip, comm_,
                                               cfg_.r1_gamma, cfg_.r1_every);
   objective_->set_d_joint_pass(cfg_.d_joint_pass);
+  objective_->set_simultaneous(cfg_.update == "simultaneous");
   if (cfg_.preempt_grace_s > 0) {
     g_->set_unit_hook([this] { grace_vote(); });
     d_->set_unit_hook([this] { grace_vote(); });

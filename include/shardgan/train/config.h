@@ -76,6 +76,10 @@ struct TrainConfig {
   /// twice. Batch-coupled layers in D (BatchNorm) then see the joint batch. A micro-batch
   /// whose D update takes R1 keeps separate passes.
   bool d_joint_pass = false;
+  /// train.update: "alternating" (D's steps, then G against the updated D) or
+  /// "simultaneous" (ParaGAN: both against the other's weights of before the step; see
+  /// GanObjective::set_simultaneous).
+  std::string update = "alternating";
   std::string loss = "nonsaturating";  ///< train.loss: nonsaturating | hinge
   bool skip_memory_check = false; ///< train.skip_memory_check: skip the memory pre-flight
   /// train.memory_probe: the pre-flight measures one step's transient memory on a stand-in

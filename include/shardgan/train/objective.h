@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -102,6 +103,13 @@ class GanObjective {
   /// (TrainConfig::d_joint_pass; BigGAN-PyTorch's G_D). Micro-batches whose D update takes
   /// R1 keep the separate passes. Local; call it alike on every rank.
   void set_d_joint_pass(bool on) { d_joint_pass_ = on; }
+  /// TrainConfig::update "simultaneous": ParaGAN's update (Shi, Li and You 2024, Fig. 5),
+  /// G_{t+1} = G_t - lr_G grad_G L_G(G_t, D_t) and D_{t+1} = D_t - lr_D grad_D L_D(G_t, D_t):
+  /// G's pass (D frozen) runs first and D's first update trains on the images of that same
+  /// G forward, so a step has one G forward fewer than the alternating update, whose G
+  /// trains against the D its D steps just updated. Local; call it alike on every rank.
+  void set_simultaneous(bool on) { simultaneous_ = on; }
+  bool simultaneous() const { return simultaneous_; }
   GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches, double grad_clip,
                Communicator& comm, double r1_gamma = 0.0, int64_t r1_every = 1);
 
@@ -115,11 +123,25 @@ class GanObjective {
   /// Collective. d_steps D updates (G under no_grad; real and fake images each get a
   /// forward and a backward of their own, so that D's units are released as in any single
   /// backward, or one joint pass with set_d_joint_pass), then one G update with D frozen
-  /// (input gradients only, no D reduce-scatter). Fills every field but step and
-  /// step_time_s.
+  /// (input gradients only, no D reduce-scatter). With set_simultaneous, G's pass comes
+  /// first and both models update against the other's weights of before the step.
+  /// Fills every field but step and step_time_s.
   StepMetrics step(TrainedModel g, TrainedModel d, const StepInputs& in);
 
  private:
+  /// One micro-batch of G's images (detached) and their labels (undefined if unconditional).
+  struct MicroFakes {
+    at::Tensor images, labels;
+  };
+  /// D update `s` of the step: k micro-batches of real images and of G's images (`given`,
+  /// one per micro-batch, or drawn here from fresh latents under no_grad), then the update.
+  void d_update(TrainedModel g, TrainedModel d, const StepInputs& in, int64_t s,
+                const std::vector<MicroFakes>* given, StepMetrics& r, at::Tensor& stats);
+  /// G's k micro-batches against the frozen D (input gradients only), without the update;
+  /// keeps each micro-batch's images in `keep` when given. Returns whether G's losses were
+  /// finite on this rank.
+  bool g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, std::vector<MicroFakes>* keep, at::Tensor& stats);
+  bool simultaneous_ = false;
   std::function<void()> before_update_;
   /// Collective: unscale and vote (float16), or vote on finite loss and gradients (other
   /// dtypes: one all-reduce of one element), clip, then step, post-step all-gather and zero

@@ -1,0 +1,206 @@
+// train.update: simultaneous (GanObjective::set_simultaneous; ParaGAN, Shi, Li and You 2024,
+// Fig. 5) against a plain-autograd reference of its two equations,
+//   G_{t+1} = G_t - lr grad_G L_G(G_t, D_t),   D_{t+1} = D_t - lr grad_D L_D(G_t, D_t),
+// under mpirun with 1, 2 and 4 ranks, at ZeRO stages 0 and 3: the tiny conditional BigGAN
+// in float64, plain SGD (lr 0.1, so the update is proportional to the gradient), hinge
+// loss, 2 micro-batches per update, 5 steps. The reference runs on every rank alone
+// (MPI_COMM_SELF, stage 0, every unit as a plain module: ShardedModel::begin_higher_order)
+// and shares no code with the objective, the sharding or the optimizer: it computes both
+// gradients with torch::autograd::grad over the global micro-batches and subtracts lr x
+// gradient by hand. Spectral norm runs paused (PowerIterationPause), so every D forward
+// uses the same sigma in both (the objective and the reference run different numbers of
+// D forwards). SyncBatchNorm in G makes G's statistics those of the global micro-batch at
+// any world size. What differs is the order of float64 additions (per-rank partial sums,
+// reductions, micro-batch accumulation): a few ulps per addition over sums of at most a
+// few thousand products, so the bound is 1e-9 of the largest parameter change of the
+// model over the 5 steps.
+// Negative controls (in the test): the simultaneous run against a reference whose G step
+// uses D_{t+1}, and the alternating update against the reference, must both leave the
+// bound. The reference's G forward runs twice per micro-batch (once with autograd for
+// L_G, once under no_grad for D's images): the same values, since G's SyncBatchNorm
+// normalizes with the batch statistics in both.
+#include <algorithm>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "shardgan/comm/mpi_communicator.h"
+#include "shardgan/models/biggan.h"
+#include "shardgan/nn/power_iteration.h"
+#include "shardgan/optim/factory.h"
+#include "shardgan/optim/loss_scaler.h"
+#include "shardgan/sharding/deferred.h"
+#include "shardgan/train/objective.h"
+#include "test_util.h"
+#include "tiny_biggan.h"
+
+using namespace shardgan;
+
+namespace {
+
+using Named = std::vector<std::pair<std::string, at::Tensor>>;
+constexpr int kSteps = 5;
+constexpr int64_t kMicro = 2;
+constexpr double kLr = 0.1;
+
+struct Data {
+  int64_t global = 0;
+  at::Tensor x, y;
+};
+
+Data make_data() {
+  Data d;
+  d.global = 4 * 4 * kMicro;  // 4 images per rank at the largest world size (4)
+  torch::manual_seed(3);
+  d.x = torch::randn({kSteps, d.global, 1, 32, 32}, torch::kDouble).tanh();
+  d.y = torch::randint(0, 3, {kSteps, d.global}, torch::kLong);
+  return d;
+}
+
+struct Trained {
+  Named g_init, d_init, g, d;
+};
+
+// The objective: kSteps steps on `comm` at `stage`.
+Trained train(MpiCommunicator& comm, int stage, bool simultaneous, const Data& data) {
+  BigGanFamily fam(test_util::tiny_biggan());
+  ShardingConfig sc = test_util::sharding(stage);
+  auto g = build_sharded_model(fam.generator(comm), comm, sc, 11, at::kDouble);
+  auto d = build_sharded_model(fam.discriminator(comm), comm, sc, 12, at::kDouble);
+  OptimizerConfig sgd;
+  sgd.type = OptimizerType::kSgd;
+  sgd.lr = kLr;
+  auto og = make_optimizer(*g, sgd);
+  auto od = make_optimizer(*d, sgd);
+  DynamicLossScaler sg(LossScalerConfig{}, at::kDouble), sd(LossScalerConfig{}, at::kDouble);
+  GanObjective obj("hinge", /*d_steps=*/1, kMicro, 0.0, comm);
+  obj.set_simultaneous(simultaneous);
+  const int64_t w = comm.world_size(), per = data.global / kMicro / w;
+  auto gen = at::detail::createCPUGenerator(5);
+  int64_t t = 0;
+  StepInputs in;
+  in.local = [&](const at::Tensor& a, int64_t j) { return a.narrow(0, (j * w + comm.rank()) * per, per); };
+  in.real = [&](int64_t j) { return TensorList{in.local(data.x[t], j), in.local(data.y[t], j)}; };
+  in.latents = [&] { return TensorList{fam.sample_latents(data.global, gen, at::kDouble), data.y[t]}; };
+  Trained r;
+  r.g_init = g->gather_full_parameters();
+  r.d_init = d->gather_full_parameters();
+  PowerIterationPause paused;
+  for (t = 0; t < kSteps; ++t) obj.step({g.get(), og.get(), &sg}, {d.get(), od.get(), &sd}, in);
+  r.g = g->gather_full_parameters();
+  r.d = d->gather_full_parameters();
+  return r;
+}
+
+// The reference: the two equations with plain autograd, on this rank alone. With
+// `g_against_next_d` (the negative control), G's gradient is taken against D_{t+1}: the
+// same latents and images, D updated first.
+Trained reference(const Data& data, bool g_against_next_d = false) {
+  MpiCommunicator self(MPI_COMM_SELF, 60.0);
+  BigGanFamily fam(test_util::tiny_biggan());
+  ShardingConfig sc = test_util::sharding(0);
+  auto g = build_sharded_model(fam.generator(self), self, sc, 11, at::kDouble);
+  auto d = build_sharded_model(fam.discriminator(self), self, sc, 12, at::kDouble);
+  Trained r;
+  r.g_init = g->gather_full_parameters();
+  r.d_init = d->gather_full_parameters();
+  g->begin_higher_order();  // every unit gathered, run as a plain module
+  d->begin_higher_order();
+  auto params = [](ShardedModel& m) {
+    std::vector<at::Tensor> out;
+    for (auto& u : m.units()) {
+      for (auto& s : u->slots()) out.push_back(s.param);
+    }
+    return out;
+  };
+  const std::vector<at::Tensor> gp = params(*g), dp = params(*d);
+  auto gen = at::detail::createCPUGenerator(5);
+  const int64_t m = data.global / kMicro;  // one global micro-batch
+  PowerIterationPause paused;
+  for (int t = 0; t < kSteps; ++t) {
+    const at::Tensor z = fam.sample_latents(data.global, gen, at::kDouble);
+    std::vector<at::Tensor> g_grad, d_grad;
+    auto add = [](std::vector<at::Tensor>& acc, const std::vector<at::Tensor>& gr) {
+      if (acc.empty()) {
+        acc = gr;
+      } else {
+        for (size_t i = 0; i < acc.size(); ++i) acc[i] = acc[i] + gr[i];
+      }
+    };
+    auto g_part = [&](int64_t j) {  // L_G(G_t, D): G's gradient only
+      const at::Tensor zj = z.narrow(0, j * m, m), yj = data.y[t].narrow(0, j * m, m);
+      const at::Tensor lg = -d->forward(TensorList{g->forward(TensorList{zj, yj}).at(0), yj}).at(0).mean() / kMicro;
+      add(g_grad, torch::autograd::grad({lg}, gp));
+    };
+    for (int64_t j = 0; j < kMicro; ++j) {
+      const at::Tensor zj = z.narrow(0, j * m, m), yj = data.y[t].narrow(0, j * m, m);
+      const at::Tensor xj = data.x[t].narrow(0, j * m, m);
+      if (!g_against_next_d) g_part(j);
+      // L_D(G_t, D_t) on G_t's images of the same latents: D's gradient only.
+      at::Tensor fake;
+      {
+        torch::NoGradGuard no_grad;
+        fake = g->forward(TensorList{zj, yj}).at(0);
+      }
+      const at::Tensor real_logits = d->forward(TensorList{xj, yj}).at(0);
+      const at::Tensor fake_logits = d->forward(TensorList{fake, yj}).at(0);
+      const at::Tensor ld = (torch::relu(1.0 - real_logits).mean() + torch::relu(1.0 + fake_logits).mean()) / kMicro;
+      add(d_grad, torch::autograd::grad({ld}, dp));
+    }
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < dp.size(); ++i) dp[i].sub_(kLr * d_grad[i]);
+    }
+    if (g_against_next_d) {
+      for (int64_t j = 0; j < kMicro; ++j) g_part(j);
+    }
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < gp.size(); ++i) gp[i].sub_(kLr * g_grad[i]);
+  }
+  r.g = g->gather_full_parameters();
+  r.d = d->gather_full_parameters();
+  return r;
+}
+
+// The largest |a - b| over every parameter, as a fraction of the largest change from init.
+double worst(const Named& init, const Named& ref, const Named& got) {
+  double largest = 0, diff = 0;
+  for (size_t i = 0; i < init.size(); ++i) {
+    largest = std::max(largest, (ref[i].second - init[i].second).abs().max().item<double>());
+    diff = std::max(diff, (got[i].second - ref[i].second).abs().max().item<double>());
+  }
+  return largest > 0 ? diff / largest : 1.0;
+}
+
+class SimultaneousUpdate : public ::testing::TestWithParam<int> {};
+
+TEST_P(SimultaneousUpdate, EqualsThePlainAutogradEquations) {
+  MpiCommunicator comm(MPI_COMM_WORLD, 120.0);
+  const Data data = make_data();
+  const Trained ref = reference(data);
+  const Trained sim = train(comm, GetParam(), true, data);
+  ASSERT_EQ(sim.g.size(), ref.g.size());
+  ASSERT_EQ(sim.d.size(), ref.d.size());
+  for (size_t i = 0; i < ref.g_init.size(); ++i) ASSERT_TRUE(torch::equal(ref.g_init[i].second, sim.g_init[i].second));
+  const double eg = worst(ref.g_init, ref.g, sim.g), ed = worst(ref.d_init, ref.d, sim.d);
+  std::printf("[ simultaneous ] world %d stage %d: max |sim - ref| / largest change: G %.3g, D %.3g\n",
+              comm.world_size(), GetParam(), eg, ed);
+  EXPECT_LE(eg, 1e-9);
+  EXPECT_LE(ed, 1e-9);
+  // Negative control: the same equations with G's gradient taken against D_{t+1} (what
+  // the alternating order does) must leave the bound.
+  const Trained late = reference(data, true);
+  const double lg = worst(ref.g_init, late.g, sim.g);
+  std::printf("[ simultaneous ] against a reference whose G trains on D_{t+1}: G %.3g\n", lg);
+  EXPECT_GT(lg, 1e-6);
+  // And the objective's alternating update (G against D_{t+1}, D on another latent draw).
+  const Trained alt = train(comm, GetParam(), false, data);
+  const double ag = worst(ref.g_init, ref.g, alt.g);
+  std::printf("[ simultaneous ] the alternating update against the same reference: G %.3g\n", ag);
+  EXPECT_GT(ag, 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, SimultaneousUpdate, ::testing::Values(0, 3),
+                         [](const ::testing::TestParamInfo<int>& i) { return "stage" + std::to_string(i.param); });
+
+}  // namespace
