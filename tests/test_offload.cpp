@@ -475,8 +475,9 @@ TEST(OffloadedAdam, GradientOffloadBitIdenticalToShardedAdam) {
   }
 }
 
-// The gradient shards leave RAM, measured: after a backward of 4 units of 64 MiB with
-// resident gradients VmRSS holds the 256 MiB of shards; with them on disk it does not.
+// The gradient shards leave RAM, measured: after a backward of 8 units of 32 MiB with
+// resident gradients VmRSS holds the 256 MiB of shards; with them on disk it holds at most
+// the writer's 2 pending shards (64 MiB) and the allocator's slack.
 TEST(OffloadedAdam, GradientOffloadFreesTheGradientShards) {
   if (std::getenv("SHARDGAN_SANITIZE") != nullptr) GTEST_SKIP() << "ASan's quarantine holds freed memory";
   MpiCommunicator self(MPI_COMM_SELF, 60.0);
@@ -486,8 +487,8 @@ TEST(OffloadedAdam, GradientOffloadFreesTheGradientShards) {
     TempDir dir;
     ShardedModel model("generator", self, test_util::sharding(3));
     std::vector<torch::nn::Linear> layers;
-    for (int i = 0; i < 4; ++i) {  // 4 units of 4096 x 4096 floats: 64 MiB each
-      layers.push_back(torch::nn::Linear(torch::nn::LinearOptions(4096, 4096).bias(false)));
+    for (int i = 0; i < 8; ++i) {  // 8 units of 2048 x 4096 floats: 32 MiB each
+      layers.push_back(torch::nn::Linear(torch::nn::LinearOptions(i % 2 ? 2048 : 4096, i % 2 ? 4096 : 2048).bias(false)));
       auto l = layers.back();
       model.add_unit("l" + std::to_string(i), l.ptr(), [l](const at::Tensor& x) mutable { return l->forward(x); });
     }
@@ -504,7 +505,7 @@ TEST(OffloadedAdam, GradientOffloadFreesTheGradientShards) {
     opt.step();
   }
   EXPECT_GE(held[0], shard_bytes - (16 << 20));  // the resident shards are there ...
-  EXPECT_LE(held[1], 32 << 20);                  // ... and on disk they are not
+  EXPECT_LE(held[1], (64 << 20) + (16 << 20));  // ... and on disk at most 2 in flight
 }
 
 TEST(OffloadStore, DiskTierRamStaysWithinTheRing) {

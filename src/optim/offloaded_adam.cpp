@@ -128,7 +128,7 @@ void OffloadedAdam::accumulate_grad(size_t unit, const at::Tensor& reduced, doub
                  [&](const OffloadStore::Chunk& c) {
                    at::Tensor g = view(c.data[grad_array_], c.numel, dtype_);
                    if (first) g.zero_();
-                   g.add_(reduced.narrow(0, c.offset, c.numel).to(dtype_), scale);
+                   g.add_(reduced.narrow(0, c.offset, c.numel).to(at::kCPU, dtype_), scale);
                  }, mask);
 }
 
@@ -170,6 +170,7 @@ std::vector<std::pair<std::string, at::Tensor>> OffloadedAdam::unit_state(size_t
 }
 
 void OffloadedAdam::read_unit_state(size_t unit, const StateVisitor& fn) {
+  model_.drain_grad_writes();  // the writer must not share the ring with this read
   const int64_t n = model_.units().at(unit)->shard_numel();
   at::Tensor m = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
   at::Tensor v = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
@@ -183,6 +184,7 @@ void OffloadedAdam::read_unit_state(size_t unit, const StateVisitor& fn) {
 }
 
 void OffloadedAdam::write_unit_state(size_t unit, const StateVisitor& fn) {
+  model_.drain_grad_writes();
   const int64_t n = model_.units().at(unit)->shard_numel();
   at::Tensor m = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
   at::Tensor v = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
@@ -209,6 +211,7 @@ void OffloadedAdam::adam_block(at::Tensor& p, const at::Tensor& g, at::Tensor& m
 
 void OffloadedAdam::update() {
   torch::NoGradGuard no_grad;
+  model_.drain_grad_writes();  // gradient offload: every reduced shard is in the tier
   auto& units = model_.units();
   // On a GPU the host may be ahead of the device: wait for the work that wrote the
   // gradients first, so that the copy time below is the copies' alone.

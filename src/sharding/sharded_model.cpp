@@ -10,6 +10,7 @@
 #include "shardgan/comm/node_shared.h"
 #include "shardgan/comm/hybrid_communicator.h"
 #include "shardgan/comm/quantized_collectives.h"
+#include "sharding/grad_writer.h"
 #include "sharding/ownership.h"
 #include "sharding/torch_internals.h"
 #include "shardgan/util/threads.h"
@@ -19,7 +20,25 @@ namespace shardgan {
 ShardedModel::ShardedModel(std::string name, Communicator& comm, ShardingConfig cfg)
     : name_(std::move(name)), comm_(comm), cfg_(cfg) {}
 
-ShardedModel::~ShardedModel() { drain_read_ahead(); }
+ShardedModel::~ShardedModel() {
+  drain_read_ahead();
+  try {
+    drain_grad_writes();
+  } catch (...) {  // destruction does not report a tier's error
+  }
+}
+
+void ShardedModel::write_grad_async(std::function<void()> job) {
+  if (!grad_writer_) grad_writer_ = std::make_unique<detail::GradWriter>(tier_mu_, 2);
+  grad_writer_->submit(std::move(job));
+}
+
+void ShardedModel::drain_grad_writes() {
+  if (!grad_writer_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  grad_writer_->drain();
+  times_.offload_grad_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 NodeSharedPool* ShardedModel::shared_pool() {
   if (shared_pool_checked_) return shared_pool_.get();
@@ -210,6 +229,7 @@ void ShardedModel::set_requires_grad(bool on) {
 
 void ShardedModel::zero_grad() {
   finish_reduces();
+  drain_grad_writes();  // a write still in flight would land after the flags are reset
   for (auto& u : units_) u->zero_grad();
 }
 
@@ -273,6 +293,10 @@ void ShardedModel::end_higher_order() {
 
 void ShardedModel::abandon_step() {
   drain_read_ahead();
+  try {
+    drain_grad_writes();  // the step is abandoned: its gradients are dropped anyway
+  } catch (...) {
+  }
   for (auto& u : units_) u->set_plain(false);
   higher_order_ = false;
   recording_ = false;

@@ -98,6 +98,7 @@ void UnitCollectives::set_grad_sink(GradSink* sink, size_t index) {
 }
 
 void UnitCollectives::with_offloaded_grad(const std::function<void(at::Tensor&)>& fn, bool write) {
+  if (owner_) owner_->drain_grad_writes();
   at::Tensor g = torch::zeros({flat_.shard_numel()}, torch::TensorOptions().dtype(flat_.master_dtype()));
   if (grad_in_tier_) {
     Timed t(owner_ ? &owner_->comm_times().offload_grad_s : nullptr);
@@ -308,13 +309,21 @@ void UnitCollectives::finish_reduce() {
     grad_shard_.copy_(reduce_.out);  // stage 1: the owned slice of the accumulated flat gradient
   } else if (grad_sink_) {
     // Gradient offload: added into the tier's shard chunk by chunk, by the same operations
-    // as into a resident one (a released shard starts from zeros).
+    // as into a resident one (a released shard starts from zeros). With an owner, on its
+    // writer thread while backward goes on (in submission order, so a unit's micro-batches
+    // add up in order); the shard is held until written.
     const double scale = avg_on_accumulate() ? 1.0 / comm_.world_size() : 1.0;
-    Timed t(owner_ ? &owner_->comm_times().offload_grad_s : nullptr);
-    std::unique_lock<std::mutex> lk;
-    if (owner_) lk = std::unique_lock<std::mutex>(owner_->tier_mutex());
-    grad_sink_->accumulate_grad(grad_index_, reduce_.out, scale, !grad_in_tier_);
+    const bool first = !grad_in_tier_;
     grad_in_tier_ = true;
+    if (owner_) {
+      Timed t(&owner_->comm_times().offload_grad_s);  // waits only while 2 writes are pending
+      GradSink* sink = grad_sink_;
+      const size_t index = grad_index_;
+      at::Tensor out = reduce_.out;
+      owner_->write_grad_async([sink, index, out, scale, first] { sink->accumulate_grad(index, out, scale, first); });
+    } else {
+      grad_sink_->accumulate_grad(grad_index_, reduce_.out, scale, first);
+    }
   } else {
     const double scale = avg_on_accumulate() ? 1.0 / comm_.world_size() : 1.0;
     grad_shard().add_(reduce_.out.to(flat_.master_dtype()), scale);

@@ -15,6 +15,9 @@
 namespace shardgan {
 
 class NodeSharedPool;
+namespace detail {
+class GradWriter;
+}  // namespace detail
 
 /// Bytes one rank holds for a model's training state, as the sharding layer counts them.
 struct MemoryStats {
@@ -224,6 +227,14 @@ class ShardedModel {
   /// Not for users: the lock that serializes the offload tier between the read-ahead
   /// worker and the compute thread (gradient offload writes the tier during backward).
   std::mutex& tier_mutex() { return tier_mu_; }
+  /// Not for users (gradient offload): runs `job` on the model's gradient writer thread,
+  /// under the tier lock, after every job submitted before it; waits while 2 are pending.
+  /// Rethrows the error of an earlier job.
+  void write_grad_async(std::function<void()> job);
+  /// Local: waits until every gradient write submitted so far is in the tier (timed as
+  /// CommTimes::offload_grad_s); rethrows the first error of one. Whatever reads or steps
+  /// the gradient tier calls it first (the optimizer step, with_grad_shard, zero_grad).
+  void drain_grad_writes();
   /// Local: `u`'s master shard ([S], master dtype, CPU), taken from its read-ahead (waiting
   /// for it) when one was started, else read now. Reads of the tier are serialized, so
   /// the tier sees one reader at a time. Rethrows the tier's OffloadError.
@@ -259,6 +270,7 @@ class ShardedModel {
   CommTimes times_;
   std::unordered_map<const ShardedUnit*, std::future<at::Tensor>> reads_;  // read-aheads in flight
   std::mutex tier_mu_;  // one reader of the offload tier at a time (worker or compute thread)
+  std::unique_ptr<detail::GradWriter> grad_writer_;  // made at the first gradient write; uses tier_mu_
   int64_t read_ahead_hits_ = 0;
   /// The unit `offset` places after (negative: before) `u`'s first run in the recorded
   /// order, or in registration order before the first forward; nullptr past either end.
