@@ -479,7 +479,6 @@ TEST(OffloadedAdam, GradientOffloadBitIdenticalToShardedAdam) {
 // resident gradients VmRSS holds the 256 MiB of shards; with them on disk it holds at most
 // the writer's 2 pending shards (64 MiB) and the allocator's slack.
 TEST(OffloadedAdam, GradientOffloadFreesTheGradientShards) {
-  if (std::getenv("SHARDGAN_SANITIZE") != nullptr) GTEST_SKIP() << "ASan's quarantine holds freed memory";
   MpiCommunicator self(MPI_COMM_SELF, 60.0);
   int64_t held[2] = {0, 0};
   int64_t shard_bytes = 0;
@@ -503,6 +502,12 @@ TEST(OffloadedAdam, GradientOffloadFreesTheGradientShards) {
     std::printf("[ offload ] gradients %s: VmRSS grew %lld B over a backward (%lld B of gradient shards)\n",
                 off ? "on disk" : "resident", static_cast<long long>(held[off]), static_cast<long long>(shard_bytes));
     opt.step();
+  }
+  // Under scripts/sanitize.sh ASan's quarantine keeps freed blocks resident (see
+  // ParameterOffloadFreesTheMasterShards): the run still checks every access, not the bound.
+  if (std::getenv("SHARDGAN_SANITIZE") != nullptr) {
+    std::printf("[ offload ] SHARDGAN_SANITIZE: VmRSS bounds not checked (ASan's quarantine holds freed memory)\n");
+    return;
   }
   EXPECT_GE(held[0], shard_bytes - (16 << 20));  // the resident shards are there ...
   EXPECT_LE(held[1], (64 << 20) + (16 << 20));  // ... and on disk at most 2 in flight
