@@ -22,6 +22,21 @@ at::Tensor view(void* p, int64_t n, at::ScalarType dt) {
   return torch::from_blob(p, {n}, torch::TensorOptions().dtype(dt));
 }
 
+// Array `a` of unit `unit` in the store, whole, out of it into `dst` or into it from `src`
+// ([S] elements of `dt`, CPU): the master shard (parameter offload) and the gradient shard
+// (gradient offload) move this way.
+void read_array(OffloadStore& store, size_t unit, int a, at::ScalarType dt, at::Tensor& dst) {
+  store.stream({unit}, OffloadStore::Mode::kRead, [&](const OffloadStore::Chunk& c) {
+    dst.narrow(0, c.offset, c.numel).copy_(view(c.data[a], c.numel, dt));
+  }, 1u << a);
+}
+
+void write_array(OffloadStore& store, size_t unit, int a, at::ScalarType dt, const at::Tensor& src) {
+  store.stream({unit}, OffloadStore::Mode::kWrite, [&](const OffloadStore::Chunk& c) {
+    view(c.data[a], c.numel, dt).copy_(src.narrow(0, c.offset, c.numel));
+  }, 1u << a);
+}
+
 }  // namespace
 
 OffloadedAdam::OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadConfig& offload)
@@ -134,32 +149,22 @@ void OffloadedAdam::accumulate_grad(size_t unit, const at::Tensor& reduced, doub
 
 void OffloadedAdam::read_grad(size_t unit, at::Tensor& dst) {
   if (!grads_offloaded()) throw std::logic_error("OffloadedAdam: gradients of " + model_.name() + " are not offloaded");
-  store_->stream({unit}, OffloadStore::Mode::kRead, [&](const OffloadStore::Chunk& c) {
-    dst.narrow(0, c.offset, c.numel).copy_(view(c.data[grad_array_], c.numel, dtype_));
-  }, 1u << grad_array_);
+  read_array(*store_, unit, grad_array_, dtype_, dst);
 }
 
 void OffloadedAdam::write_grad(size_t unit, const at::Tensor& src) {
   if (!grads_offloaded()) throw std::logic_error("OffloadedAdam: gradients of " + model_.name() + " are not offloaded");
-  store_->stream({unit}, OffloadStore::Mode::kWrite, [&](const OffloadStore::Chunk& c) {
-    view(c.data[grad_array_], c.numel, dtype_).copy_(src.narrow(0, c.offset, c.numel));
-  }, 1u << grad_array_);
+  write_array(*store_, unit, grad_array_, dtype_, src);
 }
 
 void OffloadedAdam::read_shard(size_t unit, at::Tensor& dst) {
   if (!params_offloaded()) throw std::logic_error("OffloadedAdam: parameters of " + model_.name() + " are not offloaded");
-  const uint32_t mask = 1u << param_array_;
-  store_->stream({unit}, OffloadStore::Mode::kRead, [&](const OffloadStore::Chunk& c) {
-    dst.narrow(0, c.offset, c.numel).copy_(view(c.data[param_array_], c.numel, dtype_));
-  }, mask);
+  read_array(*store_, unit, param_array_, dtype_, dst);
 }
 
 void OffloadedAdam::write_shard(size_t unit, const at::Tensor& src) {
   if (!params_offloaded()) throw std::logic_error("OffloadedAdam: parameters of " + model_.name() + " are not offloaded");
-  const uint32_t mask = 1u << param_array_;
-  store_->stream({unit}, OffloadStore::Mode::kWrite, [&](const OffloadStore::Chunk& c) {
-    view(c.data[param_array_], c.numel, dtype_).copy_(src.narrow(0, c.offset, c.numel));
-  }, mask);
+  write_array(*store_, unit, param_array_, dtype_, src);
 }
 
 OffloadedAdam::~OffloadedAdam() = default;

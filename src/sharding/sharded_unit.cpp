@@ -95,7 +95,7 @@ void ShardedUnit::offload_grad(GradSink* sink) {
   if (coll_->reduce_in_flight() || coll_->reduced() || coll_->gradients_staged()) {
     throw std::logic_error("unit '" + name_ + "': offload_grad between zero_grad() and a backward, not after one");
   }
-  coll_->set_grad_sink(sink, index_);
+  coll_->set_grad_sink(sink);
 }
 int64_t ShardedUnit::persistent_grad_bytes() const { return coll_->persistent_grad_bytes(); }
 int64_t ShardedUnit::released_grad_bytes() const { return coll_->released_grad_bytes(); }

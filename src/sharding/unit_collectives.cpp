@@ -90,9 +90,8 @@ int64_t UnitCollectives::released_grad_bytes() const {
   return flat_.shard_numel() * static_cast<int64_t>(c10::elementSize(flat_.master_dtype()));
 }
 
-void UnitCollectives::set_grad_sink(GradSink* sink, size_t index) {
+void UnitCollectives::set_grad_sink(GradSink* sink) {
   grad_sink_ = sink;
-  grad_index_ = index;
   grad_in_tier_ = false;
   grad_shard_ = at::Tensor();
 }
@@ -100,18 +99,18 @@ void UnitCollectives::set_grad_sink(GradSink* sink, size_t index) {
 void UnitCollectives::with_offloaded_grad(const std::function<void(at::Tensor&)>& fn, bool write) {
   if (owner_) owner_->drain_grad_writes();
   at::Tensor g = torch::zeros({flat_.shard_numel()}, torch::TensorOptions().dtype(flat_.master_dtype()));
-  if (grad_in_tier_) {
+  // The tier's lock around each access (the read-ahead worker shares the store), not
+  // around fn, which may run a collective.
+  auto on_tier = [&](const std::function<void()>& io) {
     Timed t(owner_ ? &owner_->comm_times().offload_grad_s : nullptr);
     std::unique_lock<std::mutex> lk;
     if (owner_) lk = std::unique_lock<std::mutex>(owner_->tier_mutex());
-    grad_sink_->read_grad(grad_index_, g);
-  }
-  fn(g);  // not under the tier's lock: fn may run a collective
+    io();
+  };
+  if (grad_in_tier_) on_tier([&] { grad_sink_->read_grad(unit_.index(), g); });
+  fn(g);
   if (!write) return;
-  Timed t(owner_ ? &owner_->comm_times().offload_grad_s : nullptr);
-  std::unique_lock<std::mutex> lk;
-  if (owner_) lk = std::unique_lock<std::mutex>(owner_->tier_mutex());
-  grad_sink_->write_grad(grad_index_, g);
+  on_tier([&] { grad_sink_->write_grad(unit_.index(), g); });
   grad_in_tier_ = true;
 }
 
@@ -318,11 +317,11 @@ void UnitCollectives::finish_reduce() {
     if (owner_) {
       Timed t(&owner_->comm_times().offload_grad_s);  // waits only while 2 writes are pending
       GradSink* sink = grad_sink_;
-      const size_t index = grad_index_;
+      const size_t index = unit_.index();
       at::Tensor out = reduce_.out;
       owner_->write_grad_async([sink, index, out, scale, first] { sink->accumulate_grad(index, out, scale, first); });
     } else {
-      grad_sink_->accumulate_grad(grad_index_, reduce_.out, scale, first);
+      grad_sink_->accumulate_grad(unit_.index(), reduce_.out, scale, first);
     }
   } else {
     const double scale = avg_on_accumulate() ? 1.0 / comm_.world_size() : 1.0;

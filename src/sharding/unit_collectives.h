@@ -82,8 +82,8 @@ class UnitCollectives {
   /// The gradient shard; allocated (zeros) here when released (see zero_grad).
   at::Tensor& grad_shard();
   /// Gradient offload (ShardedUnit::offload_grad): reductions go into `sink`'s shard of
-  /// unit `index` from now on.
-  void set_grad_sink(GradSink* sink, size_t index);
+  /// this unit (its index in the model) from now on.
+  void set_grad_sink(GradSink* sink);
   GradSink* grad_sink() const { return grad_sink_; }
   bool grad_in_tier() const { return grad_in_tier_; }
   /// ShardedUnit::with_grad_shard for an offloaded gradient.
@@ -120,7 +120,6 @@ class UnitCollectives {
   bool expects_reduce_ = false;  // see ShardedUnit::expects_reduce()
   at::Tensor staged_flat_;       // P elements, reduce dtype (grad_flat_ at stages 0-1)
   GradSink* grad_sink_ = nullptr;  // gradient offload: where reductions go
-  size_t grad_index_ = 0;          // this unit's index in the sink
   bool grad_in_tier_ = false;      // a reduction was added into the sink since zero_grad()
   ReduceScatterState reduce_;    // in flight
   int64_t peak_comm_bytes_ = 0;

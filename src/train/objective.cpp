@@ -16,6 +16,11 @@
 namespace shardgan {
 namespace F = torch::nn::functional;
 
+namespace {
+// A step's losses and D outputs go to the host in float64, as the engine's other scalars.
+at::Tensor host(const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); }
+}  // namespace
+
 GanObjective::GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches,
                            double grad_clip, Communicator& comm, double r1_gamma, int64_t r1_every)
     : loss_(std::move(loss)), d_steps_(d_steps), micro_(micro_batches), grad_clip_(grad_clip),
@@ -46,11 +51,14 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
   at::Tensor stats = torch::zeros({4}, torch::kDouble);
   StepMetrics r;
   bool g_loss_finite = true;
+  auto update_g = [&] {
+    if (before_update_) before_update_();
+    r.skipped_g = !finish_update(g, r.grad_norm_g, 0, g_loss_finite, r.nonfinite_g);
+  };
   if (!simultaneous_) {
     for (int64_t s = 0; s < d_steps_; ++s) d_update(g, d, in, s, nullptr, r, stats);
     g_loss_finite = g_pass(g, d, in, nullptr, stats);
-    if (before_update_) before_update_();
-    r.skipped_g = !finish_update(g, r.grad_norm_g, 0, g_loss_finite, r.nonfinite_g);
+    update_g();
   } else {
     // ParaGAN's update (Shi et al. 2024, Fig. 5): G_{t+1} from L_G(G_t, D_t) and D_{t+1}
     // from L_D(G_t, D_t). G's pass runs first, against the D that no update has touched
@@ -60,15 +68,9 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
     // released before D's backward.
     std::vector<MicroFakes> fakes;
     g_loss_finite = g_pass(g, d, in, &fakes, stats);
-    if (d_steps_ == 1) {
-      if (before_update_) before_update_();
-      r.skipped_g = !finish_update(g, r.grad_norm_g, 0, g_loss_finite, r.nonfinite_g);
-    }
+    if (d_steps_ == 1) update_g();
     for (int64_t s = 0; s < d_steps_; ++s) d_update(g, d, in, s, s == 0 ? &fakes : nullptr, r, stats);
-    if (d_steps_ > 1) {
-      if (before_update_) before_update_();
-      r.skipped_g = !finish_update(g, r.grad_norm_g, 0, g_loss_finite, r.nonfinite_g);
-    }
+    if (d_steps_ > 1) update_g();
   }
   r.loss_scale_d = d.scaler->scale();
   r.loss_scale_g = g.scaler->scale();
@@ -84,7 +86,6 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
 void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in, int64_t s,
                             const std::vector<MicroFakes>* given, StepMetrics& r, at::Tensor& stats) {
   const int64_t k = micro_;
-  auto host = [](const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); };
   // Each loss is divided by k so that the accumulated gradient equals the one of the whole
   // global batch. G runs without autograd, so G gets no gradients.
   bool loss_finite = true;
@@ -151,7 +152,6 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
 bool GanObjective::g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, std::vector<MicroFakes>* keep,
                           at::Tensor& stats) {
   const int64_t k = micro_;
-  auto host = [](const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); };
   // D is frozen; it is gathered for forward and backward but yields input gradients only
   // (no D parameter gradients, no D reduce-scatter).
   d.model->set_requires_grad(false);
