@@ -7,10 +7,11 @@
 #    daemons belong to the site; do not run this script there;
 #  - iproute2 (tests/multihost_test.sh: network namespaces as hosts);
 #  - h5py, numpy and PyYAML in .venv: the interop tests (h5py reads our checkpoints), the
-#    fuzzers and the PyTorch peer benchmarks.
+#    fuzzers and the PyTorch peer benchmarks; scikit-image: the reference of the PSNR and
+#    SSIM that image-to-image evaluation reports (tests/image_quality_check.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY_PKGS=("h5py==3.16.0" "numpy==2.4.6" "pyyaml==6.0.4")
+PY_PKGS=("h5py==3.16.0" "numpy==2.4.6" "pyyaml==6.0.4" "scikit-image==0.26.0")
 PKGS=(
   googletest libgtest-dev libbenchmark-dev
   slurmctld slurmd slurm-client munge
@@ -23,7 +24,7 @@ VENV=.venv
 [ -x "$VENV/bin/python" ] || { echo "[setup-dev] error: $VENV missing; run scripts/setup.sh first" >&2; exit 1; }
 want="${PY_PKGS[*]}"
 if [ "$(cat "$VENV/.shardgan-dev-pins" 2>/dev/null)" = "$want" ] &&
-   "$VENV/bin/python" -c "import h5py, numpy, yaml" >/dev/null 2>&1; then
+   "$VENV/bin/python" -c "import h5py, numpy, yaml, skimage" >/dev/null 2>&1; then
   echo "[setup-dev] $VENV has ${want}"
 else
   echo "[setup-dev] installing ${want} into $VENV"

@@ -4,3 +4,14 @@ shardgan_mpi_test(test_biggan_layers 120 1 2)
 
 shardgan_test(test_biggan_model)
 shardgan_mpi_test(test_biggan_model 180 1 2)
+
+# pix2pix: the U-Net's skips across sharding units (parity against a plain-autograd U-Net and
+# stage 0 on one rank), their lifetime under activation checkpointing, and PSNR/SSIM
+# against scikit-image.
+shardgan_test(test_pix2pix)
+shardgan_mpi_filtered(pix2pix_parity test_pix2pix "Pix2PixParity.*:Pix2PixModel.*" 600 1 2 4)
+shardgan_mpi_filtered(pix2pix_skip_lifetime test_pix2pix "Pix2PixSkipLifetime.*" 120 1 2)
+add_test(NAME image_quality
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/image_quality_test.sh $<TARGET_FILE:test_pix2pix>
+                 ${CMAKE_CURRENT_SOURCE_DIR}/image_quality_check.py)
+set_tests_properties(image_quality PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}" SKIP_RETURN_CODE 77)

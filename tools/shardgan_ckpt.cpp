@@ -119,11 +119,12 @@ int cmd_sample(ckpt::CheckpointReader& rd, const std::string& out, bool ema, int
   auto g = load_generator(rd, comm, ema, &cfg);
   torch::NoGradGuard no_grad;
   g->train(!eval);  // the trainer samples in train mode (batch statistics), as DCGAN does
-  // A conditional family gets the trainer's grid (one class per row); else n latents.
+  // A conditional family gets the trainer's grid (one class per row), an image-to-image one its
+  // held-out triples A | G(A) | B; else n latents.
   int nrow = 8;
-  TensorList in = cfg.family->num_classes() > 0 ? fixed_sample_inputs(cfg, &nrow)
-                                                : TensorList{fixed_latents(cfg, n), at::Tensor()};
-  at::Tensor imgs = g->forward(in).at(0).to(at::kFloat);
+  const bool fixed = cfg.family->num_classes() > 0 || cfg.family->condition_channels() > 0;
+  TensorList in = fixed ? fixed_sample_inputs(cfg, &nrow) : TensorList{fixed_latents(cfg, n), at::Tensor()};
+  at::Tensor imgs = sample_grid(in, g->forward(in).at(0));
   write_png_grid(out, imgs, nrow);
   std::printf("wrote %s: %lld samples of the %s at step %lld\n", out.c_str(), (long long)imgs.size(0),
               ema ? "generator's EMA" : "generator", (long long)rd.manifest().step);
@@ -142,7 +143,7 @@ int cmd_export(ckpt::CheckpointReader& rd, const std::string& out, bool ema) {
 // FID (and class accuracy) of the checkpoint's G or EMA, as the trainer's evaluation
 // computes it (evaluation.h) on one process; prints one JSON object.
 int cmd_fid(ckpt::CheckpointReader& rd, bool ema, int64_t n, const std::string& classifier,
-            const std::string& reference) {
+            const std::string& reference, bool identity) {
   torch::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   LocalCommunicator comm;
   TrainConfig cfg;
@@ -152,11 +153,22 @@ int cmd_fid(ckpt::CheckpointReader& rd, bool ema, int64_t n, const std::string& 
   if (!reference.empty()) cfg.eval_reference = reference;
   g->train(true);  // as the trainer samples and evaluates: batch statistics
   Evaluator evaluator(cfg, comm, *cfg.family);
-  const EvalResult r = evaluator.evaluate(*g);
+  if (identity && cfg.family->condition_channels() == 0) {
+    std::fprintf(stderr, "shardgan-ckpt eval: --identity needs an image-to-image checkpoint (model.arch pix2pix); "
+                         "%s holds model.arch %s\n", rd.dir().c_str(), cfg.family->arch());
+    return 2;
+  }
+  const EvalResult r = evaluator.evaluate(*g, identity);
   nlohmann::json j = {{"checkpoint", rd.dir()}, {"step", rd.manifest().step}, {"ema", ema},
                       {"fid", r.fid}, {"samples", r.samples}, {"classifier", cfg.eval_classifier},
                       {"time_s", r.time_s}};
+  if (identity) j["identity"] = true;
   if (r.class_acc >= 0) j["class_acc"] = r.class_acc;
+  if (r.l1 >= 0) {
+    j["l1"] = r.l1;
+    j["psnr"] = r.psnr;
+    j["ssim"] = r.ssim;
+  }
   j["class_fractions"] = r.class_fractions;
   std::printf("%s\n", j.dump().c_str());
   return 0;
@@ -182,7 +194,10 @@ int main(int argc, char** argv) {
   auto* sample = app.add_subcommand("sample", "PNG grid from G (or its EMA), built from the stored config");
   auto* exp = app.add_subcommand("export", "G (or its EMA) as a file torch::load reads");
   auto* fid = app.add_subcommand("fid", "FID (and class accuracy) of G or its EMA, as one JSON line");
-  for (auto* sc : {ls, info, verify, diff, cons, resh, sample, exp, fid}) {
+  auto* evl = app.add_subcommand("eval", "as fid; image-to-image models add L1, PSNR and SSIM on held-out pairs");
+  bool identity = false;
+  evl->add_flag("--identity", identity, "image-to-image: score the input images A themselves (the B ~ A baseline)");
+  for (auto* sc : {ls, info, verify, diff, cons, resh, sample, exp, fid, evl}) {
     sc->add_option("checkpoint", dir, "checkpoint directory, checkpoints folder or run directory")->required();
   }
   diff->add_option("other", dir_b, "second checkpoint")->required();
@@ -190,10 +205,13 @@ int main(int argc, char** argv) {
   for (auto* sc : {cons, resh, sample, exp}) sc->add_option("-o,--output", out, "output path")->required();
   resh->add_option("--world-size", world, "new number of ranks")->required()->check(CLI::PositiveNumber);
   resh->add_option("--stage", stage, "new ZeRO stage for every model (default: keep)")->check(CLI::Range(0, 3));
-  for (auto* sc : {sample, exp, fid}) sc->add_flag("--ema", ema, "use the generator's EMA weights");
-  fid->add_option("-n,--count", fid_n, "generated images (default 10000)")->check(CLI::Range(int64_t{2}, int64_t{10000000}));
-  fid->add_option("--classifier", classifier, "classifier file (default: the stored config's eval.classifier)");
-  fid->add_option("--reference", reference, "Fashion-MNIST folder whose t10k split is the reference");
+  for (auto* sc : {sample, exp, fid, evl}) sc->add_flag("--ema", ema, "use the generator's EMA weights");
+  for (auto* sc : {fid, evl}) {
+    sc->add_option("-n,--count", fid_n, "generated images (default 10000; image-to-image: held-out pairs, at most 10000)")
+        ->check(CLI::Range(int64_t{2}, int64_t{10000000}));
+    sc->add_option("--classifier", classifier, "classifier file (default: the stored config's eval.classifier)");
+    sc->add_option("--reference", reference, "Fashion-MNIST folder whose t10k split is the reference");
+  }
   sample->add_option("-n,--count", n, "number of samples (64 = the trainer's fixed grid)")->check(CLI::PositiveNumber);
   sample->add_flag("--eval", eval, "BatchNorm running statistics instead of batch statistics");
   try {
@@ -223,7 +241,8 @@ int main(int argc, char** argv) {
     }
     if (*sample) return cmd_sample(rd, out, ema, n, eval);
     if (*exp) return cmd_export(rd, out, ema);
-    if (*fid) return cmd_fid(rd, ema, fid_n, classifier, reference);
+    if (*fid) return cmd_fid(rd, ema, fid_n, classifier, reference, false);
+    if (*evl) return cmd_fid(rd, ema, fid_n, classifier, reference, identity);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shardgan-ckpt: error: %s\n", e.what());
     return 1;

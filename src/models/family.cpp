@@ -4,6 +4,7 @@
 
 #include "shardgan/models/biggan.h"
 #include "shardgan/models/dcgan.h"
+#include "shardgan/models/pix2pix.h"
 
 namespace shardgan {
 
@@ -13,15 +14,16 @@ at::Tensor ModelFamily::sample_labels(int64_t n, at::Generator& gen) const {
 }
 
 const std::vector<std::string>& model_archs() {
-  static const std::vector<std::string> archs{"dcgan", "biggan"};
+  static const std::vector<std::string> archs{"dcgan", "biggan", "pix2pix"};
   return archs;
 }
 
 std::unique_ptr<ModelFamily> make_family(ConfigReader& r) {
-  const std::string arch = r.get<std::string>("model.arch", "dcgan", "model family: dcgan or biggan");
+  const std::string arch = r.get<std::string>("model.arch", "dcgan", "model family: dcgan, biggan or pix2pix");
   if (arch == "dcgan") return make_dcgan_family(r);
   if (arch == "biggan") return make_biggan_family(r);
-  throw ConfigError(r.source() + ": key 'model.arch' is '" + arch + "'; use dcgan or biggan");
+  if (arch == "pix2pix") return make_pix2pix_family(r);
+  throw ConfigError(r.source() + ": key 'model.arch' is '" + arch + "'; use dcgan, biggan or pix2pix");
 }
 
 }  // namespace shardgan

@@ -55,6 +55,9 @@ int64_t probe_once(const TrainConfig& cfg, int64_t micro_batch, const std::strin
   at::Tensor images = torch::rand({p.global_batch, s.channels, s.height, s.width}, torch::dtype(p.model_dtype)) * 2 - 1;
   at::Tensor labels;
   if (family->num_classes() > 0) labels = torch::randint(family->num_classes(), {p.global_batch}, torch::kLong);
+  if (family->condition_channels() > 0) {  // image-to-image: the input images A
+    labels = torch::rand({p.global_batch, family->condition_channels(), s.height, s.width}, torch::dtype(p.model_dtype)) * 2 - 1;
+  }
   Trainer trainer(p, shadow, images, labels);
   // The gradient shards are state, which the prediction counts apart (gan_state_bytes): kept
   // and allocated here, before the count starts, they are not counted as the step's.

@@ -1,6 +1,7 @@
 #include "shardgan/train/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -357,9 +358,28 @@ TrainConfig read_config(Reader& r, const std::string& source) {
       "other's weights of before the step; one G forward serves both)");
   require(c.update == "alternating" || c.update == "simultaneous", r, "train.update",
           "must be alternating or simultaneous");
-  c.loss = r.get<std::string>("train.loss", c.loss, "nonsaturating (DCGAN) or hinge (BigGAN)");
-  require(c.loss == "nonsaturating" || c.loss == "hinge", r, "train.loss",
-          "must be nonsaturating (DCGAN) or hinge (BigGAN)");
+  c.loss = r.get<std::string>("train.loss", c.loss,
+      "nonsaturating (DCGAN, pix2pix's vanilla), hinge (BigGAN) or least_squares (LSGAN)");
+  require(c.loss == "nonsaturating" || c.loss == "hinge" || c.loss == "least_squares", r, "train.loss",
+          "must be nonsaturating (DCGAN), hinge (BigGAN) or least_squares (LSGAN)");
+  const bool paired = c.family->condition_channels() > 0;
+  c.l1_weight = r.get<double>("train.l1_weight", paired ? 100.0 : 0.0,
+      "image-to-image models: weight of the L1 term mean|G(A) - B| in G's loss (pix2pix: 100)");
+  require(c.l1_weight >= 0 && std::isfinite(c.l1_weight), r, "train.l1_weight", "must be >= 0");
+  c.adversarial_weight = r.get<double>("train.adversarial_weight", c.adversarial_weight,
+      "image-to-image models: weight of the adversarial term in G's loss (0: G trains on L1 alone, the paper's L1 "
+      "baseline; D still trains)");
+  require(c.adversarial_weight >= 0 && std::isfinite(c.adversarial_weight), r, "train.adversarial_weight", "must be >= 0");
+  require(paired || c.adversarial_weight == 1, r, "train.adversarial_weight",
+          "needs an image-to-image model (model.arch: pix2pix); set it to 1");
+  require(paired || c.l1_weight == 0, r, "train.l1_weight",
+          "needs an image-to-image model (model.arch: pix2pix); set it to 0");
+  require(!paired || c.update == "alternating", r, "train.update",
+          "must be alternating for an image-to-image model (model.arch pix2pix): G's pass trains on the pairs of "
+          "D's update");
+  require(!paired || c.data_source != "hdf5", r, "data.source",
+          "must be fashion-mnist or synthetic for an image-to-image model: each image B is paired with its "
+          "Sobel edge map A; an HDF5 file of pairs is not read");
   c.skip_memory_check = r.get<bool>("train.skip_memory_check", c.skip_memory_check,
       "skip the memory pre-flight that refuses a config that would not fit");
   c.memory_probe = r.get<bool>("train.memory_probe", c.memory_probe,

@@ -1,6 +1,8 @@
 #include "shardgan/train/evaluation.h"
 
+#include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -11,7 +13,10 @@
 #include "shardgan/models/family.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/config.h"
+#include "shardgan/data/edges.h"
 #include "shardgan/data/images.h"
+#include "shardgan/eval/image_quality.h"
+#include "shardgan/train/inference.h"
 
 namespace shardgan {
 namespace {
@@ -55,6 +60,7 @@ struct Evaluator::State {
   eval::Classifier classifier{nullptr};
   eval::FeatureStats reference;
   bool class_accuracy = false;  // conditional with the classifier's 10 classes
+  at::Tensor held_out;          // image-to-image: the held-out images B (held_out_images)
 };
 
 Evaluator::Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFamily& family)
@@ -82,31 +88,52 @@ Evaluator::Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFami
   if (end > begin) m.add(eval::extract_features(s_->classifier, real.narrow(0, begin, end - begin)));
   at::Tensor none = torch::zeros({0}, torch::kDouble);
   s_->reference = all_reduce_moments(m, none, comm).stats();
+  if (family.condition_channels() > 0) {
+    s_->held_out = cfg.data_source == "fashion-mnist" ? real.narrow(0, 0, std::min<int64_t>(cfg.eval_samples, n))
+                                                      : held_out_images(cfg, cfg.eval_samples);
+  }
 }
 
 Evaluator::~Evaluator() = default;
 
-EvalResult Evaluator::evaluate(ShardedModel& g) {
+EvalResult Evaluator::evaluate(ShardedModel& g, bool identity) {
   const auto t0 = std::chrono::steady_clock::now();
   const TrainConfig& cfg = s_->cfg;
   const int64_t W = s_->comm.world_size(), r = s_->comm.rank();
   // Equal shares, so that every rank runs the same number of G forwards of the same size.
-  const int64_t per_rank = (cfg.eval_samples + W - 1) / W, total = per_rank * W;
+  const bool paired = s_->family.condition_channels() > 0;
+  if (identity && !paired) throw std::invalid_argument("the identity baseline needs an image-to-image model");
+  // Paired: the held-out images split evenly (the remainder of the division is left out).
+  const int64_t per_rank = paired ? std::max<int64_t>(1, s_->held_out.size(0) / W) : (cfg.eval_samples + W - 1) / W;
+  const int64_t total = per_rank * W;
   at::Generator gen = at::detail::createCPUGenerator(cfg.seed + 5);
   const at::Tensor z = s_->family.sample_latents(total, gen, cfg.model_dtype);
   const int64_t classes = s_->family.num_classes();
-  const at::Tensor y = classes > 0 ? torch::arange(total, torch::kLong).remainder(classes) : at::Tensor();
+  at::Tensor y = classes > 0 ? torch::arange(total, torch::kLong).remainder(classes) : at::Tensor();
+  at::Tensor targets;  // paired: this rank's held-out images B; y is their edge maps A
+  if (paired) {
+    if (s_->held_out.size(0) < W) throw std::invalid_argument("eval.samples must be at least the world size");
+    targets = s_->held_out.narrow(0, r * per_rank, per_rank);
+  }
 
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> saved;  // buffers (BatchNorm statistics, spectral-norm u) restored after
   for (auto& kv : g.named_buffers()) saved.push_back(kv.second.clone());
   eval::FeatureMoments m;
   // [0]: correct labels (conditional), [1 + k]: images classified as class k.
-  at::Tensor counts = torch::zeros({1 + eval::kClassifierClasses}, torch::kDouble);
+  // [1 + 10 + 3]: ... and, paired, the sums of L1, PSNR and SSIM.
+  at::Tensor counts = torch::zeros({1 + eval::kClassifierClasses + 3}, torch::kDouble);
   for (int64_t off = 0; off < per_rank; off += kChunk) {
     const int64_t b = std::min(kChunk, per_rank - off), at = r * per_rank + off;
-    const at::Tensor yb = y.defined() ? y.narrow(0, at, b) : at::Tensor();
-    const at::Tensor imgs = g.forward({z.narrow(0, at, b).contiguous(), yb}).at(0).to(at::kCPU, at::kFloat);
+    at::Tensor yb = y.defined() ? y.narrow(0, at, b) : at::Tensor();
+    if (paired) yb = data::sobel_edges(targets.narrow(0, off, b), s_->family.condition_channels());
+    const at::Tensor imgs = identity ? yb.to(at::kFloat).expand({b, targets.size(1), targets.size(2), targets.size(3)})
+                                     : g.forward({z.narrow(0, at, b).contiguous(), yb}).at(0).to(at::kCPU, at::kFloat);
+    if (paired) {
+      const eval::ImageScores q = eval::image_scores(imgs, targets.narrow(0, off, b));
+      counts.narrow(0, 1 + eval::kClassifierClasses, 3)
+          .add_(torch::stack({q.l1.sum(), q.psnr.sum(), q.ssim.sum()}));
+    }
     m.add(eval::extract_features(s_->classifier, imgs));
     const at::Tensor predicted = eval::classify(s_->classifier, imgs);
     if (s_->class_accuracy) counts[0] += predicted.eq(yb).sum().to(torch::kDouble);
@@ -121,6 +148,12 @@ EvalResult Evaluator::evaluate(ShardedModel& g) {
   res.class_acc = s_->class_accuracy ? counts[0].item<double>() / static_cast<double>(m.n) : -1;
   for (int64_t k = 0; k < eval::kClassifierClasses; ++k) {
     res.class_fractions.push_back(counts[1 + k].item<double>() / static_cast<double>(m.n));
+  }
+  if (paired && m.n > 0) {
+    const double n = static_cast<double>(m.n);
+    res.l1 = counts[1 + eval::kClassifierClasses].item<double>() / n;
+    res.psnr = counts[2 + eval::kClassifierClasses].item<double>() / n;
+    res.ssim = counts[3 + eval::kClassifierClasses].item<double>() / n;
   }
   res.samples = m.n;
   res.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include "shardgan/data/edges.h"
+#include "shardgan/data/images.h"
 #include "shardgan/sharding/deferred.h"
 #include "shardgan/train/image_grid.h"
 
@@ -117,9 +119,41 @@ at::Tensor fixed_latents(const TrainConfig& cfg, int64_t n) {
   return cfg.family->sample_latents(n, gen, cfg.model_dtype);
 }
 
+at::Tensor synthetic_images(const TrainConfig& cfg, int64_t n, uint64_t seed) {
+  const ImageShape shape = cfg.family->image_shape();
+  at::Tensor x = make_synthetic_images(n, seed, cfg.model_dtype);
+  if (shape.height != x.size(2) || shape.width != x.size(3)) {
+    x = torch::nn::functional::interpolate(
+        x, torch::nn::functional::InterpolateFuncOptions()
+               .size(std::vector<int64_t>{shape.height, shape.width})
+               .mode(torch::kBilinear).align_corners(false));
+  }
+  return shape.channels == 1 ? x : x.repeat({1, shape.channels, 1, 1}).contiguous();
+}
+
+at::Tensor held_out_images(const TrainConfig& cfg, int64_t n) {
+  n = std::min<int64_t>(n, 10000);
+  if (cfg.data_source == "fashion-mnist") return load_fashion_mnist(cfg.data_path, cfg.model_dtype, "t10k").narrow(0, 0, n);
+  return synthetic_images(cfg, n, cfg.seed + 21);
+}
+
+at::Tensor sample_grid(const TensorList& inputs, const at::Tensor& out) {
+  at::Tensor o = out.to(at::kCPU, at::kFloat);
+  if (inputs.size() < 3 || !inputs[2].defined()) return o;
+  const at::Tensor a = inputs[1].to(at::kCPU, at::kFloat).expand({o.size(0), o.size(1), o.size(2), o.size(3)});
+  const at::Tensor b = inputs[2].to(at::kCPU, at::kFloat);
+  return torch::stack({a, o, b}, 1).flatten(0, 1);  // A0 G(A0) B0 A1 ...
+}
+
 TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow) {
   constexpr int kPerRow = 8;
   if (nrow) *nrow = kPerRow;
+  if (cfg.family->condition_channels() > 0) {
+    constexpr int64_t kPairs = 32;
+    if (nrow) *nrow = 12;
+    const at::Tensor b = held_out_images(cfg, kPairs);
+    return {fixed_latents(cfg, b.size(0)), data::sobel_edges(b, cfg.family->condition_channels()), b};
+  }
   const int64_t classes = cfg.family->num_classes();
   if (classes == 0) return {fixed_latents(cfg, kPerRow * kPerRow), at::Tensor()};
   return {fixed_latents(cfg, classes * kPerRow), class_grid_labels(classes, kPerRow)};

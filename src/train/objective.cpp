@@ -26,29 +26,39 @@ GanObjective::GanObjective(std::string loss, int64_t d_steps, int64_t micro_batc
     : loss_(std::move(loss)), d_steps_(d_steps), micro_(micro_batches), grad_clip_(grad_clip),
       r1_gamma_(r1_gamma), r1_every_(r1_every), comm_(comm) {
   if (!(r1_gamma_ >= 0) || r1_every_ < 1) throw std::invalid_argument("r1_gamma must be >= 0 and r1_every >= 1");
-  if (loss_ != "nonsaturating" && loss_ != "hinge") {
-    throw std::invalid_argument("GAN loss '" + loss_ + "' is unknown: use nonsaturating or hinge");
+  if (loss_ != "nonsaturating" && loss_ != "hinge" && loss_ != "least_squares") {
+    throw std::invalid_argument("GAN loss '" + loss_ + "' is unknown: use nonsaturating, hinge or least_squares");
   }
   if (d_steps_ < 1 || micro_ < 1) throw std::invalid_argument("d_steps and micro_batches must be >= 1");
 }
 
+void GanObjective::set_paired(bool on, double l1_weight, double adversarial_weight) {
+  if (on && simultaneous_) throw std::invalid_argument("the simultaneous update does not take paired data");
+  paired_ = on;
+  l1_weight_ = l1_weight;
+  adversarial_weight_ = adversarial_weight;
+}
+
 at::Tensor GanObjective::d_loss_real(const at::Tensor& real) const {
+  if (loss_ == "least_squares") return (real - 1.0).pow(2).mean();
   return loss_ == "hinge" ? torch::relu(1.0 - real).mean() : F::softplus(-real).mean();
 }
 
 at::Tensor GanObjective::d_loss_fake(const at::Tensor& fake) const {
+  if (loss_ == "least_squares") return fake.pow(2).mean();
   return loss_ == "hinge" ? torch::relu(1.0 + fake).mean() : F::softplus(fake).mean();
 }
 
 at::Tensor GanObjective::g_loss(const at::Tensor& fake) const {
   if (loss_ == "hinge") return -fake.mean();
+  if (loss_ == "least_squares") return (fake - 1.0).pow(2).mean();
   return F::softplus(-fake).mean();
 }
 
 StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs& in) {
   // loss_d, loss_g, D(x), D(G(z)) on the host, as the engine's other scalars: the world's
   // all-reduce of host tensors runs over MPI, also beside NCCL (losses on a GPU are copied).
-  at::Tensor stats = torch::zeros({4}, torch::kDouble);
+  at::Tensor stats = torch::zeros({5}, torch::kDouble);
   StepMetrics r;
   bool g_loss_finite = true;
   auto update_g = [&] {
@@ -80,6 +90,7 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
   r.loss_g = stats[1].item<double>();
   r.d_real = stats[2].item<double>();
   r.d_fake = stats[3].item<double>();
+  r.loss_l1 = stats[4].item<double>();
   return r;
 }
 
@@ -90,12 +101,19 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
   // global batch. G runs without autograd, so G gets no gradients.
   bool loss_finite = true;
   TensorList fake_in = given ? TensorList{} : in.latents();
+  if (paired_) paired_batch_.clear();
   for (int64_t j = 0; j < k; ++j) {
     TensorList real = in.real(j);
     at::Tensor y_fake, fake;
     if (given) {
       fake = given->at(j).images;
       y_fake = given->at(j).labels;
+    } else if (paired_) {  // G translates this micro-batch's A; G's pass reuses the pairs
+      const at::Tensor z = in.local(fake_in[0], j);
+      y_fake = real.at(1);
+      paired_batch_.push_back({z, y_fake, real.at(0)});
+      torch::NoGradGuard no_grad;
+      fake = g.model->forward(TensorList{z, y_fake}).at(0);
     } else {
       y_fake = fake_in[1].defined() ? in.local(fake_in[1], j) : at::Tensor();
       torch::NoGradGuard no_grad;
@@ -155,19 +173,34 @@ bool GanObjective::g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, 
   // D is frozen; it is gathered for forward and backward but yields input gradients only
   // (no D parameter gradients, no D reduce-scatter).
   d.model->set_requires_grad(false);
-  TensorList gen_in = in.latents();
+  TensorList gen_in = paired_ ? TensorList{} : in.latents();
   bool g_loss_finite = true;
   for (int64_t j = 0; j < k; ++j) {
     g.model->set_gradient_sync(j == k - 1);
-    at::Tensor y = gen_in[1].defined() ? in.local(gen_in[1], j) : at::Tensor();
-    at::Tensor fake = g.model->forward(TensorList{in.local(gen_in[0], j), y}).at(0);
+    at::Tensor z, y, target;  // target: paired, the real image B that G(A) should match
+    if (paired_) {
+      z = paired_batch_.at(static_cast<size_t>(j)).at(0);
+      y = paired_batch_[static_cast<size_t>(j)].at(1);
+      target = paired_batch_[static_cast<size_t>(j)].at(2);
+    } else {
+      z = in.local(gen_in[0], j);
+      y = gen_in[1].defined() ? in.local(gen_in[1], j) : at::Tensor();
+    }
+    at::Tensor fake = g.model->forward(TensorList{z, y}).at(0);
     if (keep) keep->push_back({fake.detach(), y});
     at::Tensor out = d.model->forward(TensorList{fake, y}).at(0).reshape({-1});
-    at::Tensor loss = g_loss(out.to(gen_in[0].scalar_type())) / k;
-    g.scaler->scale_loss(loss).backward();
-    const at::Tensor loss_g = host(loss.detach());
-    g_loss_finite = g_loss_finite && std::isfinite(loss_g.item<double>());
-    stats[1] += loss_g;
+    // The loss in the model dtype: z's when it holds the latents, the target's when paired
+    // (pix2pix's z holds int64 dropout seeds).
+    const at::ScalarType md = paired_ ? target.scalar_type() : z.scalar_type();
+    at::Tensor loss = g_loss(out.to(md)) / k;
+    at::Tensor l1;
+    if (paired_) l1 = (fake.to(md) - target.to(fake.device(), md)).abs().mean() / k;
+    g.scaler->scale_loss(l1.defined() ? loss * adversarial_weight_ + l1 * l1_weight_ : loss).backward();
+    const at::Tensor v = host(l1.defined() ? at::stack({loss.detach(), l1.detach().to(loss.device())})
+                                           : loss.detach().reshape({1}));
+    g_loss_finite = g_loss_finite && std::isfinite(v.sum().item<double>());
+    stats[1] += v[0];
+    if (paired_) stats[4] += v[1];
   }
   d.model->set_requires_grad(true);
   return g_loss_finite;
@@ -229,8 +262,10 @@ std::pair<at::Tensor, at::Tensor> GanObjective::d_joint_pass(TrainedModel d, con
   const c10::Device dev = fake.device();
   at::Tensor xs = torch::cat({fake.to(x.scalar_type()), x.to(dev)});
   at::Tensor ys = y_fake.defined() ? torch::cat({y_fake.to(dev), real.at(1).to(dev)}) : at::Tensor();
-  at::Tensor logits = d.model->forward(TensorList{xs, ys}).at(0).reshape({-1}).to(md);
-  at::Tensor d_fake = logits.narrow(0, 0, b_fake), d_real = logits.narrow(0, b_fake, logits.size(0) - b_fake);
+  // Split by sample first: a PatchGAN has several logits per sample.
+  at::Tensor logits = d.model->forward(TensorList{xs, ys}).at(0).to(md);
+  at::Tensor d_fake = logits.narrow(0, 0, b_fake).reshape({-1});
+  at::Tensor d_real = logits.narrow(0, b_fake, logits.size(0) - b_fake).reshape({-1});
   d.scaler->scale_loss((d_loss_real(d_real) + d_loss_fake(d_fake)) / k).backward();
   return {d_real.detach(), d_fake.detach()};
 }

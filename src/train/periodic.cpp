@@ -11,6 +11,7 @@
 #include "shardgan/optim/sharded_ema.h"
 #include "shardgan/train/config.h"
 #include "shardgan/train/image_grid.h"
+#include "shardgan/train/inference.h"
 #include "shardgan/util/proc_status.h"
 #include "shardgan/util/progress.h"
 
@@ -120,6 +121,7 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
                  m.step_time_s - m.time_collective_s - m.time_offload_read_s - m.time_offload_grad_s - m.time_optimizer_s);
   }
   if (cfg_.r1_gamma > 0) j["r1"] = m.r1;
+  if (cfg_.family && cfg_.family->condition_channels() > 0) j["loss_l1"] = m.loss_l1;
   if (m.device_mem_used_bytes >= 0) j["device_mem_used_bytes"] = m.device_mem_used_bytes;
   if (m.device_mem_peak_allocated_bytes >= 0) j["device_mem_peak_allocated_bytes"] = m.device_mem_peak_allocated_bytes;
   std::ofstream(cfg_.run_dir + "/metrics.jsonl", std::ios::app) << j.dump() << "\n";
@@ -130,7 +132,15 @@ void PeriodicActions::log_eval(const nlohmann::json& record) const {
   std::string text = fmt::format("eval step {}: FID {:.2f}", record.value("step", int64_t{0}),
                                  record.value("fid", 0.0));
   if (record.contains("class_acc")) text += fmt::format(", class accuracy {:.3f}", record["class_acc"].get<double>());
+  if (record.contains("l1")) {
+    text += fmt::format(", held-out L1 {:.4f}, PSNR {:.2f} dB, SSIM {:.4f}", record["l1"].get<double>(),
+                        record["psnr"].get<double>(), record["ssim"].get<double>());
+  }
   if (record.contains("fid_ema")) text += fmt::format("; EMA: FID {:.2f}", record["fid_ema"].get<double>());
+  if (record.contains("l1_ema")) {
+    text += fmt::format(", L1 {:.4f}, PSNR {:.2f} dB, SSIM {:.4f}", record["l1_ema"].get<double>(),
+                        record["psnr_ema"].get<double>(), record["ssim_ema"].get<double>());
+  }
   if (record.contains("class_acc_ema")) {
     text += fmt::format(", class accuracy {:.3f}", record["class_acc_ema"].get<double>());
   }
@@ -154,7 +164,7 @@ std::string PeriodicActions::write_samples(ShardedModel& g, ShardedEma* ema, con
     torch::NoGradGuard no_grad;
     std::vector<at::Tensor> saved;
     for (auto& kv : g.named_buffers()) saved.push_back(kv.second.clone());
-    at::Tensor imgs = g.forward(inputs).at(0).to(at::kCPU, at::kFloat);
+    at::Tensor imgs = sample_grid(inputs, g.forward(inputs).at(0));
     size_t i = 0;
     for (auto& kv : g.named_buffers()) kv.second.copy_(saved[i++]);
     return imgs;

@@ -15,6 +15,7 @@
 #include "shardgan/comm/hybrid_communicator.h"
 #include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/device/device.h"
+#include "shardgan/data/edges.h"
 #include "shardgan/data/hdf5_loader.h"
 #include "shardgan/optim/factory.h"
 #include "shardgan/optim/offloaded_adam.h"
@@ -34,17 +35,6 @@ const ModelFamily& family_of(const TrainConfig& cfg) {
 }
 
 // Synthetic images in the family's shape: the 1-channel 32x32 blobs, resized and repeated.
-at::Tensor synthetic_images(const TrainConfig& cfg, const ImageShape& shape) {
-  at::Tensor x = make_synthetic_images(cfg.synthetic_size, cfg.seed + 17, cfg.model_dtype);
-  if (shape.height != x.size(2) || shape.width != x.size(3)) {
-    x = torch::nn::functional::interpolate(
-        x, torch::nn::functional::InterpolateFuncOptions()
-               .size(std::vector<int64_t>{shape.height, shape.width})
-               .mode(torch::kBilinear).align_corners(false));
-  }
-  return shape.channels == 1 ? x : x.repeat({1, shape.channels, 1, 1}).contiguous();
-}
-
 // data.source hdf5: opens data.path and checks that its images and labels fit the model.
 std::unique_ptr<data::Hdf5Dataset> open_hdf5(const TrainConfig& cfg, const ImageShape& shape, int64_t classes) {
   auto ds = std::make_unique<data::Hdf5Dataset>(cfg.data_path);
@@ -104,6 +94,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
                                               cfg_.r1_gamma, cfg_.r1_every);
   objective_->set_d_joint_pass(cfg_.d_joint_pass);
   objective_->set_simultaneous(cfg_.update == "simultaneous");
+  objective_->set_paired(family_.condition_channels() > 0, cfg_.l1_weight, cfg_.adversarial_weight);
   if (cfg_.preempt_grace_s > 0) {
     g_->set_unit_hook([this] { grace_vote(); });
     d_->set_unit_hook([this] { grace_vote(); });
@@ -191,7 +182,7 @@ std::array<int64_t, 3> Trainer::comm_bytes() {
 void Trainer::load_images(const ImageShape& shape, int64_t classes) {
   if (!images_.defined()) {
     if (cfg_.data_source == "synthetic") {
-      images_ = synthetic_images(cfg_, shape);
+      images_ = synthetic_images(cfg_, cfg_.synthetic_size, cfg_.seed + 17);
     } else {
       if (shape.channels != 1 || shape.height != 32 || shape.width != 32) {
         throw ConfigError(cfg_.source + ": data.source fashion-mnist gives 1x32x32 images but model." +
@@ -203,7 +194,13 @@ void Trainer::load_images(const ImageShape& shape, int64_t classes) {
       if (classes > 0) labels_ = load_fashion_mnist_labels(cfg_.data_path);
     }
   }
-  if (classes > 0 && !labels_.defined()) labels_ = make_synthetic_labels(images_.size(0), cfg_.seed + 18, classes);
+  if (family_.condition_channels() > 0) {
+    // Image-to-image: each image B is paired with its edge map A, which takes the labels'
+    // place in the real batch ({B, A}) unless the caller gave the A images itself.
+    if (!labels_.defined()) labels_ = data::sobel_edges(images_, family_.condition_channels());
+  } else if (classes > 0 && !labels_.defined()) {
+    labels_ = make_synthetic_labels(images_.size(0), cfg_.seed + 18, classes);
+  }
   if (classes > 0 && labels_.max().item<int64_t>() >= classes) {
     throw ConfigError(cfg_.source + ": the data has labels up to " + std::to_string(labels_.max().item<int64_t>()) +
                       " but model.n_classes is " + std::to_string(classes));
@@ -493,6 +490,11 @@ nlohmann::json Trainer::evaluate() {
   const EvalResult r = evaluator_->evaluate(*g_);
   nlohmann::json j = {{"step", counters_.step}, {"fid", r.fid}, {"eval_samples", r.samples}};
   if (r.class_acc >= 0) j["class_acc"] = r.class_acc;
+  if (r.l1 >= 0) {
+    j["l1"] = r.l1;
+    j["psnr"] = r.psnr;
+    j["ssim"] = r.ssim;
+  }
   j["class_fractions"] = r.class_fractions;
   double time_s = r.time_s;
   if (ema_) {
@@ -500,6 +502,11 @@ nlohmann::json Trainer::evaluate() {
     const EvalResult e = evaluator_->evaluate(*g_);
     j["fid_ema"] = e.fid;
     if (e.class_acc >= 0) j["class_acc_ema"] = e.class_acc;
+    if (e.l1 >= 0) {
+      j["l1_ema"] = e.l1;
+      j["psnr_ema"] = e.psnr;
+      j["ssim_ema"] = e.ssim;
+    }
     j["class_fractions_ema"] = e.class_fractions;
     time_s += e.time_s;
   }

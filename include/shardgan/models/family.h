@@ -1,16 +1,20 @@
 #pragma once
-/// A model family, selected by `model.arch` (dcgan | biggan). A family supplies exactly
-/// four things, and nothing else in the trainer, the tools or the checkpoint layer knows
-/// which family is in use:
+/// A model family, selected by `model.arch` (dcgan | biggan | pix2pix). A family supplies
+/// exactly five things, and nothing else in the trainer, the tools or the checkpoint layer
+/// knows which family is in use:
 ///  - its G and D, as unit specs built with deferred sharded initialization (deferred.h);
 ///  - the image shape;
-///  - the number of classes (0: unconditional);
+///  - what G is conditioned on: nothing, a class (num_classes) or an input image
+///    (condition_channels, image-to-image translation);
 ///  - its latent and label sampler.
 ///
 /// Calling convention of the models it builds (all tensors on the CPU):
-///  - G.forward({z, y}) -> {images}: z from sample_latents ([B, ...], the model dtype), y
-///    int64 [B] class labels (undefined when unconditional); images [B, C, H, W] in [-1, 1].
-///  - D.forward({x, y}) -> {logits}: x [B, C, H, W], y as for G; logits [B] (any float dtype).
+///  - G.forward({z, y}) -> {images}: z from sample_latents ([B, ...]), y int64 [B] class
+///    labels, or for an image-conditioned family the input image A [B, condition_channels,
+///    H, W] in [-1, 1] (the model dtype), or undefined when unconditional; images
+///    [B, C, H, W] in [-1, 1].
+///  - D.forward({x, y}) -> {logits}: x [B, C, H, W], y as for G; logits [B], or [B, ...]
+///    with one logit per patch (PatchGAN), any float dtype; the losses average over all.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -45,6 +49,10 @@ class ModelFamily {
   virtual ImageShape image_shape() const = 0;
   /// Classes the models are conditioned on; 0 for an unconditional family.
   virtual int64_t num_classes() const = 0;
+  /// Channels of the input image A that G translates (and D sees beside x), 0 for a
+  /// family whose G starts from latents (and labels) alone. Then the real batch pairs each
+  /// image B with its A, G's y is A, and the trainer's L1 term compares G(A) with B.
+  virtual int64_t condition_channels() const { return 0; }
   /// Local. `n` latents for G ([n, ...], `dtype`) drawn from `gen`.
   virtual at::Tensor sample_latents(int64_t n, at::Generator& gen, at::ScalarType dtype) const = 0;
   /// Local. `n` labels (int64 [n], uniform over the classes) drawn from `gen`; undefined
@@ -52,7 +60,7 @@ class ModelFamily {
   at::Tensor sample_labels(int64_t n, at::Generator& gen) const;
 };
 
-/// Every `model.arch` value make_family accepts, in a fixed order ("dcgan", "biggan").
+/// Every `model.arch` value make_family accepts, in a fixed order ("dcgan", "biggan", "pix2pix").
 const std::vector<std::string>& model_archs();
 
 /// Reads `model.arch` and that family's `model.*` keys from `r` (an unknown arch, or a bad

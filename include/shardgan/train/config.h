@@ -80,7 +80,13 @@ struct TrainConfig {
   /// "simultaneous" (ParaGAN: both against the other's weights of before the step; see
   /// GanObjective::set_simultaneous).
   std::string update = "alternating";
-  std::string loss = "nonsaturating";  ///< train.loss: nonsaturating | hinge
+  std::string loss = "nonsaturating";  ///< train.loss: nonsaturating | hinge | least_squares
+  /// train.l1_weight: image-to-image models (ModelFamily::condition_channels() > 0): the
+  /// weight of mean|G(A) - B| in G's loss (pix2pix's lambda, 100 by default); 0 otherwise.
+  double l1_weight = 0;
+  /// train.adversarial_weight: image-to-image models: the weight of G's adversarial loss
+  /// (1; 0 trains G on the L1 term alone, the paper's "L1" row of Table 1).
+  double adversarial_weight = 1;
   bool skip_memory_check = false; ///< train.skip_memory_check: skip the memory pre-flight
   /// train.memory_probe: the pre-flight measures one step's transient memory on a stand-in
   /// world (train/activation_probe.h) instead of padding the estimate (CPU, no HSDP)

@@ -26,6 +26,9 @@ struct EvalResult {
   /// Fraction of the generated images the classifier assigns to each of its 10 classes
   /// (sums to 1): mode coverage, for unconditional models too (Fashion-MNIST's are 0.1 each).
   std::vector<double> class_fractions;
+  /// Image-to-image families: G(A) against B on the held-out pairs (eval/image_quality.h),
+  /// averaged over the samples; -1 otherwise.
+  double l1 = -1, psnr = -1, ssim = -1;
   double time_s = 0;         ///< wall time of the evaluation on this rank (seconds)
 };
 
@@ -45,9 +48,13 @@ class Evaluator {
   /// a generator seeded with cfg.seed + 5, the same every time, so that evaluations at
   /// different steps and world sizes see the same inputs; each rank generates its
   /// contiguous share in chunks of at most 64, in train mode as the sampler does, restoring
-  /// every buffer afterwards (training is unchanged). Features are summed over ranks (one
+  /// every buffer afterwards (training is unchanged). An image-to-image family translates the
+  /// edge maps of the first cfg.eval_samples (at most 10000) held-out images
+  /// (held_out_images) and is scored against them too. Features are summed over ranks (one
   /// all-reduce of float64 moments). The result is the same on every rank.
-  EvalResult evaluate(ShardedModel& g);
+  /// With `identity` (image-to-image families only; std::invalid_argument otherwise), the
+  /// input images A themselves are scored in place of G(A): the B ~ A baseline.
+  EvalResult evaluate(ShardedModel& g, bool identity = false);
 
  private:
   struct State;

@@ -44,7 +44,24 @@ at::Tensor fixed_latents(const TrainConfig& cfg, int64_t n);
 
 /// The trainer's fixed sample batch {z, y}: for an unconditional family 64 latents (an 8x8
 /// grid, y undefined); for a conditional one 8 per class with y = 0,..,0,1,..,1,... so that
-/// grid row k shows class k. `nrow` (if given) receives the images per grid row (8).
+/// grid row k shows class k; for an image-conditioned one {z, A, B}: 32 held-out pairs
+/// (held_out_images and their edge maps), shown by sample_grid as 4 triples A | G(A) | B
+/// per row. `nrow` (if given) receives the images per grid row (8, or 12).
 TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow = nullptr);
+
+/// Local. The images of a grid of G's `out` for `inputs` (fixed_sample_inputs): `out` itself,
+/// or with a third input B, the triples A | G(A) | B interleaved ([3N, C, H, W] float32; A
+/// repeated to C channels).
+at::Tensor sample_grid(const TensorList& inputs, const at::Tensor& out);
+
+/// Local. `n` synthetic images (make_synthetic_images with `seed`) at the family's image
+/// shape (bilinear resize and channel repeat of the 32x32 single-channel originals; stated
+/// as such wherever a benchmark uses them), in the model dtype.
+at::Tensor synthetic_images(const TrainConfig& cfg, int64_t n, uint64_t seed);
+
+/// Local. The first `n` images (at most 10000) of the held-out set: Fashion-MNIST's t10k
+/// split for data.source fashion-mnist, else synthetic_images with seed cfg.seed + 21, which
+/// the training set (seed + 17) does not share. [n, C, H, W] in the model dtype.
+at::Tensor held_out_images(const TrainConfig& cfg, int64_t n);
 
 }  // namespace shardgan

@@ -24,7 +24,10 @@ class ShardedOptimizer;
 /// Global-batch averages of one step (identical on every rank).
 struct StepMetrics {
   int64_t step = 0;          ///< steps done after this one
-  double loss_d = 0, loss_g = 0;  ///< D loss averaged over the D steps; G loss
+  double loss_d = 0, loss_g = 0;  ///< D loss averaged over the D steps; G's adversarial loss
+  /// Image-conditioned models (set_paired): mean |G(A) - B| of G's pass, before the weight
+  /// (0 otherwise). G's loss is loss_g + l1_weight * loss_l1.
+  double loss_l1 = 0;
   double d_real = 0, d_fake = 0;  ///< mean sigmoid(D(x)) and sigmoid(D(G(z))), D steps
   double step_time_s = 0;         ///< wall time of the step on rank 0 (seconds)
   double grad_norm_d = 0, grad_norm_g = 0;  ///< global gradient norms (0 unless clipping)
@@ -77,8 +80,9 @@ struct TrainedModel {
 /// Where a step's inputs come from (the trainer's data pipeline and latent sampler).
 struct StepInputs {
   /// This rank's part of micro-batch `micro` of the next real global batch: {x, y} with x
-  /// [B_local, C, H, W] (model dtype) and y int64 [B_local] or undefined. Called with
-  /// micro = 0, 1, ... k-1 once per D step; micro 0 moves to the next global batch.
+  /// [B_local, C, H, W] (model dtype) and y int64 [B_local], undefined, or (set_paired) x's
+  /// input image A [B_local, C_A, H, W] (model dtype). Called with micro = 0, 1, ... k-1 once
+  /// per D step; micro 0 moves to the next global batch.
   std::function<TensorList(int64_t micro)> real;
   /// G's inputs for one whole global batch, {z, y} (same on every rank, so that results
   /// do not depend on the world size).
@@ -89,7 +93,7 @@ struct StepInputs {
 
 class GanObjective {
  public:
-  /// `loss`: "nonsaturating" or "hinge" (std::invalid_argument otherwise). `d_steps` >= 1.
+  /// `loss`: "nonsaturating", "hinge" or "least_squares" (std::invalid_argument otherwise). `d_steps` >= 1.
   /// `micro_batches` >= 1: each update accumulates that many backward passes, each loss
   /// divided by it. `grad_clip` > 0 clips each model's global gradient norm.
   /// `r1_gamma` > 0 adds the R1 penalty (gamma / 2) E[||grad_x D(x)||^2] on real images
@@ -109,12 +113,23 @@ class GanObjective {
   /// G forward, so a step has one G forward fewer than the alternating update, whose G
   /// trains against the D its D steps just updated. Local; call it alike on every rank.
   void set_simultaneous(bool on) { simultaneous_ = on; }
+  /// Image-to-image translation (pix2pix, Isola et al. 2017, Sec. 3.1, Eq. 4): the real
+  /// batch is {B, A}; G translates the A of each real micro-batch (with the latents' z, its
+  /// dropout seeds), D scores {B or G(A), A}, and G's loss is adversarial_weight times the
+  /// adversarial loss plus l1_weight * mean|G(A) - B|.
+  /// G's pass uses the micro-batches (A, B and z) of the step's last D update, so that, as
+  /// in the authors' code, G trains on the same pairs and dropout masks as D just did.
+  /// Throws std::invalid_argument with set_simultaneous on (G's pass would need the batch
+  /// before D's). Local; call it alike on every rank.
+  void set_paired(bool on, double l1_weight, double adversarial_weight = 1.0);
   bool simultaneous() const { return simultaneous_; }
   GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches, double grad_clip,
                Communicator& comm, double r1_gamma = 0.0, int64_t r1_every = 1);
 
   /// D's loss on logits [B] of real images and of fake images, each a mean over the batch;
   /// the D loss is their sum. Local.
+  /// least_squares: mean (D(x) - 1)^2 and mean D(G(z))^2; G's mean (D(G(z)) - 1)^2 (LSGAN,
+  /// Mao et al. 2017, Eq. 9 with a = 0, b = c = 1, as the pix2pix code's MSE loss).
   at::Tensor d_loss_real(const at::Tensor& real_logits) const;
   at::Tensor d_loss_fake(const at::Tensor& fake_logits) const;
   /// G's loss on D's logits [B] of fake images. Local.
@@ -142,6 +157,10 @@ class GanObjective {
   /// finite on this rank.
   bool g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, std::vector<MicroFakes>* keep, at::Tensor& stats);
   bool simultaneous_ = false;
+  bool paired_ = false;
+  double l1_weight_ = 0, adversarial_weight_ = 1;
+  /// set_paired: {z, A, B} of each micro-batch of the last D update, for G's pass.
+  std::vector<TensorList> paired_batch_;
   std::function<void()> before_update_;
   /// Collective: unscale and vote (float16), or vote on finite loss and gradients (other
   /// dtypes: one all-reduce of one element), clip, then step, post-step all-gather and zero

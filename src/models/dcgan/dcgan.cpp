@@ -93,9 +93,9 @@ std::unique_ptr<ModelFamily> make_dcgan_family(ConfigReader& r) {
   DcganConfig c;
   c.z_dim = r.get<int64_t>("model.z_dim", c.z_dim, "latent size (BigGAN: divisible by the number of G resolutions)");
   r.require(c.z_dim > 0 && c.z_dim <= 65536, "model.z_dim", "must be 1 to 65536 (keeps element counts in int64)");
-  c.g_width = r.get<int64_t>("model.g_width", c.g_width, "DCGAN: G's base channel width");
+  c.g_width = r.get<int64_t>("model.g_width", c.g_width, "DCGAN: G's base channel width; pix2pix: ngf");
   r.require(c.g_width > 0 && c.g_width <= 65536, "model.g_width", "must be 1 to 65536 (keeps element counts in int64)");
-  c.d_width = r.get<int64_t>("model.d_width", c.d_width, "DCGAN: D's base channel width");
+  c.d_width = r.get<int64_t>("model.d_width", c.d_width, "DCGAN: D's base channel width; pix2pix: ndf");
   r.require(c.d_width > 0 && c.d_width <= 65536, "model.d_width", "must be 1 to 65536 (keeps element counts in int64)");
   c.channels = r.get<int64_t>("model.channels", c.channels, "image channels, 1 or 3");
   r.require(c.channels == 1 || c.channels == 3, "model.channels", "must be 1 or 3");
