@@ -15,3 +15,7 @@ add_test(NAME image_quality
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/image_quality_test.sh $<TARGET_FILE:test_pix2pix>
                  ${CMAKE_CURRENT_SOURCE_DIR}/image_quality_check.py)
 set_tests_properties(image_quality PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}" SKIP_RETURN_CODE 77)
+add_test(NAME pix2pix_train
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/pix2pix_train_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR} $<TARGET_FILE:shardgan-data>)
+set_tests_properties(pix2pix_train PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)

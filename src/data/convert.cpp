@@ -16,8 +16,10 @@
 #include <torch/torch.h>
 
 #include "h5/core.h"
+#include "shardgan/data/edges.h"
 #include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/data/images.h"
+#include "data/image_files.h"
 
 namespace fs = std::filesystem;
 
@@ -40,13 +42,15 @@ void fsync_or_throw(const std::string& path, const std::string& what) {
 }  // namespace
 
 struct Hdf5Writer::Impl {
-  h5::Hid file, imgs, labels;
-  std::vector<hsize_t> dims;
+  h5::Hid file, imgs, labels, a;
+  std::vector<hsize_t> dims, a_dims;
 };
 
-Hdf5Writer::Hdf5Writer(std::string path, int64_t n, int64_t c, int64_t h, int64_t w, int64_t chunk_images)
-    : impl_(std::make_unique<Impl>()), path_(std::move(path)), tmp_(path_ + ".tmp"), n_(n), row_bytes_(c * h * w) {
-  if (n < 1 || c < 1 || h < 1 || w < 1) {
+Hdf5Writer::Hdf5Writer(std::string path, int64_t n, int64_t c, int64_t h, int64_t w, int64_t chunk_images,
+                       int64_t a_channels)
+    : impl_(std::make_unique<Impl>()), path_(std::move(path)), tmp_(path_ + ".tmp"), n_(n), row_bytes_(c * h * w),
+      a_row_bytes_(a_channels * h * w) {
+  if (n < 1 || c < 1 || h < 1 || w < 1 || a_channels < 0) {
     throw std::invalid_argument("Hdf5Writer: " + path_ + ": need n, c, h, w >= 1");
   }
   h5::quiet();
@@ -69,6 +73,14 @@ Hdf5Writer::Hdf5Writer(std::string path, int64_t n, int64_t c, int64_t h, int64_
   impl_->imgs = make(kImagesDataset, H5T_STD_U8LE, 4, impl_->dims.data(), chunk_images > 0 ? img_chunk : nullptr);
   const hsize_t ln = static_cast<hsize_t>(n), lab_chunk = static_cast<hsize_t>(std::min<int64_t>(n, 65536));
   impl_->labels = make(kLabelsDataset, H5T_STD_I64LE, 1, &ln, chunk_images > 0 ? &lab_chunk : nullptr);
+  if (a_channels > 0) {  // pairs: A beside the images, which `B` names too
+    impl_->a_dims = {impl_->dims[0], static_cast<hsize_t>(a_channels), impl_->dims[2], impl_->dims[3]};
+    const hsize_t a_chunk[4] = {static_cast<hsize_t>(ci), impl_->a_dims[1], impl_->dims[2], impl_->dims[3]};
+    impl_->a = make(kConditionDataset, H5T_STD_U8LE, 4, impl_->a_dims.data(), chunk_images > 0 ? a_chunk : nullptr);
+    h5::check_status<DataError>(H5Lcreate_hard(impl_->file.get(), kImagesDataset, impl_->file.get(), kTargetDataset,
+                                               H5P_DEFAULT, H5P_DEFAULT),
+                                in + ": cannot link 'B' to 'imgs'");
+  }
 }
 
 Hdf5Writer::~Hdf5Writer() {
@@ -78,7 +90,10 @@ Hdf5Writer::~Hdf5Writer() {
   fs::remove(tmp_, ec);
 }
 
-void Hdf5Writer::append(const uint8_t* images, const int64_t* labels, int64_t count) {
+void Hdf5Writer::append(const uint8_t* images, const int64_t* labels, int64_t count, const uint8_t* a) {
+  if (a_row_bytes_ > 0 && !a && count > 0) {
+    throw std::invalid_argument("Hdf5Writer: " + path_ + ": a file of pairs needs the input images A of each append");
+  }
   if (count < 0 || written_ + count > n_) {
     throw std::invalid_argument("Hdf5Writer: " + path_ + ": appending " + std::to_string(count) + " images after " +
                                 std::to_string(written_) + " exceeds the " + std::to_string(n_) + " declared");
@@ -91,11 +106,12 @@ void Hdf5Writer::append(const uint8_t* images, const int64_t* labels, int64_t co
   }
   if (count == 0) return;
   h5::quiet();
-  auto write = [&](const h5::Hid& ds, hid_t mem_type, const char* name, const void* data) {
+  auto write = [&](const h5::Hid& ds, hid_t mem_type, const char* name, const void* data,
+                   const std::vector<hsize_t>& dims) {
     const std::string where = tmp_ + ": dataset '" + name + "'";
     h5::Hid fspace(h5::check<DataError>(H5Dget_space(ds.get()), where + ": cannot read its shape"), H5Sclose);
     const int rank = H5Sget_simple_extent_ndims(fspace.get());
-    std::vector<hsize_t> off(static_cast<size_t>(rank), 0), cnt(impl_->dims.begin(), impl_->dims.begin() + rank);
+    std::vector<hsize_t> off(static_cast<size_t>(rank), 0), cnt(dims.begin(), dims.begin() + rank);
     off[0] = static_cast<hsize_t>(written_);
     cnt[0] = static_cast<hsize_t>(count);
     h5::check_status<DataError>(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, off.data(), nullptr, cnt.data(), nullptr),
@@ -106,8 +122,9 @@ void Hdf5Writer::append(const uint8_t* images, const int64_t* labels, int64_t co
                where + ": writing rows [" + std::to_string(written_) + ", " + std::to_string(written_ + count) +
                    ") failed (disk full?)");
   };
-  write(impl_->imgs, H5T_NATIVE_UINT8, kImagesDataset, images);
-  write(impl_->labels, H5T_NATIVE_INT64, kLabelsDataset, labels);
+  write(impl_->imgs, H5T_NATIVE_UINT8, kImagesDataset, images, impl_->dims);
+  write(impl_->labels, H5T_NATIVE_INT64, kLabelsDataset, labels, impl_->dims);
+  if (a_row_bytes_ > 0) write(impl_->a, H5T_NATIVE_UINT8, kConditionDataset, a, impl_->a_dims);
   written_ += count;
 }
 
@@ -138,6 +155,7 @@ void Hdf5Writer::commit() {
   h5::check_status<DataError>(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), tmp_ + ": flushing failed (disk full?)");
   impl_->imgs.reset();
   impl_->labels.reset();
+  impl_->a.reset();
   h5::check_status<DataError>(impl_->file.reset(), tmp_ + ": closing failed (disk full?)");
   fsync_or_throw(tmp_, "the new file");
   std::error_code ec;
@@ -149,7 +167,7 @@ void Hdf5Writer::commit() {
 }
 
 ConvertResult convert_fashion_mnist(const std::string& dir, const std::string& split, const std::string& out,
-                                    int64_t chunk_images) {
+                                    int64_t chunk_images, bool edge_pairs) {
   // load_fashion_mnist validates the idx files and pads; its float32 values b / 127.5 - 1
   // map back to the bytes b exactly ((v + 1) * 127.5 is within 1e-4 of b), and scaling
   // those bytes again must give its values bit for bit (checked below).
@@ -164,18 +182,19 @@ ConvertResult convert_fashion_mnist(const std::string& dir, const std::string& s
                     std::to_string(labels.size(0)) + " labels");
   }
   const int64_t n = bytes.size(0);
-  Hdf5Writer w(out, n, bytes.size(1), bytes.size(2), bytes.size(3), chunk_images);
+  // Pairs: the edge map's -1 / 1 as bytes 0 / 255 (scale_pixels maps them back exactly).
+  const at::Tensor a = edge_pairs ? sobel_edges(ref).add_(1.0).mul_(127.5).to(at::kByte).contiguous() : at::Tensor();
+  Hdf5Writer w(out, n, bytes.size(1), bytes.size(2), bytes.size(3), chunk_images, edge_pairs ? a.size(1) : 0);
   const int64_t step = 4096;
   for (int64_t s = 0; s < n; s += step) {
     const int64_t k = std::min(step, n - s);
-    w.append(bytes.data_ptr<uint8_t>() + s * bytes[0].numel(), labels.data_ptr<int64_t>() + s, k);
+    w.append(bytes.data_ptr<uint8_t>() + s * bytes[0].numel(), labels.data_ptr<int64_t>() + s, k,
+             edge_pairs ? a.data_ptr<uint8_t>() + s * a[0].numel() : nullptr);
   }
   w.set_classes(kFashionMnistClassNames);
   w.commit();
   return {n, bytes.size(1), bytes.size(2), bytes.size(3), kFashionMnistClassNames, 0};
 }
-
-namespace {
 
 bool is_image_file(const fs::path& p) {
   static const std::set<std::string> kExt = {".png", ".jpg", ".jpeg", ".bmp", ".pgm", ".ppm", ".tga"};
@@ -184,35 +203,50 @@ bool is_image_file(const fs::path& p) {
   return kExt.count(e) > 0;
 }
 
+namespace {
+
 // Python's round(d / 2) for d >= 0 (halves to even), as torchvision's center_crop computes offsets.
 int64_t half_round_even(int64_t d) {
   const int64_t k = d / 2;
   return (d % 2 == 1 && k % 2 == 1) ? k + 1 : k;
 }
 
-// Decodes `file` into `channels`, centre-crops to a square and resizes to size x size;
-// writes [channels, size, size] to `dst`.
-void load_image(const std::string& file, int64_t size, int64_t channels, uint8_t* dst) {
+}  // namespace
+
+DecodedImage decode_image(const std::string& file, int64_t channels) {
   int w = 0, h = 0, comp = 0;
-  std::unique_ptr<stbi_uc, void (*)(void*)> px(stbi_load(file.c_str(), &w, &h, &comp, static_cast<int>(channels)),
-                                               stbi_image_free);
-  if (!px) {
+  DecodedImage d{{stbi_load(file.c_str(), &w, &h, &comp, static_cast<int>(channels)), stbi_image_free}, w, h};
+  if (!d.pixels) {
     const char* why = stbi_failure_reason();
     throw DataError(file + ": cannot decode the image (" + std::string(why ? why : "unknown reason") + ")");
   }
-  const int64_t m = std::min(w, h), x0 = half_round_even(w - m), y0 = half_round_even(h - m);
-  const uint8_t* crop = px.get() + (y0 * w + x0) * channels;
+  return d;
+}
+
+void resize_to_chw(const uint8_t* src, int64_t w, int64_t h, int64_t stride, int64_t channels, int64_t size,
+                   uint8_t* dst, const std::string& file) {
   std::vector<uint8_t> hwc(static_cast<size_t>(size * size * channels));
-  if (m == size) {
-    for (int64_t y = 0; y < size; ++y) std::memcpy(&hwc[y * size * channels], crop + y * w * channels, size * channels);
-  } else if (!stbir_resize_uint8(crop, static_cast<int>(m), static_cast<int>(m), static_cast<int>(w * channels),
-                                 hwc.data(), static_cast<int>(size), static_cast<int>(size), 0, static_cast<int>(channels))) {
-    throw DataError(file + ": resizing from " + std::to_string(m) + "x" + std::to_string(m) + " to " +
+  if (w == size && h == size) {
+    for (int64_t y = 0; y < size; ++y) std::memcpy(&hwc[y * size * channels], src + y * stride, size * channels);
+  } else if (!stbir_resize_uint8(src, static_cast<int>(w), static_cast<int>(h), static_cast<int>(stride), hwc.data(),
+                                 static_cast<int>(size), static_cast<int>(size), 0, static_cast<int>(channels))) {
+    throw DataError(file + ": resizing from " + std::to_string(w) + "x" + std::to_string(h) + " to " +
                     std::to_string(size) + "x" + std::to_string(size) + " failed");
   }
   for (int64_t c = 0; c < channels; ++c) {
     for (int64_t i = 0; i < size * size; ++i) dst[c * size * size + i] = hwc[i * channels + c];
   }
+}
+
+namespace {
+
+// Decodes `file` into `channels`, centre-crops to a square and resizes to size x size;
+// writes [channels, size, size] to `dst`.
+void load_image(const std::string& file, int64_t size, int64_t channels, uint8_t* dst) {
+  const DecodedImage d = decode_image(file, channels);
+  const int64_t w = d.width, m = std::min(d.width, d.height), x0 = half_round_even(w - m),
+                y0 = half_round_even(d.height - m);
+  resize_to_chw(d.pixels.get() + (y0 * w + x0) * channels, m, m, w * channels, channels, size, dst, file);
 }
 
 }  // namespace

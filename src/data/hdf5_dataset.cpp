@@ -151,12 +151,26 @@ Hdf5Dataset::Hdf5Dataset(std::string path) : path_(std::move(path)) {
     min_label_ = std::min(min_label_, *lo);
     max_label_ = std::max(max_label_, *hi);
   }
+  if (H5Lexists(file.get(), kConditionDataset, H5P_DEFAULT) > 0) {  // a file of pairs
+    std::vector<hsize_t> da;
+    h5::Hid a = open_checked(file.get(), path_, kConditionDataset, H5T_INTEGER, 1, H5T_SGN_NONE, "uint8 [N, C, H, W]", 4, &da);
+    if (da[0] != di[0] || da[2] != di[2] || da[3] != di[3] || da[1] < 1) {
+      throw DataError(path_ + ": dataset 'A' has shape [" + std::to_string(da[0]) + ", " + std::to_string(da[1]) + ", " +
+                      std::to_string(da[2]) + ", " + std::to_string(da[3]) + "] but 'imgs' (B) holds " +
+                      std::to_string(n_) + " images of " + std::to_string(h_) + "x" + std::to_string(w_) +
+                      ": a pair's A and B must match in number and size");
+    }
+    ca_ = static_cast<int64_t>(da[1]);
+    a_ = a.release();
+  }
+  H5Eclear2(H5E_DEFAULT);
   file_ = file.release();
   imgs_ = imgs.release();
   labels_ = labels.release();
 }
 
 Hdf5Dataset::~Hdf5Dataset() {
+  if (a_ >= 0) H5Dclose(a_);
   if (labels_ >= 0) H5Dclose(labels_);
   if (imgs_ >= 0) H5Dclose(imgs_);
   if (file_ >= 0) H5Fclose(file_);
@@ -238,6 +252,22 @@ void Hdf5Dataset::read_rows_raw(const at::Tensor& indices, at::Tensor* images, a
                      reinterpret_cast<uint8_t*>(staging.data_ptr<int64_t>()), path_ + ": dataset 'labels'");
     *labels = staging.index_select(0, inverse);
   }
+}
+
+at::Tensor Hdf5Dataset::read_condition(const at::Tensor& indices, at::ScalarType dtype) const {
+  if (a_ < 0) throw std::logic_error(path_ + ": no dataset 'A' (not a file of pairs)");
+  h5::quiet();
+  TORCH_CHECK(indices.dim() == 1 && indices.scalar_type() == at::kLong, "Hdf5Dataset: indices must be int64 [n]");
+  const at::Tensor idx = indices.contiguous();
+  if (idx.numel() > 0 && (idx.min().item<int64_t>() < 0 || idx.max().item<int64_t>() >= n_)) {
+    throw std::out_of_range(path_ + ": a row outside [0, " + std::to_string(n_) + ") requested from 'A'");
+  }
+  auto [uniq, inverse] = at::_unique(idx, /*sorted=*/true, /*return_inverse=*/true);
+  const std::vector<hsize_t> dims{static_cast<hsize_t>(n_), static_cast<hsize_t>(ca_), static_cast<hsize_t>(h_),
+                                  static_cast<hsize_t>(w_)};
+  at::Tensor staging = torch::empty({uniq.numel(), ca_, h_, w_}, torch::kUInt8);
+  read_sorted_rows(a_, H5T_NATIVE_UINT8, dims, uniq, ca_ * h_ * w_, staging.data_ptr<uint8_t>(), path_ + ": dataset 'A'");
+  return scale_pixels(staging.index_select(0, inverse), dtype);
 }
 
 at::Tensor Hdf5Dataset::read_raw(const at::Tensor& indices, ReadStats* stats) const {

@@ -8,9 +8,10 @@
 namespace shardgan::data {
 
 Hdf5Loader::Hdf5Loader(const Hdf5Dataset& dataset, const DistributedSampler& sampler, int64_t micro_batches,
-                       at::ScalarType dtype, int64_t queue_micro_batches, bool with_labels)
+                       at::ScalarType dtype, int64_t queue_micro_batches, bool with_labels, bool with_condition)
     : dataset_(dataset), sampler_(sampler), micro_batches_(micro_batches),
-      queue_micro_batches_(queue_micro_batches), dtype_(dtype), with_labels_(with_labels) {
+      queue_micro_batches_(queue_micro_batches), dtype_(dtype), with_labels_(with_labels),
+      with_condition_(with_condition) {
   if (micro_batches < 1) throw std::invalid_argument("Hdf5Loader: micro_batches must be >= 1");
   // The read-ahead thread calls HDF5 while the main thread may write a checkpoint with it.
   // A library built without --enable-threadsafe has no global lock and corrupts its state.
@@ -37,7 +38,9 @@ std::vector<at::Tensor> Hdf5Loader::read(int64_t seq) const {
   const int64_t micro = seq % micro_batches_, b = seq / micro_batches_;
   const int64_t epoch = b / sampler_.batches_per_epoch(), batch = b % sampler_.batches_per_epoch();
   at::Tensor x, y;
-  dataset_.read(sampler_.indices(epoch, batch, micro), dtype_, &x, with_labels_ ? &y : nullptr);
+  const at::Tensor idx = sampler_.indices(epoch, batch, micro);
+  dataset_.read(idx, dtype_, &x, with_labels_ && !with_condition_ ? &y : nullptr);
+  if (with_condition_) y = dataset_.read_condition(idx, dtype_);
   return {x, y};
 }
 

@@ -377,9 +377,7 @@ TrainConfig read_config(Reader& r, const std::string& source) {
   require(!paired || c.update == "alternating", r, "train.update",
           "must be alternating for an image-to-image model (model.arch pix2pix): G's pass trains on the pairs of "
           "D's update");
-  require(!paired || c.data_source != "hdf5", r, "data.source",
-          "must be fashion-mnist or synthetic for an image-to-image model: each image B is paired with its "
-          "Sobel edge map A; an HDF5 file of pairs is not read");
+
   c.skip_memory_check = r.get<bool>("train.skip_memory_check", c.skip_memory_check,
       "skip the memory pre-flight that refuses a config that would not fit");
   c.memory_probe = r.get<bool>("train.memory_probe", c.memory_probe,

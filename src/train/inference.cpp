@@ -134,6 +134,7 @@ at::Tensor synthetic_images(const TrainConfig& cfg, int64_t n, uint64_t seed) {
 at::Tensor held_out_images(const TrainConfig& cfg, int64_t n) {
   n = std::min<int64_t>(n, 10000);
   if (cfg.data_source == "fashion-mnist") return load_fashion_mnist(cfg.data_path, cfg.model_dtype, "t10k").narrow(0, 0, n);
+  if (cfg.data_source == "hdf5") return load_fashion_mnist(cfg.eval_reference, cfg.model_dtype, "t10k").narrow(0, 0, n);
   return synthetic_images(cfg, n, cfg.seed + 21);
 }
 

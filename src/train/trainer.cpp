@@ -46,6 +46,15 @@ std::unique_ptr<data::Hdf5Dataset> open_hdf5(const TrainConfig& cfg, const Image
                       "; convert the images to that size (shardgan-data convert --size --channels)");
   }
   if (classes > 0) ds->check_labels(classes);
+  const int64_t ca = cfg.family->condition_channels();
+  if (ca > 0 && ds->condition_channels() != ca) {
+    throw ConfigError(cfg.source + ": data.path " + cfg.data_path +
+                      (ds->condition_channels() == 0 ? std::string(" holds no dataset 'A' of input images")
+                                                     : " holds " + std::to_string(ds->condition_channels()) +
+                                                           "-channel input images A") +
+                      " but the model translates " + std::to_string(ca) + "-channel ones (model.in_channels); write "
+                      "a file of pairs with shardgan-data convert --paired");
+  }
   return ds;
 }
 
@@ -68,7 +77,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
     sampler_ = std::make_unique<DistributedSampler>(dataset_->size(), cfg_.global_batch, comm_.rank(),
                                                     comm_.world_size(), cfg_.seed, cfg_.micro_batches);
     loader_ = std::make_unique<data::Hdf5Loader>(*dataset_, *sampler_, cfg_.micro_batches, cfg_.model_dtype,
-                                                 cfg_.prefetch_batches, classes > 0);
+                                                 cfg_.prefetch_batches, classes > 0, family_.condition_channels() > 0);
   } else {
     load_images(shape, classes);
   }

@@ -20,16 +20,19 @@ class Hdf5Writer {
  public:
   /// `n` images of [c, h, w] uint8, uncompressed; chunk_images = 0: both datasets
   /// contiguous; else `imgs` is chunked by `chunk_images` images (clamped to [1, n]) and
-  /// `labels` by 64 Ki labels.
-  Hdf5Writer(std::string path, int64_t n, int64_t c, int64_t h, int64_t w, int64_t chunk_images = kDefaultChunkImages);
+  /// `labels` by 64 Ki labels. With `a_channels` > 0 the file holds pairs (hdf5_dataset.h):
+  /// also `A` uint8 [n, a_channels, h, w] (chunked as `imgs`), and `B`, a hard link to `imgs`.
+  Hdf5Writer(std::string path, int64_t n, int64_t c, int64_t h, int64_t w, int64_t chunk_images = kDefaultChunkImages,
+             int64_t a_channels = 0);
   ~Hdf5Writer();
   Hdf5Writer(const Hdf5Writer&) = delete;
   Hdf5Writer& operator=(const Hdf5Writer&) = delete;
 
   /// Appends `count` images (count * c * h * w bytes, [count, c, h, w] row-major) and
-  /// their labels (count int64, each >= 0). Throws std::invalid_argument past N images or
-  /// for a negative label.
-  void append(const uint8_t* images, const int64_t* labels, int64_t count);
+  /// their labels (count int64, each >= 0), and for a file of pairs their input images
+  /// `a` ([count, a_channels, h, w]; required then, ignored otherwise). Throws
+  /// std::invalid_argument past N images, for a negative label, or a missing `a`.
+  void append(const uint8_t* images, const int64_t* labels, int64_t count, const uint8_t* a = nullptr);
   /// Stores the class names as the root attribute `classes` (variable-length UTF-8 strings).
   void set_classes(const std::vector<std::string>& names);
   /// Throws std::logic_error unless exactly N images were appended; then flushes, fsyncs,
@@ -41,7 +44,7 @@ class Hdf5Writer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::string path_, tmp_;
-  int64_t n_, row_bytes_, written_ = 0;
+  int64_t n_, row_bytes_, a_row_bytes_, written_ = 0;
   bool committed_ = false;
 };
 
@@ -55,8 +58,20 @@ struct ConvertResult {
 /// Fashion-MNIST's idx files `dir`/<split>-{images-idx3,labels-idx1}-ubyte.gz -> `out`:
 /// [N, 1, 32, 32], the 28x28 images centred and padded with 0 bytes, so that
 /// Hdf5Dataset::read gives exactly load_fashion_mnist's values (the conversion checks it).
+/// With `edge_pairs`, a file of pairs: each image is B, and A is its Sobel edge map
+/// (sobel_edges, edges.h) as bytes 0 / 255, which read back as exactly sobel_edges' -1 / 1.
 /// Throws DataError as load_fashion_mnist does, or naming `out`.
 ConvertResult convert_fashion_mnist(const std::string& dir, const std::string& split, const std::string& out,
+                                    int64_t chunk_images = kDefaultChunkImages, bool edge_pairs = false);
+
+/// The pix2pix folder layout -> a file of pairs: every image file directly in `dir` (sorted
+/// by name; .png, .jpg, .jpeg, .bmp, .pgm, .ppm, .tga) holds A and B side by side, A the
+/// left half and B the right half (the authors' AtoB direction), as facades, edges2shoes and
+/// maps ship. Each half is decoded into `channels` with stb_image and resized to size x size
+/// with stb_image_resize (a copy when already that size); labels are 0. Throws DataError
+/// naming the folder or file when there is no image, a file cannot be decoded or its width
+/// is odd; std::invalid_argument for a bad size or channel count.
+ConvertResult convert_paired_folder(const std::string& dir, const std::string& out, int64_t size, int64_t channels,
                                     int64_t chunk_images = kDefaultChunkImages);
 
 /// torchvision's ImageFolder -> `out`: classes are the sorted names of the subfolders of

@@ -19,6 +19,11 @@ namespace shardgan::data {
 /// Names of the two datasets of the layout.
 inline constexpr const char* kImagesDataset = "imgs";
 inline constexpr const char* kLabelsDataset = "labels";
+/// A file of pairs (image-to-image translation, pix2pix's A -> B) adds `A` uint8
+/// [N, C_A, H, W], the input image of each row, and names `imgs` also `B` (a hard link), so
+/// that h5py readers see A and B and BigGAN-layout readers see imgs and labels.
+inline constexpr const char* kConditionDataset = "A";
+inline constexpr const char* kTargetDataset = "B";
 
 /// How a read of rows went (for tests and benchmarks).
 struct ReadStats {
@@ -31,7 +36,8 @@ struct ReadStats {
 /// library serializes them). Not copyable; close by destroying.
 class Hdf5Dataset {
  public:
-  /// Opens `path` read-only and validates the layout. Scans `labels` once (in pieces of
+  /// Opens `path` read-only and validates the layout (and `A`, when present: uint8 of rank
+  /// 4 with the images' N, H and W). Scans `labels` once (in pieces of
   /// 64 Ki labels, so memory does not grow with N) for its smallest and largest value.
   /// Throws DataError, naming `path` and the dataset, when the file is missing or not
   /// HDF5, `imgs` or `labels` is missing (the message lists what the file holds), `imgs`
@@ -49,6 +55,8 @@ class Hdf5Dataset {
   int64_t width() const { return w_; }
   int64_t image_numel() const { return c_ * h_ * w_; }  ///< bytes per stored image
   int64_t min_label() const { return min_label_; }
+  /// Channels of `A` in a file of pairs; 0 when the file has no `A`.
+  int64_t condition_channels() const { return ca_; }
   int64_t max_label() const { return max_label_; }
 
   /// The root attribute `classes` (strings, label k = classes[k]), or {} when the file has
@@ -68,6 +76,10 @@ class Hdf5Dataset {
   void read(const at::Tensor& indices, at::ScalarType dtype, at::Tensor* images, at::Tensor* labels,
             ReadStats* stats = nullptr) const;
 
+  /// A file of pairs: the input images A of `indices` as [n, C_A, H, W] of `dtype`, scaled
+  /// as read() scales images. Throws std::logic_error for a file without `A`, and as read().
+  at::Tensor read_condition(const at::Tensor& indices, at::ScalarType dtype) const;
+
   /// The stored bytes of `indices`, uint8 [n, C, H, W] (read() before scaling).
   at::Tensor read_raw(const at::Tensor& indices, ReadStats* stats = nullptr) const;
 
@@ -76,8 +88,8 @@ class Hdf5Dataset {
   void read_rows_raw(const at::Tensor& indices, at::Tensor* images, at::Tensor* labels, ReadStats* stats) const;
 
   std::string path_;
-  int64_t file_ = -1, imgs_ = -1, labels_ = -1;  // hid_t
-  int64_t n_ = 0, c_ = 0, h_ = 0, w_ = 0;
+  int64_t file_ = -1, imgs_ = -1, labels_ = -1, a_ = -1;  // hid_t
+  int64_t n_ = 0, c_ = 0, h_ = 0, w_ = 0, ca_ = 0;
   int64_t min_label_ = 0, max_label_ = 0;
 };
 

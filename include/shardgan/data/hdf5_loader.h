@@ -21,12 +21,14 @@ namespace shardgan::data {
 class Hdf5Loader {
  public:
   /// `dataset` and `sampler` must outlive the loader; `sampler` must have been built with
-  /// N = dataset.size() and `micro_batches`. Labels are returned only if `with_labels`.
+  /// N = dataset.size() and `micro_batches`. Labels are returned only if `with_labels`;
+  /// with `with_condition` (a file of pairs), y is instead the input images A
+  /// ([B_local, C_A, H, W] in dtype, Hdf5Dataset::read_condition).
   /// Starts prefetching at (0, 0, 0); call restart() for another position. Throws
   /// std::runtime_error, naming the HDF5 version, if the HDF5 library is not thread-safe
   /// (H5is_library_threadsafe): the read-ahead thread shares it with checkpoint writes.
   Hdf5Loader(const Hdf5Dataset& dataset, const DistributedSampler& sampler, int64_t micro_batches,
-             at::ScalarType dtype, int64_t queue_micro_batches, bool with_labels);
+             at::ScalarType dtype, int64_t queue_micro_batches, bool with_labels, bool with_condition = false);
   ~Hdf5Loader();
 
   /// Drops what was prefetched and prefetches from micro 0 of batch `batch` of `epoch`
@@ -59,6 +61,7 @@ class Hdf5Loader {
   const int64_t micro_batches_, queue_micro_batches_;
   const at::ScalarType dtype_;
   const bool with_labels_;
+  const bool with_condition_;
   std::unique_ptr<Prefetcher> prefetcher_;
   int64_t next_seq_ = 0;  // the seq prefetcher_->next() returns
   int64_t sync_reads_ = 0, restarts_ = 0;

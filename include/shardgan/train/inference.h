@@ -60,8 +60,9 @@ at::Tensor sample_grid(const TensorList& inputs, const at::Tensor& out);
 at::Tensor synthetic_images(const TrainConfig& cfg, int64_t n, uint64_t seed);
 
 /// Local. The first `n` images (at most 10000) of the held-out set: Fashion-MNIST's t10k
-/// split for data.source fashion-mnist, else synthetic_images with seed cfg.seed + 21, which
-/// the training set (seed + 17) does not share. [n, C, H, W] in the model dtype.
+/// split (from data.path for data.source fashion-mnist, from eval.reference for hdf5, whose
+/// file holds no test split), else synthetic_images with seed cfg.seed + 21, which the
+/// training set (seed + 17) does not share. [n, C, H, W] in the model dtype.
 at::Tensor held_out_images(const TrainConfig& cfg, int64_t n);
 
 }  // namespace shardgan
