@@ -116,6 +116,23 @@ TEST(Pix2PixModel, ParameterCountsOfThePaper) {
   EXPECT_EQ(unit_numels(family->generator(self)).size(), 16u);  // 8 encoder and 8 decoder units
 }
 
+TEST(Pix2PixModel, TestDropoutFollowsTheKey) {
+  // In eval mode, z (the dropout seeds) changes G's output only with model.test_dropout.
+  MpiCommunicator self(MPI_COMM_SELF, 300.0);
+  torch::manual_seed(2);
+  const at::Tensor a = torch::rand({2, 1, 32, 32}, torch::kDouble) * 2 - 1;
+  for (bool test_dropout : {true, false}) {
+    Pix2PixConfig c = small_config(3);
+    c.test_dropout = test_dropout;
+    auto g = build_sharded_model(make_pix2pix_family(c)->generator(self), self, test_util::sharding(0), 7, at::kDouble);
+    g->train(false);
+    torch::NoGradGuard no_grad;
+    const at::Tensor o1 = g->forward({torch::tensor({1, 2}, torch::kLong), a}).at(0);
+    const at::Tensor o2 = g->forward({torch::tensor({3, 4}, torch::kLong), a}).at(0);
+    EXPECT_EQ(torch::equal(o1, o2), !test_dropout) << "test_dropout " << test_dropout;
+  }
+}
+
 TEST(Pix2PixParity, UNetMatchesPlainAutogradReference) {
   MpiCommunicator world(MPI_COMM_WORLD, 300.0);
   auto family = make_pix2pix_family(small_config(0));

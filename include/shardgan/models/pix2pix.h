@@ -23,8 +23,9 @@
 /// Dropout draws its masks from the latents: z is int64 [B], one seed per sample
 /// (sample_latents), and unit dec<i> masks sample b with a generator seeded from (z[b], i).
 /// The masks thus follow the sample, not the rank or the world size, and a replay under
-/// activation checkpointing draws the same ones. The paper keeps dropout and batch
-/// statistics on at test time; shardgan's G always runs so (training mode).
+/// activation checkpointing draws the same ones. The paper keeps dropout on at test time as
+/// G's only noise (model.test_dropout); with it off, G in eval mode (shardgan-ckpt sample
+/// --eval) applies none. The trainer samples and evaluates in training mode.
 ///
 /// D (the 70x70 PatchGAN at d_layers 3): "block0" conv4x4/2 (bias) + LeakyReLU on cat(A, B);
 /// "block<k>", k = 1..d_layers: conv4x4 (stride 2, the last stride 1) + norm + LeakyReLU,
@@ -51,6 +52,7 @@ struct Pix2PixConfig {
   int64_t channels = 1;        ///< model.channels: channels of B, 1 or 3
   double dropout = 0.5;        ///< model.dropout: rate of the decoder's dropout
   int64_t dropout_blocks = 3;  ///< model.dropout_blocks: decoder units with dropout, from the innermost
+  bool test_dropout = true;    ///< model.test_dropout: dropout also in eval mode (the paper's noise)
 };
 
 /// The family for `cfg`.

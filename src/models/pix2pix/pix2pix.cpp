@@ -105,6 +105,7 @@ ModelSpec generator_spec(const Pix2PixConfig& c, Communicator* comm) {
     const int64_t out = outermost ? c.channels : enc_width(c, i - 1);
     const double p = (L - 1 - i) < c.dropout_blocks && !outermost ? c.dropout : 0.0;
     const auto salt = static_cast<uint64_t>(i);
+    const bool at_test = c.test_dropout;
     s.units.push_back(seq_unit(
         "dec" + std::to_string(i),
         [=] {
@@ -116,11 +117,12 @@ ModelSpec generator_spec(const Pix2PixConfig& c, Communicator* comm) {
           }
           return q;
         },
-        [p, salt, innermost](nn::Sequential& q, const TensorList& x) {
+        [p, salt, innermost, at_test](nn::Sequential& q, const TensorList& x) {
           // x = {e_i, u_{i+1}, z}; the innermost unit gets {e_i, undefined, z}.
           at::Tensor h = innermost ? x.at(0) : at::cat({x.at(0), x.at(1)}, 1);
           h = q->forward(h);
-          return TensorList{p > 0 ? seeded_dropout(h, x.at(2), salt, p) : h};
+          const bool drop = p > 0 && (at_test || q->is_training());
+          return TensorList{drop ? seeded_dropout(h, x.at(2), salt, p) : h};
         }));
   }
   const int64_t size = c.image_size, cin = c.in_channels;
@@ -230,6 +232,8 @@ std::unique_ptr<ModelFamily> make_pix2pix_family(ConfigReader& r) {
       "pix2pix: G decoder units with dropout, from the innermost (the paper: 3)");
   r.require(c.dropout_blocks >= 0 && c.dropout_blocks < L, "model.dropout_blocks",
             "must be 0 to log2(model.image_size) - 1 (the decoder units but the last)");
+  c.test_dropout = r.get<bool>("model.test_dropout", c.test_dropout,
+      "pix2pix: dropout also when G runs in eval mode (the paper's test-time noise)");
   return make_pix2pix_family(c);
 }
 
