@@ -1,4 +1,4 @@
-"""PyTorch copies of shardgan's DCGAN and BigGAN, for the peer benchmark (issue 21).
+"""PyTorch copies of shardgan's DCGAN, BigGAN and pix2pix, for the peer benchmark.
 
 Each model is a plain nn.Module whose direct children are shardgan's sharding units, with
 the same names ("block0", "shared", "attn", "out", ...), so that `named_parameters()` and
@@ -10,6 +10,8 @@ The layers follow the C++ sources line by line, so that float32 results agree up
 rounding of a different summation order:
   - src/models/dcgan/dcgan.cpp             DCGAN G and D
   - src/models/biggan/{biggan,layers}.cpp  BigGAN G and D, SN layers, CCBN, attention
+  - src/models/pix2pix/pix2pix.cpp         the U-Net G (skips across units, per-sample seeded
+                                           dropout) and the PatchGAN D
   - src/nn/sync_batchnorm.cpp              BatchNorm over the global batch
   - include/shardgan/nn/power_iteration.h  the power-iteration pause of D's fake pass
 
@@ -437,6 +439,93 @@ class BigGanD(nn.Module):
         return self.out(h, y)
 
 
+# ---------------------------------------------------------------- pix2pix
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x):
+    """src/models/pix2pix/pix2pix.cpp mix64 (splitmix64's finalizer), on unsigned 64 bits."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def seeded_dropout(h, seeds, salt, p):
+    """pix2pix.cpp seeded_dropout: sample b's mask from a generator seeded with
+    mix64(seeds[b] ^ mix64(salt)), bernoulli(1 - p) in float32, scaled by 1 / (1 - p)."""
+    mask = torch.empty(h.shape, dtype=torch.float32)
+    for b, s in enumerate(seeds.cpu().tolist()):
+        g = torch.Generator().manual_seed(_mix64((s & _M64) ^ _mix64(salt)))
+        mask[b].bernoulli_(1.0 - p, generator=g)
+    return h * mask.to(h.device, h.dtype) * (1.0 / (1.0 - p))
+
+
+class Pix2PixG(nn.Module):
+    """src/models/pix2pix/pix2pix.cpp generator_spec: units enc0..enc(L-1), dec(L-1)..dec0."""
+
+    def __init__(self, size, w, cin, cout, dropout, dropout_blocks):
+        super().__init__()
+        L = size.bit_length() - 1
+        ew = lambda i: w * min(1 << i, 8)
+        conv = lambda i, o: nn.Conv2d(i, o, 4, stride=2, padding=1, bias=False)
+        for i in range(L):
+            mods = ([] if i == 0 else [nn.LeakyReLU(0.2)]) + [conv(cin if i == 0 else ew(i - 1), ew(i))]
+            if 0 < i < L - 1:
+                mods.append(SyncBatchNorm2d(ew(i)))
+            self.add_module(f"enc{i}", Unit(*mods))
+        self.drop = {}
+        for i in range(L - 1, -1, -1):
+            cin_d = ew(i) if i == L - 1 else 2 * ew(i)
+            cout_d = cout if i == 0 else ew(i - 1)
+            up = nn.ConvTranspose2d(cin_d, cout_d, 4, stride=2, padding=1, bias=i == 0)
+            self.add_module(f"dec{i}", Unit(nn.ReLU(), up, nn.Tanh() if i == 0 else SyncBatchNorm2d(cout_d)))
+            self.drop[i] = dropout if (L - 1 - i) < dropout_blocks and i > 0 else 0.0
+        self.L = L
+
+    def units(self):
+        return [getattr(self, f"enc{i}") for i in range(self.L)] + \
+               [getattr(self, f"dec{i}") for i in range(self.L - 1, -1, -1)]
+
+    def forward(self, z, a):
+        e, h = [], a
+        for i in range(self.L):
+            h = getattr(self, f"enc{i}")(h)
+            e.append(h)
+        u = None
+        for i in range(self.L - 1, -1, -1):
+            x = e[i] if u is None else torch.cat([e[i], u], 1)
+            u = getattr(self, f"dec{i}")(x)
+            if self.drop[i] > 0:
+                u = seeded_dropout(u, z, i, self.drop[i])
+        return u
+
+
+class Pix2PixD(nn.Module):
+    """pix2pix.cpp discriminator_spec: the PatchGAN on cat(A, x), units block0..block<n>, out."""
+
+    def __init__(self, w, layers, cin, cx):
+        super().__init__()
+        self.add_module("block0", Unit(nn.Conv2d(cin + cx, w, 4, stride=2, padding=1, bias=True), nn.LeakyReLU(0.2)))
+        width = w
+        for k in range(1, layers + 1):
+            out = w * min(1 << k, 8)
+            self.add_module(f"block{k}", Unit(nn.Conv2d(width, out, 4, stride=2 if k < layers else 1, padding=1,
+                                                        bias=False), SyncBatchNorm2d(out), nn.LeakyReLU(0.2)))
+            width = out
+        self.add_module("out", Unit(nn.Conv2d(width, 1, 4, stride=1, padding=1, bias=True)))
+        self.n = layers
+
+    def units(self):
+        return [getattr(self, f"block{k}") for k in range(self.n + 1)] + [self.out]
+
+    def forward(self, x, a):
+        h = torch.cat([a.to(x.dtype), x], 1)
+        for k in range(self.n + 1):
+            h = getattr(self, f"block{k}")(h)
+        return self.out(h)
+
+
 def build(cfg):
     """(G, D) for a shardgan config dict (flat keys, as the checkpoint's `config` attribute)."""
     arch = cfg.get("model.arch", "dcgan")
@@ -449,4 +538,9 @@ def build(cfg):
                                            "d_blocks_per_res", "g_attn", "d_attn", "z_dim", "shared_dim",
                                            "n_classes", "channels")}
         return BigGanG(c), BigGanD(c)
-    raise ValueError(f"model.arch {arch}: only dcgan and biggan")
+    if arch == "pix2pix":
+        m = lambda k: int(cfg["model." + k])
+        return (Pix2PixG(m("image_size"), m("g_width"), m("in_channels"), m("channels"), float(cfg["model.dropout"]),
+                         m("dropout_blocks")),
+                Pix2PixD(m("d_width"), m("d_layers"), m("in_channels"), m("channels")))
+    raise ValueError(f"model.arch {arch}: only dcgan, biggan and pix2pix")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Loss parity of the PyTorch copies, with negative controls (issue 21: "correctness first").
-#   benchmarks/peers/parity.sh [model]        # model: dcgan (default) | biggan60m | biggan500m
+#   benchmarks/peers/parity.sh [model]        # model: dcgan (default) | biggan60m | biggan500m | pix2pix
 # Runs shardgan (N = 1 stage 0, N = 2 stage 3) and the peers (DDP N = 1, FSDP2 N = 2 at
 # reshard_after_forward True and False) for 3 steps from the same step-0 checkpoint, then
 # deliberately wrong peers that must fail the comparison: D's learning rate 10% high, G's
@@ -21,12 +21,13 @@ OUT=$OUT MODELS=$MODEL NS=1 SG_STAGES=0 SYSTEMS="shardgan ddp" benchmarks/peers/
 OUT=$OUT APPEND=1 MODELS=$MODEL NS=2 SG_STAGES=3 SYSTEMS="shardgan fsdp2" benchmarks/peers/run.sh > /dev/null
 WORK=${WORK:-runs/peers}
 CK=$WORK/$MODEL/step0/checkpoints/step-00000000
+DATA=$WORK/fmnist.h5; [[ $MODEL == pix2pix* ]] && DATA=$WORK/fmnist-edges.h5
 lr() { "$PY" -c "import sys; sys.path.insert(0, 'benchmarks/peers'); import ckpt; print(float(ckpt.read_config('$CK')['optim.$1.lr']) * $2)"; }
 wrong() {  # system, N, extra arguments
   local sys=$1 n=$2; shift 2
   OMP_NUM_THREADS=$(( $(nproc) / n > 0 ? $(nproc) / n : 1 )) PYTHONWARNINGS=ignore::FutureWarning \
   "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" benchmarks/peers/train_peer.py \
-    --ckpt "$CK" --data "$WORK/fmnist.h5" --system "$sys" --steps 3 --model "$MODEL" --out "$OUT" "$@" \
+    --ckpt "$CK" --data "$DATA" --system "$sys" --steps 3 --model "$MODEL" --out "$OUT" "$@" \
     > "$WORK/$MODEL/parity-wrong.log" 2>&1 || echo "[parity] a wrong run failed to run (see $WORK/$MODEL/parity-wrong.log)"
 }
 wrong ddp 1 --set optim.discriminator.lr="$(lr discriminator 1.1)" --note "negative control: D lr x1.1"

@@ -6,7 +6,7 @@
 #   MODELS=dcgan NS="1 2" benchmarks/peers/run.sh   # a quick subset
 #
 # Environment (defaults in brackets):
-#   MODELS    sizes to run, from: dcgan biggan60m biggan500m          [dcgan biggan60m]
+#   MODELS    sizes to run, from: dcgan biggan60m biggan500m pix2pix  [dcgan biggan60m]
 #   NS        world sizes                                              [1 2 4]
 #   STEPS     steps per run; step_s is the median of steps 3-10       [10]
 #   SYSTEMS   shardgan fsdp2 ddp                                       [all three]
@@ -78,10 +78,14 @@ DATA=$WORK/fmnist.h5
 if [ ! -f "$DATA" ]; then
   "$BUILD/shardgan-data" convert "$FMNIST" -o "$DATA" || exit 1
 fi
+PAIRS=$WORK/fmnist-edges.h5   # pix2pix: images with their edge maps (convert --paired)
+if [[ " $MODELS " == *" pix2pix"* ]] && [ ! -f "$PAIRS" ]; then
+  "$BUILD/shardgan-data" convert --paired "$FMNIST" -o "$PAIRS" || exit 1
+fi
 
 # Common settings: the converted Fashion-MNIST read per rank (data.source hdf5), a line of
 # metrics per step, nothing periodic, no EMA (the peers have none), float32 compute.
-COMMON=(--set data.source=hdf5 --set data.path="$DATA" --set train.log_every=1
+COMMON=(--set data.source=hdf5 --set train.log_every=1
         --set train.sample_every=0 --set train.checkpoint_every=0 --set train.keep_checkpoints=1
         --set train.plots=false --set ema.enabled=false --set run.device="$DEVICE"
         --set run.tf32="$([ "$TF32" = 1 ] && echo true || echo false)")
@@ -98,6 +102,7 @@ model_args() {  # config and --set arguments of a size
         --set sharding.generator.node_shared_gather=false --set sharding.discriminator.node_shared_gather=false \
         --set sharding.generator.compute_dtype=auto --set sharding.discriminator.compute_dtype=auto \
         --set sharding.generator.reduce_dtype=auto --set sharding.discriminator.reduce_dtype=auto ;;
+    pix2pix) echo $CONFIGS/fmnist-pix2pix.yaml ;;
     *) echo "unknown model $1" >&2; return 1 ;;
   esac
 }
@@ -106,6 +111,8 @@ state() { compiling && echo contended || echo quiet; }
 
 for model in $MODELS; do
   read -r -a MARGS <<< "$(model_args "$model")" || exit 1
+  data=$DATA; [[ $model == pix2pix* ]] && data=$PAIRS
+  MARGS+=(--set data.path="$data")
   CK=$WORK/$model/step0/checkpoints/step-00000000
   if [ ! -f "$CK/index.h5" ]; then   # shardgan's step 0: the initial weights of every run
     rm -rf "$WORK/$model/step0"; mkdir -p "$WORK/$model"
@@ -148,7 +155,7 @@ for model in $MODELS; do
           # starts at the count the peer will use: cores / ranks, as shardgan.
           OMP_NUM_THREADS=$(( $(nproc) / n > 0 ? $(nproc) / n : 1 )) \
           "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" $PEERS/train_peer.py \
-            --ckpt "$CK" --data "$DATA" --system "$sys" --stage "$st" --steps "$STEPS" --model "$model" \
+            --ckpt "$CK" --data "$data" --system "$sys" --stage "$st" --steps "$STEPS" --model "$model" \
             --out "$rec" --device "$DEVICE" --tf32 "$TF32" > "$log" 2>&1
           rc=$?
         fi

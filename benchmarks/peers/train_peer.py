@@ -184,6 +184,8 @@ def main():
     # ---- data: shardgan's DistributedSampler over the converted file
     h5 = h5py.File(a.data, "r")
     imgs, labels = h5["imgs"], h5["labels"]
+    paired = arch == "pix2pix"  # a file of pairs (shardgan-data convert --paired): y is A
+    cond = h5["A"] if paired else None
     n_data = imgs.shape[0]
     batches_per_epoch = n_data // B
     perm_cache = {}
@@ -203,14 +205,18 @@ def main():
         x = imgs[idx[order]][inv]  # h5py reads increasing indices
         x = torch.from_numpy(x).to(torch.float32).div_(127.5).sub_(1.0)
         y = torch.from_numpy(labels[idx[order]][inv].astype(np.int64)) if arch == "biggan" else None
+        if paired:
+            y = torch.from_numpy(cond[idx[order]][inv]).to(torch.float32).div_(127.5).sub_(1.0)
         return x.to(dev), None if y is None else y.to(dev)
 
     # ---- latents: the trainer's noise generator
     gen = torch.Generator()
     gen.set_state(ckpt.noise_state(a.ckpt))
-    z_dim = int(cfg["model.z_dim"])
+    z_dim = int(cfg.get("model.z_dim", 0))
 
     def latents():
+        if paired:  # one dropout seed per sample (Pix2PixFamily::sample_latents)
+            return torch.randint(1 << 62, (B,), generator=gen, dtype=torch.int64), None
         if arch == "dcgan":
             return torch.randn((B, z_dim, 1, 1), generator=gen, dtype=torch.float32), None
         z = torch.randn((B, z_dim), generator=gen, dtype=torch.float32)
@@ -220,7 +226,13 @@ def main():
     def mine(t):
         return None if t is None else t.narrow(0, rank * local, local).contiguous().to(dev)
 
-    if loss == "hinge":
+    l1_weight = float(cfg.get("train.l1_weight", 0.0))
+    adv_weight = float(cfg.get("train.adversarial_weight", 1.0))
+    if loss == "least_squares":
+        d_loss_real = lambda o: (o - 1.0).pow(2).mean()
+        d_loss_fake = lambda o: o.pow(2).mean()
+        g_loss = lambda o: (o - 1.0).pow(2).mean()
+    elif loss == "hinge":
         d_loss_real = lambda o: torch.relu(1.0 - o).mean()
         d_loss_fake = lambda o: torch.relu(1.0 + o).mean()
         g_loss = lambda o: -o.mean()
@@ -234,7 +246,7 @@ def main():
         for _ in range(d_steps):
             z, y = latents()
             xr, yr = real_batch()
-            y_fake = mine(y)
+            y_fake = yr if paired else mine(y)  # paired: G translates this batch's A
             with torch.no_grad():
                 fake = Gw(mine(z), y_fake)
             with d_real_ctx():
@@ -250,11 +262,16 @@ def main():
             opt_d.zero_grad(set_to_none=True)
         for p in D.parameters():
             p.requires_grad_(False)
-        z, y = latents()
-        fake = Gw(mine(z), mine(y))
-        out = D_frozen(fake, mine(y)).reshape(-1)
+        if paired:  # G trains on the pairs and dropout seeds of the last D step
+            zg, yg = mine(z), yr
+        else:
+            z, y = latents()
+            zg, yg = mine(z), mine(y)
+        fake = Gw(zg, yg)
+        out = D_frozen(fake, yg).reshape(-1)
         lg = g_loss(out)
-        lg.backward()
+        total = lg * adv_weight + l1_weight * (fake - xr).abs().mean() if paired else lg
+        total.backward()
         for p in D.parameters():
             p.requires_grad_(True)
         stats[1] += lg.detach().double()
