@@ -11,7 +11,8 @@
 #   - shardgan-ckpt sample writes the A | G(A) | B grid from a checkpoint.
 #   - Pairs in HDF5: `shardgan-data convert --paired` of Fashion-MNIST trains bit-identically
 #     to the in-RAM edge pairs, and of a folder of A|B side-by-side images stores the left
-#     halves as A and the right halves as B (read back with h5py).
+#     halves as A and the right halves as B (read back with h5py); data.source paired reads
+#     that folder and trains bit-identically to its converted file.
 #   - Configs it cannot take end every rank naming the key.
 TRAIN=$1; CKPT=$2; SRC=$3; DATA=$4
 PY=${SHARDGAN_PYTHON:-python3}
@@ -80,20 +81,25 @@ else grep -q "no dataset 'A'" "$T/plainh5.log" && ok "a file without A: refused,
 mkdir -p "$T/ab"
 "$PY" - "$T/ab" <<'PY'
 import sys
-for i in range(3):  # 2 x (8x8) grey pairs: A = i*10 + x, B = 200 - i*10 - y
-    rows = [bytes([i * 10 + x for x in range(8)] + [200 - i * 10 - y] * 8) for y in range(8)]
-    open(f"{sys.argv[1]}/{i}.pgm", "wb").write(b"P5 16 8 255\n" + b"".join(rows))
+for i in range(12):  # 12 grey pairs of 32x32 halves: A = (i * 10 + x) % 256, B = (200 + 7 * i - y) % 256
+    rows = [bytes([(i * 10 + x) % 256 for x in range(32)] + [(200 + 7 * i - y) % 256] * 32) for y in range(32)]
+    open(f"{sys.argv[1]}/{i:02d}.pgm", "wb").write(b"P5 64 32 255\n" + b"".join(rows))
 PY
-"$DATA" convert --paired "$T/ab" -o "$T/ab.h5" --size 8 --channels 1 > "$T/ab.log" 2>&1 || bad "convert --paired folder: $(tail -3 "$T/ab.log")"
+"$DATA" convert --paired "$T/ab" -o "$T/ab.h5" --size 32 --channels 1 > "$T/ab.log" 2>&1 || bad "convert --paired folder: $(tail -3 "$T/ab.log")"
 "$PY" - "$T/ab.h5" <<'PY' && ok "convert --paired of an A|B folder: A = left halves, B = right halves" || bad "A|B folder contents"
 import sys, h5py, numpy as np
 f = h5py.File(sys.argv[1], "r")
 a, b = f["A"][()], f["B"][()]
-assert a.shape == b.shape == (3, 1, 8, 8), (a.shape, b.shape)
-for i in range(3):
-    assert (a[i, 0] == np.arange(8)[None, :] + i * 10).all() and (b[i, 0] == 200 - i * 10 - np.arange(8)[:, None]).all(), i
+assert a.shape == b.shape == (12, 1, 32, 32), (a.shape, b.shape)
+for i in range(12):
+    assert (a[i, 0] == (np.arange(32)[None, :] + i * 10) % 256).all(), i
+    assert (b[i, 0] == (200 + 7 * i - np.arange(32)[:, None]) % 256).all(), i
 assert (f["imgs"][()] == b).all()
 PY
+# data.source paired reads the folder itself, as the converted file gives it.
+run folder 2 2 --set data.source=paired --set data.path="$T/ab" || bad "data.source paired: $(tail -3 "$T/folder.log")"
+run folderh5 2 2 --set data.source=hdf5 --set data.path="$T/ab.h5" || bad "its HDF5: $(tail -3 "$T/folderh5.log")"
+same_checkpoint "$(ckpt folder 2)" "$(ckpt folderh5 2)" "(data.source paired against its converted file)"
 
 refused() {  # refused NAME KEY ARGS...: fails on both ranks naming KEY
   local name=$1 key=$2; shift 2
@@ -104,5 +110,6 @@ refused() {  # refused NAME KEY ARGS...: fails on both ranks naming KEY
 refused simultaneous train.update --set train.update=simultaneous
 P2P=("$SRC/configs/fmnist-dcgan.yaml")  # a noise-to-image model takes no L1 term
 refused l1-dcgan train.l1_weight --set train.l1_weight=100
+refused paired-dcgan data.source --set data.source=paired --set data.path="$T/ab"
 rm -rf "$T"
 finish

@@ -312,11 +312,13 @@ TrainConfig read_config(Reader& r, const std::string& source) {
   c.deterministic = r.get<bool>("run.deterministic", c.deterministic,
       "torch's deterministic algorithms (for bit-for-bit comparisons on a GPU; slower)");
   c.data_source = r.get<std::string>("data.source", c.data_source,
-      "fashion-mnist (idx files, in RAM), synthetic, or hdf5 (read per rank in chunks)");
-  require(c.data_source == "fashion-mnist" || c.data_source == "synthetic" || c.data_source == "hdf5", r,
-          "data.source", "must be 'fashion-mnist', 'synthetic' or 'hdf5'");
+      "fashion-mnist (idx files, in RAM), synthetic, hdf5 (read per rank in chunks), or paired (a folder of "
+      "pix2pix A|B images, in RAM)");
+  require(c.data_source == "fashion-mnist" || c.data_source == "synthetic" || c.data_source == "hdf5" ||
+              c.data_source == "paired",
+          r, "data.source", "must be 'fashion-mnist', 'synthetic', 'hdf5' or 'paired'");
   c.data_path = r.get<std::string>("data.path", c.data_path,
-      "the Fashion-MNIST folder, or the .h5 file for data.source hdf5");
+      "the Fashion-MNIST folder, the .h5 file for data.source hdf5, or the folder of A|B images for paired");
   c.synthetic_size = r.get<int64_t>("data.synthetic_size", c.synthetic_size, "images in the synthetic dataset");
   require(c.synthetic_size > 0, r, "data.synthetic_size", "must be > 0");
   c.prefetch_batches = r.get<int64_t>("data.prefetch_batches", c.prefetch_batches,
@@ -374,6 +376,10 @@ TrainConfig read_config(Reader& r, const std::string& source) {
           "needs an image-to-image model (model.arch: pix2pix); set it to 1");
   require(paired || c.l1_weight == 0, r, "train.l1_weight",
           "needs an image-to-image model (model.arch: pix2pix); set it to 0");
+  require(paired || c.data_source != "paired", r, "data.source",
+          "paired needs an image-to-image model (model.arch: pix2pix)");
+  require(c.data_source != "paired" || c.family->condition_channels() == c.family->image_shape().channels, r,
+          "model.in_channels", "must equal model.channels with data.source paired (A and B halves of one image)");
   require(!paired || c.update == "alternating", r, "train.update",
           "must be alternating for an image-to-image model (model.arch pix2pix): G's pass trains on the pairs of "
           "D's update");

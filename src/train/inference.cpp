@@ -6,7 +6,9 @@
 #include <torch/torch.h>
 
 #include "shardgan/data/edges.h"
+#include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/data/images.h"
+#include "shardgan/data/paired_folder.h"
 #include "shardgan/sharding/deferred.h"
 #include "shardgan/train/image_grid.h"
 
@@ -134,7 +136,9 @@ at::Tensor synthetic_images(const TrainConfig& cfg, int64_t n, uint64_t seed) {
 at::Tensor held_out_images(const TrainConfig& cfg, int64_t n) {
   n = std::min<int64_t>(n, 10000);
   if (cfg.data_source == "fashion-mnist") return load_fashion_mnist(cfg.data_path, cfg.model_dtype, "t10k").narrow(0, 0, n);
-  if (cfg.data_source == "hdf5") return load_fashion_mnist(cfg.eval_reference, cfg.model_dtype, "t10k").narrow(0, 0, n);
+  if (cfg.data_source == "hdf5" || cfg.data_source == "paired") {
+    return load_fashion_mnist(cfg.eval_reference, cfg.model_dtype, "t10k").narrow(0, 0, n);
+  }
   return synthetic_images(cfg, n, cfg.seed + 21);
 }
 
@@ -152,8 +156,22 @@ TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow) {
   if (cfg.family->condition_channels() > 0) {
     constexpr int64_t kPairs = 32;
     if (nrow) *nrow = 12;
-    const at::Tensor b = held_out_images(cfg, kPairs);
-    return {fixed_latents(cfg, b.size(0)), data::sobel_edges(b, cfg.family->condition_channels()), b};
+    at::Tensor a, b;
+    if (cfg.data_source == "hdf5") {  // no test split: the file's first pairs
+      const data::Hdf5Dataset ds(cfg.data_path);
+      const at::Tensor idx = torch::arange(std::min<int64_t>(kPairs, ds.size()), torch::kLong);
+      ds.read(idx, cfg.model_dtype, &b, nullptr);
+      a = ds.read_condition(idx, cfg.model_dtype);
+    } else if (cfg.data_source == "paired") {  // no test split: the folder's first pairs
+      const ImageShape s = cfg.family->image_shape();
+      const data::PairedImages p = data::read_paired_folder(cfg.data_path, s.height, s.channels, kPairs);
+      a = data::scale_pixels(p.a, cfg.model_dtype);
+      b = data::scale_pixels(p.b, cfg.model_dtype);
+    } else {
+      b = held_out_images(cfg, kPairs);
+      a = data::sobel_edges(b, cfg.family->condition_channels());
+    }
+    return {fixed_latents(cfg, b.size(0)), a, b};
   }
   const int64_t classes = cfg.family->num_classes();
   if (classes == 0) return {fixed_latents(cfg, kPerRow * kPerRow), at::Tensor()};

@@ -17,6 +17,7 @@
 #include "shardgan/device/device.h"
 #include "shardgan/data/edges.h"
 #include "shardgan/data/hdf5_loader.h"
+#include "shardgan/data/paired_folder.h"
 #include "shardgan/optim/factory.h"
 #include "shardgan/optim/offloaded_adam.h"
 #include "shardgan/sharding/deferred.h"
@@ -192,6 +193,14 @@ void Trainer::load_images(const ImageShape& shape, int64_t classes) {
   if (!images_.defined()) {
     if (cfg_.data_source == "synthetic") {
       images_ = synthetic_images(cfg_, cfg_.synthetic_size, cfg_.seed + 17);
+    } else if (cfg_.data_source == "paired") {  // pix2pix's A|B folder, decoded into RAM
+      const data::PairedImages p = data::read_paired_folder(cfg_.data_path, shape.height, shape.channels);
+      images_ = data::scale_pixels(p.b, cfg_.model_dtype);
+      labels_ = data::scale_pixels(p.a, cfg_.model_dtype);
+      if (comm_.rank() == 0) {
+        spdlog::info("data.source paired: {} pairs from {} ({}x{}x{})", images_.size(0), cfg_.data_path,
+                     shape.channels, shape.height, shape.width);
+      }
     } else {
       if (shape.channels != 1 || shape.height != 32 || shape.width != 32) {
         throw ConfigError(cfg_.source + ": data.source fashion-mnist gives 1x32x32 images but model." +

@@ -44,9 +44,11 @@ at::Tensor fixed_latents(const TrainConfig& cfg, int64_t n);
 
 /// The trainer's fixed sample batch {z, y}: for an unconditional family 64 latents (an 8x8
 /// grid, y undefined); for a conditional one 8 per class with y = 0,..,0,1,..,1,... so that
-/// grid row k shows class k; for an image-conditioned one {z, A, B}: 32 held-out pairs
-/// (held_out_images and their edge maps), shown by sample_grid as 4 triples A | G(A) | B
-/// per row. `nrow` (if given) receives the images per grid row (8, or 12).
+/// grid row k shows class k; for an image-conditioned one {z, A, B}: 32 pairs, shown by
+/// sample_grid as 4 triples A | G(A) | B per row: held-out pairs (held_out_images and
+/// their edge maps) for data.source fashion-mnist and synthetic, the first pairs of the
+/// training data for hdf5 and paired, which have no test split. `nrow` (if given) receives
+/// the images per grid row (8, or 12).
 TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow = nullptr);
 
 /// Local. The images of a grid of G's `out` for `inputs` (fixed_sample_inputs): `out` itself,
@@ -60,8 +62,8 @@ at::Tensor sample_grid(const TensorList& inputs, const at::Tensor& out);
 at::Tensor synthetic_images(const TrainConfig& cfg, int64_t n, uint64_t seed);
 
 /// Local. The first `n` images (at most 10000) of the held-out set: Fashion-MNIST's t10k
-/// split (from data.path for data.source fashion-mnist, from eval.reference for hdf5, whose
-/// file holds no test split), else synthetic_images with seed cfg.seed + 21, which the
+/// split (from data.path for data.source fashion-mnist, from eval.reference for hdf5 and
+/// paired, which hold no test split), else synthetic_images with seed cfg.seed + 21, which the
 /// training set (seed + 17) does not share. [n, C, H, W] in the model dtype.
 at::Tensor held_out_images(const TrainConfig& cfg, int64_t n);
 
