@@ -21,7 +21,7 @@ for seed in $SEEDS; do
       Q+=(--set sharding.$m.quantized_weights=int8 --set sharding.$m.quantized_gradients=$GBITS)
     done
     R=$WORK/$mode-s$seed; rm -rf "$R"
-    mpirun -np 2 --bind-to none "$BUILD/shardgan-train" configs/fmnist-dcgan.yaml --set run.seed=$seed \
+    mpirun -np 2 --bind-to none "$BUILD/shardgan-train" configs/fmnist-dcgan.yaml --set run.seed=$seed --set train.steps=1500 --set train.eval_every=500 \
       --set train.plots=false --set eval.enabled=true --set eval.classifier="$CLASSIFIER" "${Q[@]}" --set run.dir="$R" > "$R.log" 2>&1 || { echo "$mode seed $seed failed: $R.log" >&2; exit 1; }
     python3 - "$R" "$mode" "$seed" "$COMMIT" "$GBITS" <<'PY' | tee -a "$OUT"
 import json, sys
