@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sample quality at (about) equal wall time, simultaneous against alternating update, on one
-# set of ranks: configs/fmnist-biggan.yaml on 2 ranks, the alternating run ALT_STEPS steps
+# set of ranks: configs/fmnist-biggan.yaml on 2 ranks with its former d_steps 2 and EMA
+# (decay 0.98 from step 300), pinned here so the recorded figures reproduce; the alternating run ALT_STEPS steps
 # and the simultaneous run the same steps times RATIO (its measured images-per-second gain,
 # docs/results.md#the-update-rule), so that both get about the same minutes. Evaluated at
 # the end (FID and class accuracy of G and of the EMA on the project classifier). One
@@ -22,6 +23,7 @@ for seed in $SEEDS; do
     name="$upd-seed$seed"; rm -rf "$WORK/$name"
     t0=$(date +%s.%N)
     mpirun -np 2 --bind-to none "$BUILD/shardgan-train" configs/fmnist-biggan.yaml --set train.update=$upd \
+      --set train.d_steps=2 --set ema.decay=0.98 --set ema.start_step=300 --set train.eval_every=0 \
       --set run.seed="$seed" --set train.steps="$steps" --set train.checkpoint_every=0 --set train.sample_every=0 \
       --set eval.enabled=true --set eval.classifier=runs/fmnist-classifier.h5 --set run.dir="$WORK/$name" \
       > "$WORK/$name.log" 2>&1 || { echo "run $name failed: $WORK/$name.log" >&2; exit 1; }

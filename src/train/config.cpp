@@ -180,7 +180,8 @@ OptimizerConfig read_optim(Reader& r, const std::string& who, int64_t steps) {
   require(c.alpha >= 0 && c.alpha < 1, r, p + "alpha", "must be in [0, 1)");
   c.centered = r.get<bool>(p + "centered", c.centered, "RMSprop: normalize by the centered second moment");
   const std::string sched = r.get<std::string>(p + "schedule", "constant",
-      "learning-rate schedule: constant, linear, cosine or step, after warmup_steps of linear warm-up");
+      "learning-rate schedule: constant, linear_warmup (warm-up, then constant), cosine or step; all but constant "
+      "start with warmup_steps of linear warm-up");
   try {
     c.schedule.kind = parse_lr_schedule(sched);
   } catch (const std::invalid_argument& e) {
@@ -192,7 +193,7 @@ OptimizerConfig read_optim(Reader& r, const std::string& who, int64_t steps) {
   c.schedule.total_steps = r.get<int64_t>(p + "total_steps", steps,
       "steps the schedule spans (defaults to train.steps; pin it when resuming with another train.steps)");
   require(c.schedule.total_steps >= 0, r, p + "total_steps", "must be >= 0");
-  c.schedule.min_lr = r.get<double>(p + "min_lr", 0.0, "the schedule's final learning rate (linear, cosine)");
+  c.schedule.min_lr = r.get<double>(p + "min_lr", 0.0, "the cosine schedule's final learning rate");
   require(c.schedule.min_lr >= 0, r, p + "min_lr", "must be >= 0");
   c.schedule.step_size = r.get<int64_t>(p + "step_size", 0, "step schedule: steps between decays");
   require(c.schedule.step_size >= 0, r, p + "step_size", "must be >= 0");
