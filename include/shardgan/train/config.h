@@ -113,7 +113,7 @@ struct TrainConfig {
   double preempt_grace_s = 0;
 
   at::ScalarType model_dtype = at::kFloat;  ///< model.dtype: float32 | float64 (masters)
-  /// model.arch (dcgan | biggan) and that family's model.* keys.
+  /// model.arch (dcgan | biggan | pix2pix) and that family's model.* keys.
   std::shared_ptr<const ModelFamily> family;
   ShardingConfig g_sharding;      ///< sharding.generator.{stage,reshard_after_forward,
                                   ///<   activation_checkpointing,checkpoint_segments,
