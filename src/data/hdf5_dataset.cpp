@@ -218,7 +218,7 @@ void Hdf5Dataset::check_labels(int64_t num_classes) const {
 }
 
 void Hdf5Dataset::read_rows_raw(const at::Tensor& indices, at::Tensor* images, at::Tensor* labels,
-                                ReadStats* stats) const {
+                                ReadStats* stats, at::Tensor* condition) const {
   h5::quiet();
   TORCH_CHECK(indices.dim() == 1 && indices.scalar_type() == at::kLong, "Hdf5Dataset: indices must be int64 [n]");
   const at::Tensor idx = indices.contiguous();
@@ -232,19 +232,25 @@ void Hdf5Dataset::read_rows_raw(const at::Tensor& indices, at::Tensor* images, a
   // Distinct rows in file order; `inverse` puts them back in the requested order.
   auto [uniq, inverse] = at::_unique(idx, /*sorted=*/true, /*return_inverse=*/true);
   const int64_t m = uniq.numel();
-  if (images) {
-    const std::vector<hsize_t> dims{static_cast<hsize_t>(n_), static_cast<hsize_t>(c_), static_cast<hsize_t>(h_),
+  // The rows of a uint8 [N, c, H, W] dataset (`imgs`, or `A` of a file of pairs).
+  auto read_images = [&](int64_t ds, int64_t c, const char* name, int64_t* runs) {
+    const std::vector<hsize_t> dims{static_cast<hsize_t>(n_), static_cast<hsize_t>(c), static_cast<hsize_t>(h_),
                                     static_cast<hsize_t>(w_)};
-    at::Tensor staging = torch::empty({m, c_, h_, w_}, torch::kUInt8);
-    const int64_t runs = read_sorted_rows(imgs_, H5T_NATIVE_UINT8, dims, uniq, image_numel(), staging.data_ptr<uint8_t>(),
-                                          path_ + ": dataset 'imgs'");
-    *images = staging.index_select(0, inverse);
+    at::Tensor staging = torch::empty({m, c, h_, w_}, torch::kUInt8);
+    *runs = read_sorted_rows(ds, H5T_NATIVE_UINT8, dims, uniq, c * h_ * w_, staging.data_ptr<uint8_t>(),
+                             path_ + ": dataset '" + name + "'");
+    return staging.index_select(0, inverse);
+  };
+  int64_t runs = 0;
+  if (images) {
+    *images = read_images(imgs_, c_, kImagesDataset, &runs);
     if (stats) {
       stats->runs += runs;
       stats->rows_read += m;
       stats->bytes_read += m * image_numel();
     }
   }
+  if (condition) *condition = read_images(a_, ca_, kConditionDataset, &runs);
   if (labels) {
     const std::vector<hsize_t> dims{static_cast<hsize_t>(n_)};
     at::Tensor staging = torch::empty({m}, torch::kLong);
@@ -256,18 +262,9 @@ void Hdf5Dataset::read_rows_raw(const at::Tensor& indices, at::Tensor* images, a
 
 at::Tensor Hdf5Dataset::read_condition(const at::Tensor& indices, at::ScalarType dtype) const {
   if (a_ < 0) throw std::logic_error(path_ + ": no dataset 'A' (not a file of pairs)");
-  h5::quiet();
-  TORCH_CHECK(indices.dim() == 1 && indices.scalar_type() == at::kLong, "Hdf5Dataset: indices must be int64 [n]");
-  const at::Tensor idx = indices.contiguous();
-  if (idx.numel() > 0 && (idx.min().item<int64_t>() < 0 || idx.max().item<int64_t>() >= n_)) {
-    throw std::out_of_range(path_ + ": a row outside [0, " + std::to_string(n_) + ") requested from 'A'");
-  }
-  auto [uniq, inverse] = at::_unique(idx, /*sorted=*/true, /*return_inverse=*/true);
-  const std::vector<hsize_t> dims{static_cast<hsize_t>(n_), static_cast<hsize_t>(ca_), static_cast<hsize_t>(h_),
-                                  static_cast<hsize_t>(w_)};
-  at::Tensor staging = torch::empty({uniq.numel(), ca_, h_, w_}, torch::kUInt8);
-  read_sorted_rows(a_, H5T_NATIVE_UINT8, dims, uniq, ca_ * h_ * w_, staging.data_ptr<uint8_t>(), path_ + ": dataset 'A'");
-  return scale_pixels(staging.index_select(0, inverse), dtype);
+  at::Tensor raw;
+  read_rows_raw(indices, nullptr, nullptr, nullptr, &raw);
+  return scale_pixels(raw, dtype);
 }
 
 at::Tensor Hdf5Dataset::read_raw(const at::Tensor& indices, ReadStats* stats) const {

@@ -61,6 +61,7 @@ struct Evaluator::State {
   eval::FeatureStats reference;
   bool class_accuracy = false;  // conditional with the classifier's 10 classes
   at::Tensor held_out;          // image-to-image: the held-out images B (held_out_images)
+  at::Tensor held_out_a;        // and their edge maps A, the inputs G translates
 };
 
 Evaluator::Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFamily& family)
@@ -91,6 +92,7 @@ Evaluator::Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFami
   if (family.condition_channels() > 0) {
     s_->held_out = cfg.data_source == "fashion-mnist" ? real.narrow(0, 0, std::min<int64_t>(cfg.eval_samples, n))
                                                       : held_out_images(cfg, cfg.eval_samples);
+    s_->held_out_a = data::sobel_edges(s_->held_out, family.condition_channels());
   }
 }
 
@@ -109,11 +111,12 @@ EvalResult Evaluator::evaluate(ShardedModel& g, bool identity) {
   at::Generator gen = at::detail::createCPUGenerator(cfg.seed + 5);
   const at::Tensor z = s_->family.sample_latents(total, gen, cfg.model_dtype);
   const int64_t classes = s_->family.num_classes();
-  at::Tensor y = classes > 0 ? torch::arange(total, torch::kLong).remainder(classes) : at::Tensor();
-  at::Tensor targets;  // paired: this rank's held-out images B; y is their edge maps A
+  const at::Tensor y = classes > 0 ? torch::arange(total, torch::kLong).remainder(classes) : at::Tensor();
+  at::Tensor targets, inputs;  // paired: this rank's held-out images B and their edge maps A
   if (paired) {
     if (s_->held_out.size(0) < W) throw std::invalid_argument("eval.samples must be at least the world size");
     targets = s_->held_out.narrow(0, r * per_rank, per_rank);
+    inputs = s_->held_out_a.narrow(0, r * per_rank, per_rank);
   }
 
   torch::NoGradGuard no_grad;
@@ -125,8 +128,7 @@ EvalResult Evaluator::evaluate(ShardedModel& g, bool identity) {
   at::Tensor counts = torch::zeros({1 + eval::kClassifierClasses + 3}, torch::kDouble);
   for (int64_t off = 0; off < per_rank; off += kChunk) {
     const int64_t b = std::min(kChunk, per_rank - off), at = r * per_rank + off;
-    at::Tensor yb = y.defined() ? y.narrow(0, at, b) : at::Tensor();
-    if (paired) yb = data::sobel_edges(targets.narrow(0, off, b), s_->family.condition_channels());
+    const at::Tensor yb = paired ? inputs.narrow(0, off, b) : y.defined() ? y.narrow(0, at, b) : at::Tensor();
     const at::Tensor imgs = identity ? yb.to(at::kFloat).expand({b, targets.size(1), targets.size(2), targets.size(3)})
                                      : g.forward({z.narrow(0, at, b).contiguous(), yb}).at(0).to(at::kCPU, at::kFloat);
     if (paired) {

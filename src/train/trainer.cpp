@@ -35,7 +35,6 @@ const ModelFamily& family_of(const TrainConfig& cfg) {
   return *cfg.family;
 }
 
-// Synthetic images in the family's shape: the 1-channel 32x32 blobs, resized and repeated.
 // data.source hdf5: opens data.path and checks that its images and labels fit the model.
 std::unique_ptr<data::Hdf5Dataset> open_hdf5(const TrainConfig& cfg, const ImageShape& shape, int64_t classes) {
   auto ds = std::make_unique<data::Hdf5Dataset>(cfg.data_path);

@@ -84,8 +84,10 @@ class Hdf5Dataset {
   at::Tensor read_raw(const at::Tensor& indices, ReadStats* stats = nullptr) const;
 
  private:
-  // Reads the stored rows (uint8 images, int64 labels) of `indices`; either output may be null.
-  void read_rows_raw(const at::Tensor& indices, at::Tensor* images, at::Tensor* labels, ReadStats* stats) const;
+  // Reads the stored rows (uint8 images, int64 labels, uint8 A of a file of pairs) of
+  // `indices`; any output may be null. Only `imgs` rows count in `stats`.
+  void read_rows_raw(const at::Tensor& indices, at::Tensor* images, at::Tensor* labels, ReadStats* stats,
+                     at::Tensor* condition = nullptr) const;
 
   std::string path_;
   int64_t file_ = -1, imgs_ = -1, labels_ = -1, a_ = -1;  // hid_t
