@@ -77,3 +77,10 @@ add_test(NAME simultaneous_update_train
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/simultaneous_train_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
 set_tests_properties(simultaneous_update_train PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+
+# train.placement: split (ParaGAN's G and D rank groups): parity with shared in float64 for
+# both update rules, bytes between the groups, cross-placement resume, refusals.
+add_test(NAME split_placement
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/split_placement_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(split_placement PROPERTIES TIMEOUT 1200 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)

@@ -113,11 +113,27 @@ void delete_in_background(std::vector<fs::path> dirs) {
 // Rank 0: the index is written, then the directory is committed and old ones retired.
 void write_index_and_commit(SaveParts& p, const std::vector<std::string>& records) {
   Manifest& m = p.index;
+  // Models in the order their leaders' records list them (every rank holds every model,
+  // led by rank 0, unless the placement is split); each model's entry comes from its
+  // leader, the lowest rank holding it, and the other holders add their shards.
   for (size_t r = 0; r < records.size(); ++r) {
     Manifest rec = ckpt::manifest_from_json(records[r], "rank " + std::to_string(r) + "'s record");
-    for (size_t mi = 0; mi < m.models.size(); ++mi) {
-      for (size_t ui = 0; ui < m.models[mi].units.size(); ++ui) {
-        for (const auto& sh : rec.models.at(mi).units.at(ui).shards) m.models[mi].units[ui].shards.push_back(sh);
+    for (auto& me : rec.models) {
+      auto it = std::find_if(m.models.begin(), m.models.end(), [&](const ckpt::ModelEntry& e) { return e.name == me.name; });
+      if (it == m.models.end()) {
+        if (me.dtype.empty() && !me.units.empty()) {
+          throw CheckpointError("rank " + std::to_string(r) + " is the first to hold model '" + me.name +
+                                "' but is not its leader");
+        }
+        m.models.push_back(std::move(me));
+        continue;
+      }
+      if (it->units.size() != me.units.size()) {
+        throw CheckpointError("rank " + std::to_string(r) + " holds " + std::to_string(me.units.size()) + " units of '" +
+                              me.name + "', its leader " + std::to_string(it->units.size()));
+      }
+      for (size_t ui = 0; ui < me.units.size(); ++ui) {
+        for (const auto& sh : me.units[ui].shards) it->units[ui].shards.push_back(sh);
       }
     }
     m.files.push_back(rec.files.at(0));
@@ -199,31 +215,7 @@ SaveParts plan_save(const std::string& run_dir, const TrainCounters& counters,
   m.batch_in_epoch = counters.batch_in_epoch;
   m.scalars = counters.scalars;
   m.config = config_yaml;
-  for (const auto& mo : models) {
-    ShardedModel& model = *mo.model;
-    ckpt::ModelEntry me;
-    me.name = model.name();
-    me.stage = model.config().stage;
-    me.optim_step = mo.optim ? mo.optim->step_count() : 0;
-    if (!model.units().empty()) {
-      me.dtype = h5::dtype_name(h5_type(model.units()[0]->master_dtype()));
-      if (mo.optim) me.optim_states = mo.optim->state_names();
-    }
-    for (auto& kv : mo.extra) me.extras.push_back(kv.first);
-    for (auto& up : model.units()) {
-      ckpt::UnitEntry ue;
-      ue.name = up->name();
-      ue.numel = up->numel();
-      ue.padded_numel = up->padded_numel();
-      for (const auto& s : up->slots()) ue.params.push_back({s.name, s.shape, s.offset, s.numel});
-      me.units.push_back(std::move(ue));
-    }
-    for (auto& [bname, buf] : model.named_buffers()) {
-      me.buffers.push_back({bname, buf.sizes().vec(), h5::dtype_name(h5_type(buf.scalar_type())), 0});
-    }
-    m.models.push_back(std::move(me));
-  }
-  return p;
+  return p;  // the models' entries come from their leaders' records (write_index_and_commit)
 }
 
 void visit_rank_file(SaveParts& parts, const TrainCounters& counters, const std::vector<ModelAndOptimizer>& models,
@@ -236,13 +228,31 @@ void visit_rank_file(SaveParts& parts, const TrainCounters& counters, const std:
     ShardedModel& m = *mo.model;
     ckpt::ModelEntry me;
     me.name = m.name();
-    // At stage 0 every rank holds every element: rank 0 writes them once. Under hybrid
+    const bool leader = rank == mo.leader;
+    if (leader) {  // the model's entry in the index: layout, dtypes, state names, buffers
+      me.stage = m.config().stage;
+      me.optim_step = mo.optim ? mo.optim->step_count() : 0;
+      if (!m.units().empty()) {
+        me.dtype = h5::dtype_name(h5_type(m.units()[0]->master_dtype()));
+        if (mo.optim) me.optim_states = mo.optim->state_names();
+      }
+      for (auto& kv : mo.extra) me.extras.push_back(kv.first);
+      for (auto& [bname, buf] : m.named_buffers()) {
+        me.buffers.push_back({bname, buf.sizes().vec(), h5::dtype_name(h5_type(buf.scalar_type())), rank});
+      }
+    }
+    // At stage 0 every rank holds every element: the leader writes them once. Under hybrid
     // sharding every replica group holds the same shards: group 0 writes them.
-    const bool writes_units = m.config().stage != 0 ? m.comm().replica_rank() == 0 : rank == 0;
+    const bool writes_units = m.config().stage != 0 ? m.comm().replica_rank() == 0 : leader;
     for (size_t i = 0; i < m.units().size(); ++i) {
       ShardedUnit& u = *m.units()[i];
       ckpt::UnitEntry ue;
       ue.name = u.name();
+      if (leader) {
+        ue.numel = u.numel();
+        ue.padded_numel = u.padded_numel();
+        for (const auto& s : u.slots()) ue.params.push_back({s.name, s.shape, s.offset, s.numel});
+      }
       if (writes_units) {
         const std::string g = m.name() + "/units/" + u.name();
         sink.dataset(g + "/param_shard", u.master_shard());  // transient when offloaded
@@ -258,7 +268,7 @@ void visit_rank_file(SaveParts& parts, const TrainCounters& counters, const std:
       }
       me.units.push_back(std::move(ue));
     }
-    if (rank == 0) {
+    if (leader) {
       // Flat, like every shard; the manifest keeps the shape and the index views it whole.
       for (auto& [bname, buf] : m.named_buffers()) sink.dataset(m.name() + "/buffers/" + bname, buf.reshape({-1}));
     }

@@ -23,6 +23,12 @@ std::unique_ptr<Work> Communicator::all_to_all_async(at::Tensor&, const at::Tens
                         "use dist.backend=mpi or quantized_gradients: none");
 }
 
+std::unique_ptr<Work> Communicator::send_recv_async(const std::vector<PeerBuffer>&, const std::vector<PeerBuffer>&) {
+  throw CollectiveError("send_recv on rank " + std::to_string(rank()) + ": the " + backend() +
+                        " backend has no point-to-point path (needed for train.placement: split); "
+                        "use dist.backend=mpi or train.placement: shared");
+}
+
 std::unique_ptr<Communicator> Communicator::split(int, int) {
   throw CollectiveError("split on rank " + std::to_string(rank()) + ": the " + backend() +
                         " backend cannot split its communicator (needed for hybrid sharding, "

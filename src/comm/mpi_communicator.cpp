@@ -40,6 +40,7 @@ MPI_Datatype mpi_type(at::ScalarType t) {
 // communicators this backend runs on (collectives have a context of their own).
 constexpr int kReduceScatterTag = 0x5247;
 constexpr int kAllToAllTag = 0x4141;
+constexpr int kSendRecvTag = 0x5052;
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
@@ -396,6 +397,39 @@ std::unique_ptr<Work> MpiCommunicator::all_to_all_async(at::Tensor& out, const a
   std::vector<MPI_Request> reqs = post_block_exchange(comm_, rank_, n, kAllToAllTag, in, s, max_count_,
                                                       [&](int from) { return dst + from * block_bytes; });
   return std::make_unique<MpiWork>(*this, std::move(reqs), describe("all_to_all", rank_, n, in));
+}
+
+std::unique_ptr<Work> MpiCommunicator::send_recv_async(const std::vector<PeerBuffer>& sends,
+                                                       const std::vector<PeerBuffer>& recvs) {
+  std::vector<MPI_Request> reqs;
+  std::vector<MPI_Datatype> types;  // freed once posted (MPI keeps its own reference)
+  std::string what = "send_recv on rank " + std::to_string(rank_) + " (peers";
+  auto post = [&](const PeerBuffer& b, bool send) {
+    check_cpu_contiguous(b.t, "send_recv", send ? "send" : "recv", rank_);
+    if (b.peer < 0 || b.peer >= world_size_ || b.peer == rank_) {
+      throw CollectiveError("send_recv on rank " + std::to_string(rank_) + ": peer " + std::to_string(b.peer) +
+                            " is not another rank of " + std::to_string(world_size_));
+    }
+    what += " " + std::to_string(b.peer);
+    const int64_t s = b.t.numel();
+    MPI_Datatype base = mpi_type(b.t.scalar_type());
+    const bool large = s > max_count_;
+    MPI_Datatype dt = large ? large_contiguous(s, max_count_, base, b.t.element_size()) : base;
+    if (large) types.push_back(dt);
+    MPI_Request r;
+    if (send) {
+      MPI_Isend(b.t.data_ptr(), large ? 1 : static_cast<int>(s), dt, b.peer, kSendRecvTag, comm_, &r);
+      stats_.sent_bytes += s * b.t.element_size();
+    } else {
+      MPI_Irecv(b.t.data_ptr(), large ? 1 : static_cast<int>(s), dt, b.peer, kSendRecvTag, comm_, &r);
+    }
+    reqs.push_back(r);
+  };
+  for (const auto& b : recvs) post(b, false);
+  for (const auto& b : sends) post(b, true);
+  for (MPI_Datatype& t : types) MPI_Type_free(&t);
+  stats_.send_recv_calls++;
+  return std::make_unique<MpiWork>(*this, std::move(reqs), what + ")");
 }
 
 void MpiCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {

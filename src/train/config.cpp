@@ -361,6 +361,15 @@ TrainConfig read_config(Reader& r, const std::string& source) {
       "other's weights of before the step; one G forward serves both)");
   require(c.update == "alternating" || c.update == "simultaneous", r, "train.update",
           "must be alternating or simultaneous");
+  c.placement = r.get<std::string>("train.placement", c.placement,
+      "shared (G and D each sharded over every rank) or split (ParaGAN: ranks [0, K) hold only G, the rest only "
+      "D; only images and their gradients cross)");
+  require(c.placement == "shared" || c.placement == "split", r, "train.placement", "must be shared or split");
+  c.generator_ranks = r.get<double>("placement.generator_ranks", c.generator_ranks,
+      "train.placement split: G's ranks K, a count >= 1 or a fraction in (0, 1) of the world size");
+  require(c.generator_ranks > 0 && std::isfinite(c.generator_ranks) &&
+              (c.generator_ranks < 1 || c.generator_ranks == std::floor(c.generator_ranks)),
+          r, "placement.generator_ranks", "must be a whole number of ranks >= 1 or a fraction in (0, 1)");
   c.loss = r.get<std::string>("train.loss", c.loss,
       "nonsaturating (DCGAN, pix2pix's vanilla), hinge (BigGAN) or least_squares (LSGAN)");
   require(c.loss == "nonsaturating" || c.loss == "hinge" || c.loss == "least_squares", r, "train.loss",
@@ -381,6 +390,9 @@ TrainConfig read_config(Reader& r, const std::string& source) {
           "paired needs an image-to-image model (model.arch: pix2pix)");
   require(c.data_source != "paired" || c.family->condition_channels() == c.family->image_shape().channels, r,
           "model.in_channels", "must equal model.channels with data.source paired (A and B halves of one image)");
+  require(!paired || c.placement == "shared", r, "train.placement",
+          "must be shared for an image-to-image model (model.arch pix2pix): its D scores G's output beside the "
+          "input image A, which only the data's ranks hold");
   require(!paired || c.update == "alternating", r, "train.update",
           "must be alternating for an image-to-image model (model.arch pix2pix): G's pass trains on the pairs of "
           "D's update");
@@ -492,6 +504,19 @@ TrainConfig read_config(Reader& r, const std::string& source) {
   for (auto [who, R] : {std::pair{"generator", c.g_replicate_degree}, std::pair{"discriminator", c.d_replicate_degree}}) {
     require(R == 1 || c.backend == "mpi", r, std::string("sharding.") + who + ".replicate_degree",
             "> 1 needs dist.backend mpi: the NCCL communicator cannot split into replica groups yet");
+  }
+  if (c.placement == "split") {
+    require(c.backend == "mpi", r, "train.placement",
+            "split needs dist.backend mpi: the images cross between the groups point to point, which the NCCL "
+            "backend does not offer yet (set train.placement: shared)");
+    require(c.g_replicate_degree == 1 && c.d_replicate_degree == 1, r, "train.placement",
+            "split cannot be combined with hybrid sharding (sharding.<model>.replicate_degree): each group already "
+            "shards its one model (set replicate_degree: 1 or train.placement: shared)");
+    require(!c.checkpoint_async, r, "train.placement",
+            "split cannot be combined with checkpoint.async yet (set checkpoint.async: false)");
+    require(c.preempt_grace_s == 0, r, "train.placement",
+            "split cannot be combined with train.preempt_grace_s yet: the groups reach their unit boundaries at "
+            "different times (set train.preempt_grace_s: 0; SIGTERM still saves after the step)");
   }
   r.check_all_known();
   c.resolved_yaml = r.resolved();

@@ -34,6 +34,7 @@ GanObjective::GanObjective(std::string loss, int64_t d_steps, int64_t micro_batc
 
 void GanObjective::set_paired(bool on, double l1_weight, double adversarial_weight) {
   if (on && simultaneous_) throw std::invalid_argument("the simultaneous update does not take paired data");
+  if (on && split_) throw std::invalid_argument("split placement does not take paired data");
   paired_ = on;
   l1_weight_ = l1_weight;
   adversarial_weight_ = adversarial_weight;
@@ -56,6 +57,7 @@ at::Tensor GanObjective::g_loss(const at::Tensor& fake) const {
 }
 
 StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs& in) {
+  if (split_) return split_step(g, d, in);
   // loss_d, loss_g, D(x), D(G(z)) on the host, as the engine's other scalars: the world's
   // all-reduce of host tensors runs over MPI, also beside NCCL (losses on a GPU are copied).
   at::Tensor stats = torch::zeros({5}, torch::kDouble);
@@ -246,7 +248,7 @@ std::pair<at::Tensor, double> GanObjective::d_real_pass(TrainedModel d, const Te
   d.scaler->scale_loss((d_loss_real(logits) + penalty * static_cast<double>(r1_every_)) / k).backward();
   d.model->end_higher_order();
   at::Tensor p = penalty.detach().to(at::kDouble).reshape({1});
-  comm_.all_reduce(p, ReduceOp::kAvg);
+  update_comm().all_reduce(p, ReduceOp::kAvg);
   return {logits.detach(), p.item<double>() / k};
 }
 
@@ -273,21 +275,22 @@ std::pair<at::Tensor, at::Tensor> GanObjective::d_joint_pass(TrainedModel d, con
 bool GanObjective::finish_update(TrainedModel m, double& norm, int64_t step_index, bool loss_finite,
                                  bool& nonfinite) {
   m.model->reduce_across_replicas();  // HSDP: the gradient shards cross groups once per update
-  bool ok = m.scaler->unscale_and_vote({m.model}, comm_);  // float16 only; else no collective
+  Communicator& comm = update_comm();
+  bool ok = m.scaler->unscale_and_vote({m.model}, comm);  // float16 only; else no collective
   if (!m.scaler->enabled()) {
     // Every rank's verdict, so that all of them skip (or abort) together. Gradient shards
     // cover every element between them at stages 2 and 3, and are whole at 0 and 1.
     at::Tensor vote = torch::full({1}, loss_finite && grads_finite(*m.model) ? 0.0 : 1.0, torch::kDouble);
-    comm_.all_reduce(vote, ReduceOp::kMax);
+    comm.all_reduce(vote, ReduceOp::kMax);
     nonfinite = vote.item<double>() != 0;
     ok = !nonfinite;
   }
   if (ok && grad_clip_ > 0) {
-    ClipResult c = clip_grad_norm({m.model}, grad_clip_, comm_);
+    ClipResult c = clip_grad_norm({m.model}, grad_clip_, comm);
     norm = c.total_norm;
     if (!c.finite) {
       ok = false;
-      if (comm_.rank() == 0) {
+      if (comm.rank() == 0) {
         spdlog::warn("{} update {}: gradient norm is {}; skipping its optimizer step",
                      m.model->name(), step_index, c.total_norm);
       }

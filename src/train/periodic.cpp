@@ -120,6 +120,23 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
                  m.time_optimizer_io_s,
                  m.step_time_s - m.time_collective_s - m.time_offload_read_s - m.time_offload_grad_s - m.time_optimizer_s);
   }
+  if (cfg_.placement == "split") {
+    // Bytes between the groups against the formula: the images of every transfer (one per
+    // D step that draws from G, plus G's pass) and their gradients (G's pass), at G's
+    // compute dtype.
+    const ImageShape s = cfg_.family->image_shape();
+    const int64_t image_bytes = s.channels * s.height * s.width *
+        static_cast<int64_t>(c10::elementSize(cfg_.g_sharding.compute_dtype.value_or(cfg_.model_dtype)));
+    const int64_t transfers = (cfg_.update == "simultaneous" ? cfg_.d_steps - 1 : cfg_.d_steps) + 2;
+    j["bytes_between_groups"] = m.bytes_between_groups;
+    j["bytes_between_groups_formula"] = image_bytes * cfg_.global_batch * transfers;
+    j["idle_g_s"] = m.idle_g_s;
+    j["idle_d_s"] = m.idle_d_s;
+    j["busy_g_s"] = m.busy_g_s;
+    j["busy_d_s"] = m.busy_d_s;
+    spdlog::info("step {:>6} split placement: G busy {:.3f} s idle {:.3f} s, D busy {:.3f} s idle {:.3f} s, {:.2f} MB "
+                 "between the groups", m.step, m.busy_g_s, m.idle_g_s, m.busy_d_s, m.idle_d_s, m.bytes_between_groups / 1e6);
+  }
   if (cfg_.r1_gamma > 0) j["r1"] = m.r1;
   if (cfg_.family && cfg_.family->condition_channels() > 0) j["loss_l1"] = m.loss_l1;
   if (m.device_mem_used_bytes >= 0) j["device_mem_used_bytes"] = m.device_mem_used_bytes;

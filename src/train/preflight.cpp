@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -103,10 +104,16 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   // Under HSDP a model is sharded over its replica group only (world size / R ranks; with
   // R = auto, one node's ranks).
   auto shard_ways = [&](int R) { return R == 1 ? world_size : R == 0 ? std::max(local_ranks, 1) : std::max(world_size / R, 1); };
+  // Split placement: G sharded over its K ranks, D over the other N - K, each rank one model.
+  const bool split = cfg.placement == "split" && world_size >= 2;
+  const int k = !split ? 0
+                : cfg.generator_ranks >= 1 ? static_cast<int>(cfg.generator_ranks)
+                                           : std::clamp(static_cast<int>(std::lround(cfg.generator_ranks * world_size)), 1,
+                                                        world_size - 1);
   ModelMemorySpec g = spec_for(cfg, cfg.family->generator(comm), cfg.g_sharding, cfg.g_optim, cfg.ema_enabled,
-                               shard_ways(cfg.g_replicate_degree));
+                               split ? std::max(k, 1) : shard_ways(cfg.g_replicate_degree));
   ModelMemorySpec d = spec_for(cfg, cfg.family->discriminator(comm), cfg.d_sharding, cfg.d_optim, false,
-                               shard_ways(cfg.d_replicate_degree));
+                               split ? std::max(world_size - k, 1) : shard_ways(cfg.d_replicate_degree));
   auto ge = estimate_all_stages(g), de = estimate_all_stages(d);
   auto sum = [](const std::vector<int64_t>& v) {
     int64_t n = 0;
@@ -157,6 +164,28 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   };
   j["configured"]["offload_disk_bytes"] = {{"generator", disk_bytes(ge[cfg.g_sharding.stage], cfg.g_optim)},
                                            {"discriminator", disk_bytes(de[cfg.d_sharding.stage], cfg.d_optim)}};
+  if (split) {
+    // Each rank holds one model's state and transient buffers (and D's ranks the data):
+    // every rank of a group needs the same, and the node holds both groups' ranks.
+    const ModelMemoryEstimate& eg = ge[cfg.g_sharding.stage];
+    const ModelMemoryEstimate& ed = de[cfg.d_sharding.stage];
+    const int64_t g_rank = eg.peak_bytes(), d_rank = ed.peak_bytes() + data_bytes(cfg, std::max(world_size - k, 1));
+    const int64_t k_on_node = std::min<int64_t>(k, local_ranks), d_on_node = std::max<int64_t>(local_ranks - k_on_node, 0);
+    const int64_t node = with_margin(g_rank) * k_on_node + with_margin(d_rank) * d_on_node;
+    j["split"] = {{"generator_ranks", k},
+                  {"discriminator_ranks", world_size - k},
+                  {"generator_rank_peak_bytes", g_rank},
+                  {"discriminator_rank_peak_bytes", d_rank},
+                  {"generator_state_bytes", eg.persistent_bytes()},
+                  {"discriminator_state_bytes", ed.persistent_bytes()}};
+    j["configured"]["per_rank_peak_bytes"] = std::max(g_rank, d_rank);
+    j["configured"]["state_bytes"] = std::max(eg.persistent_bytes(), ed.persistent_bytes());
+    j["configured"]["node_peak_bytes"] = g_rank * k_on_node + d_rank * d_on_node;
+    j["configured"]["node_bytes_checked"] = node;
+    const HostMemory host = read_host_memory();
+    j["node_memory"] = {{"total_bytes", host.total_bytes}, {"available_bytes", host.available_bytes}};
+    return j;  // the probe measures a rank holding both models: not run here
+  }
   // The prediction: what this process holds once the probe has run (LibTorch, oneDNN and
   // OpenMP loaded and used once, MPI; the probe's own memory given back to the OS), the
   // persistent training state (exact, the code's own accounting), the data, and one step's
@@ -252,6 +281,17 @@ void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
   const int64_t need = report["configured"]["node_bytes_checked"].get<int64_t>();
   const int64_t avail = report["node_memory"]["available_bytes"].get<int64_t>();
   if (need <= avail) return;
+  if (report.contains("split")) {
+    const nlohmann::json& sp = report["split"];
+    throw MemoryPreflightError(
+        cfg.source + ": memory pre-flight: train.placement split with placement.generator_ranks = " +
+        std::to_string(sp["generator_ranks"].get<int>()) + " needs about " + gib(need) + " on the " +
+        std::to_string(ranks) + " ranks of this node (a G rank " + gib(sp["generator_rank_peak_bytes"].get<int64_t>()) +
+        ", a D rank " + gib(sp["discriminator_rank_peak_bytes"].get<int64_t>()) + ", with margins), but only " +
+        gib(avail) + " are available. Give the larger model more ranks (placement.generator_ranks), raise its ZeRO "
+        "stage, offload it, or set train.skip_memory_check: true to run anyway. `shardgan-train CONFIG --dry-run` "
+        "prints the whole estimate.");
+  }
   std::string fits;
   for (int s = 0; s < 4 && fits.empty(); ++s) {
     const int64_t n = stage_need_bytes(report, s);

@@ -72,18 +72,26 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   }
   const ImageShape shape = family_.image_shape();
   const int64_t classes = family_.num_classes();
-  if (!images_.defined() && cfg_.data_source == "hdf5") {
+  data_rank_ = comm_.rank();
+  data_size_ = comm_.world_size();
+  // Split placement: a rank holds G or D and reads real images only when it holds D.
+  const bool split = cfg_.placement == "split";
+  const bool holds_g = split ? make_split_placement() : true, holds_d = !split || !holds_g;
+  if (!holds_d) {
+    // G's ranks read no data; the counters of the real batches come from D's ranks.
+  } else if (!images_.defined() && cfg_.data_source == "hdf5") {
     dataset_ = open_hdf5(cfg_, shape, classes);
-    sampler_ = std::make_unique<DistributedSampler>(dataset_->size(), cfg_.global_batch, comm_.rank(),
-                                                    comm_.world_size(), cfg_.seed, cfg_.micro_batches);
+    sampler_ = std::make_unique<DistributedSampler>(dataset_->size(), cfg_.global_batch, data_rank_, data_size_,
+                                                    cfg_.seed, cfg_.micro_batches);
     loader_ = std::make_unique<data::Hdf5Loader>(*dataset_, *sampler_, cfg_.micro_batches, cfg_.model_dtype,
                                                  cfg_.prefetch_batches, classes > 0, family_.condition_channels() > 0);
   } else {
     load_images(shape, classes);
   }
   // Deferred sharded initialization: each unit is built, initialized and sharded in turn.
-  // SyncBatchNorm and the data stay on the world communicator; a model shards over its own
-  // (the replica group's under HSDP).
+  // SyncBatchNorm and the data stay on the world communicator (split: the group's); a
+  // model shards over its own (the replica group's under HSDP, the group's under split).
+  Communicator& batch_comm = group_comm_ ? *group_comm_ : comm_;
   g_comm_ = model_communicator(cfg_.g_replicate_degree, "generator");
   d_comm_ = model_communicator(cfg_.d_replicate_degree, "discriminator");
   for (OptimizerConfig* oc : {&cfg_.g_optim, &cfg_.d_optim}) {
@@ -91,26 +99,36 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
     oc->offload.path = cfg_.run_dir + "/offload";  // the default; an explicit path must exist
     std::filesystem::create_directories(oc->offload.path);
   }
-  std::tie(g_, opt_g_) = build_model_and_optimizer(family_.generator(comm_), g_comm(), cfg_.g_sharding, cfg_.g_optim,
-                                                   cfg_.seed + 1);
-  std::tie(d_, opt_d_) = build_model_and_optimizer(family_.discriminator(comm_), d_comm(), cfg_.d_sharding,
-                                                   cfg_.d_optim, cfg_.seed + 2);
+  if (holds_g) {
+    std::tie(g_, opt_g_) = build_model_and_optimizer(family_.generator(batch_comm), g_comm(), cfg_.g_sharding,
+                                                     cfg_.g_optim, cfg_.seed + 1);
+  }
+  if (holds_d) {
+    std::tie(d_, opt_d_) = build_model_and_optimizer(family_.discriminator(batch_comm), d_comm(), cfg_.d_sharding,
+                                                     cfg_.d_optim, cfg_.seed + 2);
+  }
+  at::Tensor numels = torch::tensor({g_ ? g_->numel() : 0, d_ ? d_->numel() : 0}, torch::kLong);
+  if (split) comm_.all_reduce(numels, ReduceOp::kMax);
+  g_numel_ = numels[0].item<int64_t>();
+  d_numel_ = numels[1].item<int64_t>();
   auto compute = [&](const ShardingConfig& s) { return s.compute_dtype.value_or(cfg_.model_dtype); };
   scaler_g_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.g_sharding));
   scaler_d_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.d_sharding));
-  if (cfg_.ema_enabled) ema_ = std::make_unique<ShardedEma>(*g_, cfg_.ema);
+  if (cfg_.ema_enabled && g_) ema_ = std::make_unique<ShardedEma>(*g_, cfg_.ema);
   objective_ = std::make_unique<GanObjective>(cfg_.loss, cfg_.d_steps, cfg_.micro_batches, cfg_.grad_clip, comm_,
                                               cfg_.r1_gamma, cfg_.r1_every);
   objective_->set_d_joint_pass(cfg_.d_joint_pass);
   objective_->set_simultaneous(cfg_.update == "simultaneous");
   objective_->set_paired(family_.condition_channels() > 0, cfg_.l1_weight, cfg_.adversarial_weight);
+  if (split_) objective_->set_split(split_.get());
   if (cfg_.preempt_grace_s > 0) {
     g_->set_unit_hook([this] { grace_vote(); });
     d_->set_unit_hook([this] { grace_vote(); });
     objective_->set_before_update([this] { abandonable_ = false; });
   }
   periodic_ = std::make_unique<PeriodicActions>(cfg_, comm_);
-  if (cfg_.eval_enabled) evaluator_ = std::make_unique<Evaluator>(cfg_, comm_, family_);
+  // Evaluation generates images: G's ranks (split) or every rank.
+  if (cfg_.eval_enabled && g_) evaluator_ = std::make_unique<Evaluator>(cfg_, batch_comm, family_);
   noise_gen_ = at::detail::createCPUGenerator(cfg_.seed + 3);
   fixed_inputs_ = fixed_sample_inputs(cfg_, &sample_nrow_);
   if (cfg_.checkpoint_async) {
@@ -136,6 +154,37 @@ Trainer::~Trainer() {
   opt_d_.reset();
   loader_.reset();
   dataset_.reset();
+}
+
+bool Trainer::make_split_placement() {
+  const int n = comm_.world_size();
+  const std::string where = cfg_.source + ": train.placement split on " + std::to_string(n) + " ranks: ";
+  if (n < 2) throw ConfigError(where + "needs at least 2 ranks (one for G, one for D); use train.placement: shared");
+  const double k_cfg = cfg_.generator_ranks;
+  const int k = k_cfg >= 1 ? static_cast<int>(k_cfg) : std::clamp(static_cast<int>(std::lround(k_cfg * n)), 1, n - 1);
+  if (k >= n) {
+    throw ConfigError(where + "placement.generator_ranks = " + std::to_string(k) + " leaves no rank for D; give G 1 to " +
+                      std::to_string(n - 1) + " ranks");
+  }
+  const int64_t micro = cfg_.global_batch / cfg_.micro_batches;
+  if (micro % k != 0 || micro % (n - k) != 0) {
+    throw ConfigError(where + "each micro-batch of " + std::to_string(micro) + " images (train.global_batch / " +
+                      "train.micro_batches) must divide among G's " + std::to_string(k) + " ranks and D's " +
+                      std::to_string(n - k) + " (set placement.generator_ranks or train.global_batch)");
+  }
+  const bool holds_g = comm_.rank() < k;
+  group_comm_ = comm_.split(holds_g ? 0 : 1, comm_.rank());
+  data_rank_ = group_comm_->rank();
+  data_size_ = group_comm_->world_size();
+  const ImageShape shape = family_.image_shape();
+  split_ = std::make_unique<SplitPlacement>(comm_, *group_comm_, k, micro,
+                                            std::vector<int64_t>{shape.channels, shape.height, shape.width},
+                                            cfg_.g_sharding.compute_dtype.value_or(cfg_.model_dtype));
+  if (comm_.rank() == 0) {
+    spdlog::info("split placement: G on ranks 0-{}, D on ranks {}-{}; {} images and their gradients cross per "
+                 "micro-batch", k - 1, k, n - 1, micro);
+  }
+  return holds_g;
 }
 
 std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> Trainer::build_model_and_optimizer(
@@ -222,9 +271,8 @@ void Trainer::load_images(const ImageShape& shape, int64_t classes) {
     throw ConfigError(cfg_.source + ": the data has labels up to " + std::to_string(labels_.max().item<int64_t>()) +
                       " but model.n_classes is " + std::to_string(classes));
   }
-  sampler_ = std::make_unique<DistributedSampler>(images_.size(0), cfg_.global_batch,
-                                                  comm_.rank(), comm_.world_size(), cfg_.seed,
-                                                  cfg_.micro_batches);
+  sampler_ = std::make_unique<DistributedSampler>(images_.size(0), cfg_.global_batch, data_rank_, data_size_,
+                                                  cfg_.seed, cfg_.micro_batches);
 }
 
 TensorList Trainer::draw_latents() {
@@ -237,8 +285,8 @@ TensorList Trainer::draw_latents() {
 
 at::Tensor Trainer::local_micro(const at::Tensor& global, int64_t micro) const {
   const int64_t per_micro = cfg_.global_batch / cfg_.micro_batches;
-  const int64_t local = per_micro / comm_.world_size();
-  return global.narrow(0, micro * per_micro + comm_.rank() * local, local).contiguous();
+  const int64_t local = per_micro / data_size_;
+  return global.narrow(0, micro * per_micro + data_rank_ * local, local).contiguous();
 }
 
 TensorList Trainer::real_micro(int64_t micro) {
@@ -275,12 +323,17 @@ StepMetrics Trainer::train_step() {
   in.latents = [this] { return draw_latents(); };
   in.local = [this](const at::Tensor& t, int64_t micro) { return local_micro(t, micro); };
   auto times = [this] {
-    const CommTimes& g = g_->comm_times();
-    const CommTimes& d = d_->comm_times();
-    return std::array<double, 5>{g.collective_s + d.collective_s, g.offload_read_s + d.offload_read_s,
-                                 opt_g_->update_seconds() + opt_d_->update_seconds(),
-                                 opt_g_->update_io_seconds() + opt_d_->update_io_seconds(),
-                                 g.offload_grad_s + d.offload_grad_s};
+    std::array<double, 5> t{};
+    for (auto [m, o] : {std::pair{g_.get(), opt_g_.get()}, std::pair{d_.get(), opt_d_.get()}}) {
+      if (!m) continue;  // split placement: the other group's model
+      const CommTimes& c = m->comm_times();
+      t[0] += c.collective_s;
+      t[1] += c.offload_read_s;
+      t[2] += o->update_seconds();
+      t[3] += o->update_io_seconds();
+      t[4] += c.offload_grad_s;
+    }
+    return t;
   };
   const std::array<double, 5> before = times();
   const std::array<int64_t, 3> bytes_before = comm_bytes();
@@ -395,6 +448,7 @@ void Trainer::check_nonfinite(StepMetrics& r) {
 
 MemoryStats Trainer::memory_stats(ShardedModel& m) const {
   MemoryStats s = m.memory_stats();
+  if (&m != g_.get() && &m != d_.get()) return s;
   ShardedOptimizer& o = *(&m == g_.get() ? opt_g_ : opt_d_);
   s.optimizer_state_bytes = o.state_bytes();
   s.offloaded_bytes = o.offloaded_bytes();
@@ -402,16 +456,30 @@ MemoryStats Trainer::memory_stats(ShardedModel& m) const {
 }
 
 std::string Trainer::write_samples() {
+  if (!g_) return {};  // split placement: G's ranks write them
   return periodic_->write_samples(*g_, ema_.get(), fixed_inputs_, counters_.step, sample_nrow_);
 }
 
 std::vector<ModelAndOptimizer> Trainer::checkpoint_models() {
-  ModelAndOptimizer g{g_.get(), opt_g_.get()}, d{d_.get(), opt_d_.get()};
-  if (ema_) g.extra.push_back({"ema", [this](size_t i) { return ema_->unit_shard(i); }});
-  return {g, d};
+  // Split placement: a rank passes the model it holds, led by its group's lowest rank.
+  const int d_leader = split_ ? split_->generator_ranks() : 0;
+  std::vector<ModelAndOptimizer> out;
+  if (g_) {
+    ModelAndOptimizer g{g_.get(), opt_g_.get()};
+    if (ema_) g.extra.push_back({"ema", [this](size_t i) { return ema_->unit_shard(i); }});
+    out.push_back(std::move(g));
+  }
+  if (d_) out.push_back({d_.get(), opt_d_.get(), {}, d_leader});
+  return out;
 }
 
 void Trainer::fill_counters() {
+  if (split_) {  // collective: the real batches' position is counted by D's ranks
+    at::Tensor pos = torch::tensor({counters_.epoch, counters_.batch_in_epoch}, torch::kLong);
+    comm_.broadcast(pos, split_->generator_ranks());
+    counters_.epoch = pos[0].item<int64_t>();
+    counters_.batch_in_epoch = pos[1].item<int64_t>();
+  }
   counters_.noise_rng_state = noise_gen_.get_state();
   for (auto& [k, v] : scaler_g_->state()) counters_.scalars["g." + k] = v;
   for (auto& [k, v] : scaler_d_->state()) counters_.scalars["d." + k] = v;
@@ -503,7 +571,8 @@ int Trainer::preemption_vote() {
 }
 
 nlohmann::json Trainer::evaluate() {
-  if (!evaluator_) throw ConfigError(cfg_.source + ": evaluate() needs eval.enabled: true");
+  if (!cfg_.eval_enabled) throw ConfigError(cfg_.source + ": evaluate() needs eval.enabled: true");
+  if (!evaluator_) return nlohmann::json::object();  // split placement: G's ranks evaluate
   const EvalResult r = evaluator_->evaluate(*g_);
   nlohmann::json j = {{"step", counters_.step}, {"fid", r.fid}, {"eval_samples", r.samples}};
   if (r.class_acc >= 0) j["class_acc"] = r.class_acc;
@@ -537,8 +606,8 @@ void Trainer::run(const nlohmann::json& preflight) {
   const int64_t first_step = counters_.step;
   std::filesystem::create_directories(cfg_.run_dir);
   if (comm_.rank() == 0) {
-    auto mg = memory_stats(*g_), md = memory_stats(*d_);
-    spdlog::info("model {}: G {} parameters, D {} parameters", family_.arch(), g_->numel(), d_->numel());
+    auto mg = stats_of(g_), md = stats_of(d_);
+    spdlog::info("model {}: G {} parameters, D {} parameters", family_.arch(), g_numel_, d_numel_);
     spdlog::info("world size {}, backend {}, G stage {} ({} param-shard bytes), D stage {} ({} param-shard bytes)",
                  comm_.world_size(), comm_.backend(), cfg_.g_sharding.stage,
                  mg.param_shard_bytes, cfg_.d_sharding.stage, md.param_shard_bytes);
@@ -560,9 +629,9 @@ void Trainer::run(const nlohmann::json& preflight) {
     avg_step_s = avg_step_s == 0 ? m.step_time_s : 0.9 * avg_step_s + 0.1 * m.step_time_s;
     ProgressLine::show(progress_text(m, cfg_.steps, cfg_.global_batch, avg_step_s, summary));
     if (periodic_->log_due(m.step)) {
-      periodic_->log_step(m, memory_stats(*g_).model_state_bytes(), memory_stats(*d_).model_state_bytes());
+      periodic_->log_step(m, stats_of(g_).model_state_bytes(), stats_of(d_).model_state_bytes());
     }
-    if (evaluator_ && cfg_.eval_every > 0 && m.step % cfg_.eval_every == 0 && m.step != cfg_.steps) {
+    if (cfg_.eval_enabled && cfg_.eval_every > 0 && m.step % cfg_.eval_every == 0 && m.step != cfg_.steps) {
       summary.add_eval(evaluate());
     }
     if (periodic_->sample_due(m.step)) {
@@ -590,7 +659,7 @@ void Trainer::run(const nlohmann::json& preflight) {
   }
   // The peak of training itself, before the final evaluation, save and sample grid add theirs.
   const std::vector<int64_t> training_rss = gather_peak_rss(comm_);
-  if (evaluator_) summary.add_eval(evaluate());
+  if (cfg_.eval_enabled) summary.add_eval(evaluate());
   last_ckpt = save();  // waits for a background write in flight first
   if (async_ckpt_ && comm_.rank() == 0) {
     const AsyncSaveTotals& t = async_ckpt_->totals();
@@ -601,7 +670,7 @@ void Trainer::run(const nlohmann::json& preflight) {
   last_samples = write_samples();
   ProgressLine::finish();
   const std::vector<int64_t> rss =
-      report_memory(cfg_, comm_, memory_stats(*g_), memory_stats(*d_), preflight, training_rss);
+      report_memory(cfg_, comm_, stats_of(g_), stats_of(d_), preflight, training_rss);
   if (comm_.rank() == 0) {
     const bool plotted = cfg_.plots && write_plots(cfg_.run_dir);
     summary.steps_run = counters_.step - first_step;

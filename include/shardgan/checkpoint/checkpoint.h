@@ -50,6 +50,11 @@ struct ModelAndOptimizer {
   /// Further per-unit shard state saved beside the parameters under a stable name, e.g.
   /// {"ema", f}: f(unit index) returns the live 1-D tensor of shard_numel() elements.
   std::vector<std::pair<std::string, std::function<at::Tensor(size_t)>>> extra = {};
+  /// The lowest rank (of the save's communicator) that holds the model: it writes the
+  /// model's replicated state (buffers; every unit at stage 0) and its entry in the index.
+  /// 0 unless the model lives on a subset of the ranks (train.placement: split, where a
+  /// rank passes only the model it holds).
+  int leader = 0;
 };
 
 /// What one save cost on this rank (for logs and the benchmark).

@@ -11,6 +11,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -47,6 +48,14 @@ struct CommStats {
   int64_t all_reduce_bytes = 0;      ///< bytes of the reduced tensor, per call summed
   int64_t broadcast_bytes = 0;
   int64_t all_to_all_bytes = 0;      ///< bytes of the input (every block, the own one included), per call summed
+  int64_t send_recv_calls = 0;
+  int64_t sent_bytes = 0;            ///< send_recv_async: bytes this rank sent to other ranks
+};
+
+/// One peer's buffer of a point-to-point exchange (send_recv_async).
+struct PeerBuffer {
+  int peer = 0;   ///< the other rank in this communicator
+  at::Tensor t;   ///< contiguous; sent whole, or received into whole
 };
 
 /// Handle of a collective in flight (c10d's Work). wait() blocks until it completes, or
@@ -102,6 +111,17 @@ class Communicator {
   /// The quantized gradient reduce-scatter (qgZ) exchanges its blocks with it. The default
   /// throws CollectiveError: the backend has none (NCCL, for now).
   virtual std::unique_ptr<Work> all_to_all_async(at::Tensor& out, const at::Tensor& in);
+
+  /// Point-to-point, non-blocking (MPI_Isend/MPI_Irecv): sends each `sends[i].t` to rank
+  /// sends[i].peer and receives into each `recvs[i].t` from recvs[i].peer. Not a collective:
+  /// only the named peers take part, each posting the matching receive or send in the same
+  /// order (messages between one pair are matched in order). Tensors: contiguous, CPU, any
+  /// dtype; none may be touched before wait(), which throws CollectiveTimeout after
+  /// timeout_s() like a collective. split placement's transport of images and their
+  /// gradients between G's and D's ranks uses it. The default throws CollectiveError: the
+  /// backend has no point-to-point path (NCCL, for now).
+  virtual std::unique_ptr<Work> send_recv_async(const std::vector<PeerBuffer>& sends,
+                                                const std::vector<PeerBuffer>& recvs);
 
   /// Collective. Reduces `t` (contiguous, any shape) in place across ranks.
   virtual void all_reduce(at::Tensor& t, ReduceOp op) = 0;

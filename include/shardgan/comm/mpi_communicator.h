@@ -50,6 +50,10 @@ class MpiCommunicator final : public Communicator {
   /// Point-to-point like reduce_scatter_async: every pair posted at once, blocks above
   /// max_count() elements as one derived-type element.
   std::unique_ptr<Work> all_to_all_async(at::Tensor& out, const at::Tensor& in) override;
+  /// One MPI_Irecv / MPI_Isend per buffer (tag kSendRecvTag), receives posted first;
+  /// buffers above max_count() elements travel as one derived-type element.
+  std::unique_ptr<Work> send_recv_async(const std::vector<PeerBuffer>& sends,
+                                        const std::vector<PeerBuffer>& recvs) override;
   void all_reduce(at::Tensor& t, ReduceOp op) override;
   void broadcast(at::Tensor& t, int root) override;
   void barrier() override;

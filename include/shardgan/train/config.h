@@ -80,6 +80,14 @@ struct TrainConfig {
   /// "simultaneous" (ParaGAN: both against the other's weights of before the step; see
   /// GanObjective::set_simultaneous).
   std::string update = "alternating";
+  /// train.placement: "shared" (G and D each sharded over every rank) or "split"
+  /// (ParaGAN's asymmetric placement: ranks [0, K) hold only G, ranks [K, N) only D, each
+  /// group sharding its model over its own communicator; only G's images and their
+  /// gradients cross between the groups). See split_objective.h.
+  std::string placement = "shared";
+  /// placement.generator_ranks: K, G's ranks under split placement: a count >= 1, or a
+  /// fraction in (0, 1) of the world size (rounded, at least 1 and at most N - 1).
+  double generator_ranks = 0.5;
   std::string loss = "nonsaturating";  ///< train.loss: nonsaturating | hinge | least_squares
   /// train.l1_weight: image-to-image models (ModelFamily::condition_channels() > 0): the
   /// weight of mean|G(A) - B| in G's loss (pix2pix's lambda, 100 by default); 0 otherwise.

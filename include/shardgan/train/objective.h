@@ -18,6 +18,7 @@ namespace shardgan {
 
 class Communicator;
 class DynamicLossScaler;
+class SplitPlacement;
 class ShardedModel;
 class ShardedOptimizer;
 
@@ -61,6 +62,13 @@ struct StepMetrics {
   /// allocator's, as torch.cuda.max_memory_allocated(); take_device_peak_allocated_bytes()),
   /// -1 on the CPU.
   int64_t device_mem_peak_allocated_bytes = -1;
+  /// train.placement split (0 otherwise): seconds each group's ranks spent waiting for the
+  /// other group in the step (the transfers and the step's closing all-reduce; averaged
+  /// over the group's ranks), the seconds each group was busy (its step time less that
+  /// wait), and the bytes that crossed between the groups (images and their gradients,
+  /// all ranks summed).
+  double idle_g_s = 0, idle_d_s = 0, busy_g_s = 0, busy_d_s = 0;
+  int64_t bytes_between_groups = 0;
 };
 
 /// Thrown on every rank when a NaN or Inf ends the job (train.on_nonfinite: abort, or more
@@ -123,6 +131,15 @@ class GanObjective {
   /// before D's). Local; call it alike on every rank.
   void set_paired(bool on, double l1_weight, double adversarial_weight = 1.0);
   bool simultaneous() const { return simultaneous_; }
+  /// train.placement split (split_placement.h): this rank holds one of the models, and
+  /// step() runs that model's side (the other TrainedModel is never touched: its members
+  /// may be null). Both update rules give the shared placement's updates: G's side makes
+  /// the images and backpropagates the gradients D's side returns; D's side scores them,
+  /// returns dL_G/dx for G's pass and trains on them. With the simultaneous update D's
+  /// side returns dL_G/dx before its own update, so G's backward, update and next forward
+  /// run while D updates. The model's votes and norms use the group's communicator.
+  /// Throws std::invalid_argument with set_paired. `p` must outlive the objective.
+  void set_split(SplitPlacement* p);
   GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches, double grad_clip,
                Communicator& comm, double r1_gamma = 0.0, int64_t r1_every = 1);
 
@@ -156,6 +173,17 @@ class GanObjective {
   /// keeps each micro-batch's images in `keep` when given. Returns whether G's losses were
   /// finite on this rank.
   bool g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, std::vector<MicroFakes>* keep, at::Tensor& stats);
+  /// set_split: one side of a split step (split_step.cpp).
+  StepMetrics split_step(TrainedModel g, TrainedModel d, const StepInputs& in);
+  void split_g_side(TrainedModel g, const StepInputs& in, StepMetrics& r);
+  void split_d_side(TrainedModel d, const StepInputs& in, StepMetrics& r, at::Tensor& stats);
+  /// G's pass on D's side: scores the images G's ranks send for micro-batch j (labels from
+  /// `lat`) against the frozen D and sends back dL_G/dx; returns the images (detached).
+  MicroFakes split_d_score(TrainedModel d, const StepInputs& in, const TensorList& lat, int64_t j, at::Tensor& stats);
+  /// The communicator of this rank's model updates: the world's, or split's group.
+  Communicator& update_comm() const;
+  SplitPlacement* split_ = nullptr;
+  int64_t bytes_sent_mark_ = 0;  ///< split: SplitPlacement::sent_bytes() at the last step's end
   bool simultaneous_ = false;
   bool paired_ = false;
   double l1_weight_ = 0, adversarial_weight_ = 1;

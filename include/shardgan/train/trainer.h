@@ -23,6 +23,7 @@
 #include "shardgan/train/evaluation.h"
 #include "shardgan/train/objective.h"
 #include "shardgan/train/periodic.h"
+#include "shardgan/train/split_placement.h"
 
 namespace shardgan {
 
@@ -87,8 +88,11 @@ class Trainer {
   int64_t step() const { return counters_.step; }
   /// The generator's EMA, or nullptr when ema.enabled is false.
   ShardedEma* ema() { return ema_.get(); }
+  /// Under train.placement split a rank holds one of them: the other is not built here.
   ShardedModel& generator() { return *g_; }
   ShardedModel& discriminator() { return *d_; }
+  bool holds_generator() const { return g_ != nullptr; }
+  bool holds_discriminator() const { return d_ != nullptr; }
   /// Local accounting for one model, optimizer state included.
   MemoryStats memory_stats(ShardedModel& m) const;
   const TrainConfig& config() const { return cfg_; }
@@ -140,8 +144,13 @@ class Trainer {
   /// made first and each unit's master shard moves into it as the unit is built.
   std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> build_model_and_optimizer(
       const ModelSpec& spec, Communicator& comm, const ShardingConfig& sc, const OptimizerConfig& oc, uint64_t seed);
-  Communicator& g_comm() { return g_comm_ ? *g_comm_ : comm_; }
-  Communicator& d_comm() { return d_comm_ ? *d_comm_ : comm_; }
+  Communicator& g_comm() { return g_comm_ ? *g_comm_ : group_comm_ ? *group_comm_ : comm_; }
+  Communicator& d_comm() { return d_comm_ ? *d_comm_ : group_comm_ ? *group_comm_ : comm_; }
+  /// train.placement split: checks the config against the world size, splits off this
+  /// rank's group and returns whether this rank holds G (ConfigError naming the key).
+  bool make_split_placement();
+  /// memory_stats of a model this rank may not hold (zeros then).
+  MemoryStats stats_of(const std::unique_ptr<ShardedModel>& m) const { return m ? memory_stats(*m) : MemoryStats{}; }
   /// Rank 0's collective volume so far (CommStats bytes) on the world communicator, the
   /// models' shard groups and their replica groups (the last two only under HSDP).
   std::array<int64_t, 3> comm_bytes();
@@ -149,6 +158,12 @@ class Trainer {
   TrainConfig cfg_;
   Communicator& comm_;
   std::unique_ptr<Communicator> g_comm_, d_comm_;  // HSDP groups; destroyed after the models
+  // train.placement split: this rank's group (G's ranks or D's) and the transport. Only
+  // the model of the group is built here: the other's pointers stay null.
+  std::unique_ptr<Communicator> group_comm_;
+  std::unique_ptr<SplitPlacement> split_;
+  int data_rank_ = 0, data_size_ = 1;  // this rank's slice of each micro-batch: rank, ranks
+  int64_t g_numel_ = 0, d_numel_ = 0;  // both models' sizes, on every rank
   const ModelFamily& family_;
   at::Tensor images_, labels_;
   std::unique_ptr<DistributedSampler> sampler_;

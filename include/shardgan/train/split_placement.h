@@ -1,0 +1,74 @@
+#pragma once
+/// train.placement: split (ParaGAN's asymmetric placement, Shi, Li and You 2024, Sec. 4):
+/// ranks [0, K) hold only G, sharded over their own communicator, and ranks [K, N) only
+/// D. What crosses between the two groups is G's images and, for G's update, their
+/// gradients dL_G/dx, point to point over the world communicator (send_recv_async).
+///
+/// Batch layout: a global micro-batch of B images is cut into K equal contiguous slices
+/// on G's side (G rank i makes images [i B/K, (i+1) B/K)) and into N - K on D's side (D
+/// rank j scores [j B/(N-K), (j+1) B/(N-K))). Each G rank sends each D rank the part of
+/// its slice that the D rank scores, so the bytes between the groups per transfer are B
+/// images, whatever K is.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace shardgan {
+
+class Communicator;
+class Work;
+
+class SplitPlacement {
+ public:
+  /// `world`: every rank of the job (N >= 2); `group`: this rank's side (made by
+  /// Communicator::split: ranks [0, K) and [K, N)). `micro_batch`: images per global
+  /// micro-batch B, divisible by K and by N - K. `sample_shape`: one image, {C, H, W};
+  /// `image_dtype`: G's compute dtype, in which images and their gradients travel.
+  /// Throws std::invalid_argument when K is not in [1, N) or B does not divide.
+  SplitPlacement(Communicator& world, Communicator& group, int generator_ranks, int64_t micro_batch,
+                 std::vector<int64_t> sample_shape, at::ScalarType image_dtype);
+  ~SplitPlacement();
+
+  bool holds_generator() const { return holds_g_; }
+  int generator_ranks() const { return k_; }
+  at::ScalarType image_dtype() const { return dtype_; }
+  /// K / (N - K): D's ranks differentiate a mean over their B/(N-K) images, and G's
+  /// gradient shards are averaged over K ranks, so the gradients G's ranks receive are
+  /// scaled by this to make G's gradient the global batch mean's, as under shared.
+  double grad_scale() const { return static_cast<double>(k_) / (n_ - k_); }
+  Communicator& world() { return world_; }
+  /// This rank's side: G's ranks or D's ranks.
+  Communicator& group() { return group_; }
+
+  /// Both sides call it at the same point of the step (point to point, with the
+  /// communicator's timeout). G's ranks pass their slice ([B/K, C, H, W], image_dtype())
+  /// and get an undefined tensor back; D's ranks pass an undefined tensor and get their
+  /// slice ([B/(N-K), C, H, W], image_dtype()). Sends are waited for before it returns.
+  at::Tensor images_to_d(const at::Tensor& g_slice);
+  /// The reverse: D's ranks pass the gradients of their slice; G's ranks get theirs.
+  at::Tensor grads_to_g(const at::Tensor& d_slice);
+
+  /// Seconds this rank has spent waiting in transfers since the last take_idle_s() (a
+  /// rank waits when the other side has not reached the matching transfer yet).
+  double take_idle_s();
+  void add_idle_s(double s) { idle_s_ += s; }
+  /// Bytes this rank sent to the other side so far.
+  int64_t sent_bytes() const { return sent_bytes_; }
+
+ private:
+  /// Moves slices from `from_g` (true: G -> D) side to the other.
+  at::Tensor transfer(const at::Tensor& mine, bool from_g);
+  Communicator& world_;
+  Communicator& group_;
+  int k_, n_, rank_;
+  bool holds_g_;
+  int64_t micro_;
+  std::vector<int64_t> sample_shape_;
+  at::ScalarType dtype_;
+  double idle_s_ = 0;
+  int64_t sent_bytes_ = 0;
+};
+
+}  // namespace shardgan

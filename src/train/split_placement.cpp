@@ -1,0 +1,82 @@
+#include "shardgan/train/split_placement.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "shardgan/comm/communicator.h"
+
+namespace shardgan {
+
+SplitPlacement::SplitPlacement(Communicator& world, Communicator& group, int generator_ranks, int64_t micro_batch,
+                               std::vector<int64_t> sample_shape, at::ScalarType image_dtype)
+    : world_(world), group_(group), k_(generator_ranks), n_(world.world_size()), rank_(world.rank()),
+      holds_g_(world.rank() < generator_ranks), micro_(micro_batch), sample_shape_(std::move(sample_shape)),
+      dtype_(image_dtype) {
+  if (k_ < 1 || k_ >= n_) {
+    throw std::invalid_argument("split placement needs 1 <= generator ranks < world size; got " + std::to_string(k_) +
+                                " of " + std::to_string(n_));
+  }
+  if (micro_ % k_ != 0 || micro_ % (n_ - k_) != 0) {
+    throw std::invalid_argument("split placement cuts each micro-batch of " + std::to_string(micro_) + " images into " +
+                                std::to_string(k_) + " slices for G and " + std::to_string(n_ - k_) +
+                                " for D: it must divide by both");
+  }
+}
+
+SplitPlacement::~SplitPlacement() = default;
+
+double SplitPlacement::take_idle_s() {
+  const double s = idle_s_;
+  idle_s_ = 0;
+  return s;
+}
+
+at::Tensor SplitPlacement::images_to_d(const at::Tensor& g_slice) { return transfer(g_slice, /*from_g=*/true); }
+
+at::Tensor SplitPlacement::grads_to_g(const at::Tensor& d_slice) { return transfer(d_slice, /*from_g=*/false); }
+
+at::Tensor SplitPlacement::transfer(const at::Tensor& mine, bool from_g) {
+  const int m = n_ - k_;
+  const int64_t bg = micro_ / k_, bd = micro_ / m;  // slice sizes on each side
+  // Global image range [lo, hi) of a rank of either side.
+  auto range = [&](int world_rank) {
+    return world_rank < k_ ? std::pair<int64_t, int64_t>{world_rank * bg, (world_rank + 1) * bg}
+                           : std::pair<int64_t, int64_t>{(world_rank - k_) * bd, (world_rank - k_ + 1) * bd};
+  };
+  const bool sending = holds_g_ == from_g;
+  const auto [lo, hi] = range(rank_);
+  std::vector<PeerBuffer> sends, recvs;
+  at::Tensor out;
+  at::Tensor src;
+  if (sending) {
+    src = mine.to(dtype_).contiguous();
+    if (src.size(0) != hi - lo) throw std::invalid_argument("split placement: a slice of " + std::to_string(src.size(0)) +
+                                                            " images, not " + std::to_string(hi - lo));
+  } else {
+    std::vector<int64_t> shape{hi - lo};
+    shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
+    out = torch::empty(shape, torch::TensorOptions().dtype(dtype_));
+  }
+  const int first = holds_g_ ? k_ : 0, last = holds_g_ ? n_ : k_;  // the other side's ranks
+  for (int p = first; p < last; ++p) {
+    const auto [plo, phi] = range(p);
+    const int64_t a = std::max(lo, plo), b = std::min(hi, phi);
+    if (a >= b) continue;
+    if (sending) {
+      sends.push_back({p, src.narrow(0, a - lo, b - a)});
+      sent_bytes_ += (b - a) * src[0].numel() * src.element_size();
+    } else {
+      recvs.push_back({p, out.narrow(0, a - lo, b - a)});
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  world_.send_recv_async(sends, recvs)->wait();
+  idle_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace shardgan

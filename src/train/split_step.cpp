@@ -1,0 +1,195 @@
+// One training step under train.placement: split (objective.h's set_split): G's ranks run
+// G's side, D's ranks D's side, and the images and their gradients cross between them
+// (split_placement.h). The order of the latent draws, forwards and updates is the shared
+// placement's, so both placements give the same updates.
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include <torch/torch.h>
+
+#include "shardgan/comm/communicator.h"
+#include "shardgan/optim/loss_scaler.h"
+#include "shardgan/optim/optimizer.h"
+#include "shardgan/sharding/sharded_model.h"
+#include "shardgan/train/objective.h"
+#include "shardgan/train/split_placement.h"
+
+namespace shardgan {
+
+namespace {
+at::Tensor host(const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); }
+
+// The split step's closing all-reduce: each group's figures, divided by its size, in
+// separate slots, so that one sum over the world gives every rank both groups' averages.
+enum Slot : int64_t {
+  kLossD, kLossG, kDReal, kDFake, kLossL1,  // as the shared step's stats
+  kSkippedD, kSkippedG, kNonfiniteD, kNonfiniteG, kNormD, kNormG, kR1,
+  kIdleG, kIdleD, kBusyG, kBusyD, kBytes, kSlots
+};
+}  // namespace
+
+void GanObjective::set_split(SplitPlacement* p) {
+  if (p && paired_) throw std::invalid_argument("split placement does not take paired data");
+  split_ = p;
+}
+
+Communicator& GanObjective::update_comm() const { return split_ ? split_->group() : comm_; }
+
+StepMetrics GanObjective::split_step(TrainedModel g, TrainedModel d, const StepInputs& in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepMetrics r;
+  at::Tensor stats = torch::zeros({kSlots}, torch::kDouble);
+  const bool is_g = split_->holds_generator();
+  if (is_g) {
+    split_g_side(g, in, r);
+  } else {
+    split_d_side(d, in, r, stats);
+  }
+  const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double idle_transfers = split_->take_idle_s();
+  const int64_t sent_before = split_->sent_bytes();
+  const double n = split_->group().world_size();
+  auto put = [&](Slot s, double v) { stats[s] = v / n; };
+  if (is_g) {
+    put(kSkippedG, r.skipped_g);
+    put(kNonfiniteG, r.nonfinite_g);
+    put(kNormG, r.grad_norm_g);
+  } else {
+    stats.narrow(0, 0, kLossL1 + 1).div_(n);
+    put(kSkippedD, r.skipped_d);
+    put(kNonfiniteD, r.nonfinite_d);
+    put(kNormD, r.grad_norm_d);
+    put(kR1, r.r1);
+  }
+  // The closing all-reduce is where the group done first waits for the other: idle too.
+  const auto t1 = std::chrono::steady_clock::now();
+  at::Tensor probe = torch::zeros({1}, torch::kDouble);
+  comm_.all_reduce(probe, ReduceOp::kSum);
+  const double idle = idle_transfers + std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  put(is_g ? kIdleG : kIdleD, idle);
+  put(is_g ? kBusyG : kBusyD, busy - idle_transfers);
+  stats[kBytes] = static_cast<double>(sent_before - bytes_sent_mark_);
+  bytes_sent_mark_ = sent_before;
+  comm_.all_reduce(stats, ReduceOp::kSum);
+  r.loss_d = stats[kLossD].item<double>();
+  r.loss_g = stats[kLossG].item<double>();
+  r.d_real = stats[kDReal].item<double>();
+  r.d_fake = stats[kDFake].item<double>();
+  r.loss_l1 = 0;
+  r.skipped_d = stats[kSkippedD].item<double>() > 0.5;
+  r.skipped_g = stats[kSkippedG].item<double>() > 0.5;
+  r.nonfinite_d = stats[kNonfiniteD].item<double>() > 0.5;
+  r.nonfinite_g = stats[kNonfiniteG].item<double>() > 0.5;
+  r.grad_norm_d = stats[kNormD].item<double>();
+  r.grad_norm_g = stats[kNormG].item<double>();
+  r.r1 = stats[kR1].item<double>();
+  r.idle_g_s = stats[kIdleG].item<double>();
+  r.idle_d_s = stats[kIdleD].item<double>();
+  r.busy_g_s = stats[kBusyG].item<double>();
+  r.busy_d_s = stats[kBusyD].item<double>();
+  r.bytes_between_groups = static_cast<int64_t>(stats[kBytes].item<double>());
+  r.loss_scale_d = d.scaler ? d.scaler->scale() : 1.0;
+  r.loss_scale_g = g.scaler ? g.scaler->scale() : 1.0;
+  return r;
+}
+
+void GanObjective::split_g_side(TrainedModel g, const StepInputs& in, StepMetrics& r) {
+  const int64_t k = micro_;
+  // Images for D steps that draw them from G under no_grad (every D step of the
+  // alternating update; D steps 2.. of the simultaneous one).
+  auto d_step_images = [&] {
+    TensorList lat = in.latents();
+    for (int64_t j = 0; j < k; ++j) {
+      at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
+      at::Tensor fake;
+      {
+        torch::NoGradGuard no_grad;
+        fake = g.model->forward(TensorList{in.local(lat[0], j), y}).at(0);
+      }
+      split_->images_to_d(fake);
+    }
+  };
+  auto update_g = [&](bool finite) {
+    if (before_update_) before_update_();
+    r.skipped_g = !finish_update(g, r.grad_norm_g, 0, finite, r.nonfinite_g);
+  };
+  // G's pass: each micro-batch's images go to D's side, which returns dL_G/dx (already
+  // divided by k); G backpropagates it. D's side checks the loss's finiteness; the vote
+  // on G's gradients catches what a non-finite loss leaves there.
+  auto g_pass = [&] {
+    TensorList lat = in.latents();
+    for (int64_t j = 0; j < k; ++j) {
+      g.model->set_gradient_sync(j == k - 1);
+      at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
+      at::Tensor fake = g.model->forward(TensorList{in.local(lat[0], j), y}).at(0);
+      split_->images_to_d(fake.detach());
+      at::Tensor grad = split_->grads_to_g(at::Tensor()).to(fake.scalar_type());
+      if (split_->grad_scale() != 1.0) grad.mul_(split_->grad_scale());
+      fake.backward(g.scaler->scale_loss(grad));
+    }
+  };
+  if (!simultaneous_) {
+    for (int64_t s = 0; s < d_steps_; ++s) d_step_images();
+    g_pass();
+    update_g(true);
+  } else {
+    g_pass();  // D's first step trains on these images
+    if (d_steps_ == 1) update_g(true);
+    for (int64_t s = 1; s < d_steps_; ++s) d_step_images();
+    if (d_steps_ > 1) update_g(true);
+  }
+}
+
+GanObjective::MicroFakes GanObjective::split_d_score(TrainedModel d, const StepInputs& in, const TensorList& lat,
+                                                     int64_t j, at::Tensor& stats) {
+  const int64_t k = micro_;
+  at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
+  at::Tensor x = split_->images_to_d(at::Tensor());
+  x.requires_grad_(true);
+  at::Tensor out = d.model->forward(TensorList{x, y}).at(0).reshape({-1});
+  at::Tensor loss = g_loss(out.to(lat[0].scalar_type())) / k;
+  loss.backward();
+  stats[1] += host(loss.detach().reshape({1}))[0];  // summed over micro-batches, as the shared g_pass
+  split_->grads_to_g(x.grad());
+  return {x.detach(), y};
+}
+
+void GanObjective::split_d_side(TrainedModel d, const StepInputs& in, StepMetrics& r, at::Tensor& stats) {
+  const int64_t k = micro_;
+  auto receive = [&](const TensorList& lat) {
+    std::vector<MicroFakes> fakes;
+    for (int64_t j = 0; j < k; ++j) {
+      fakes.push_back({split_->images_to_d(at::Tensor()),
+                       lat[1].defined() ? in.local(lat[1], j) : at::Tensor()});
+    }
+    return fakes;
+  };
+  // G's pass on D's side: D frozen (input gradients only, no D reduce-scatter).
+  auto g_pass = [&] {
+    d.model->set_requires_grad(false);
+    TensorList lat = in.latents();
+    std::vector<MicroFakes> kept;
+    for (int64_t j = 0; j < k; ++j) kept.push_back(split_d_score(d, in, lat, j, stats));
+    d.model->set_requires_grad(true);
+    return kept;
+  };
+  // d_update draws G's images only when given none: here they always come from G's side.
+  TrainedModel no_g{nullptr, nullptr, nullptr};
+  if (!simultaneous_) {
+    for (int64_t s = 0; s < d_steps_; ++s) {
+      std::vector<MicroFakes> fakes = receive(in.latents());
+      d_update(no_g, d, in, s, &fakes, r, stats);
+    }
+    g_pass();
+  } else {
+    std::vector<MicroFakes> fakes = g_pass();  // dL_G/dx with D_t, sent before D updates
+    d_update(no_g, d, in, 0, &fakes, r, stats);
+    for (int64_t s = 1; s < d_steps_; ++s) {
+      std::vector<MicroFakes> more = receive(in.latents());
+      d_update(no_g, d, in, s, &more, r, stats);
+    }
+  }
+}
+
+}  // namespace shardgan

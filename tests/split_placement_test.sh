@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# train.placement: split (ParaGAN's asymmetric placement) end to end through shardgan-train:
+#   - Parity in float64: split equals shared, for the alternating and the simultaneous
+#     update, every tensor of the checkpoint (G, D, Adam's moments, the EMA, SyncBatchNorm
+#     and spectral-norm buffers) within 1e-9 of the largest value of its kind
+#     (ckpt_close.py) after 4 steps of the tiny conditional BigGAN (d_steps 2, 2
+#     micro-batches, R1, EMA; G on 1 or 2 ranks, D on 1-3).
+#   - The bytes between the groups per step equal the formula (images x batch x transfers
+#     x dtype bytes); each group's idle time is logged.
+#   - A split run resumed from its step-2 checkpoint equals the straight run bit for bit;
+#     a split checkpoint resumes shared at another N, and a shared one split, within 1e-9.
+#   - shardgan-ckpt verify accepts a split checkpoint; --dry-run reports each group's need.
+#   - Bad settings end every rank naming the key.
+TRAIN=$1; CKPT=$2; SRC=$3
+source "$(dirname "$0")/lib.sh"
+T=$(mktemp -d /tmp/shardgan-split.XXXXXX)
+COMMON=(--set data.source=synthetic --set data.synthetic_size=72 --set model.dtype=float64
+        --set train.log_every=1 --set train.sample_every=0 --set train.checkpoint_every=0
+        --set run.seed=7 --set train.plots=false --set train.skip_memory_check=true)
+BIGGAN=("$SRC/configs/fmnist-biggan.yaml" --set train.global_batch=12 --set model.ch=8 --set model.d_ch=8
+        --set model.z_dim=8 --set model.shared_dim=8 --set ema.start_step=0 --set train.d_steps=2
+        --set train.micro_batches=2 --set train.r1_gamma=0.1 --set eval.enabled=false)
+run() {  # run NAME NP STEPS ARGS...
+  local name=$1 np=$2 steps=$3; shift 3
+  timeout 600 "${MPIRUN[@]}" -np "$np" "$TRAIN" "${BIGGAN[@]}" "${COMMON[@]}" --set train.steps="$steps" \
+    --set run.dir="$T/$name" "$@" > "$T/$name.log" 2>&1
+}
+ckpt() { echo "$T/$1/checkpoints/step-$(printf %08d "$2")"; }
+close() {  # close A B LABEL: every tensor within 1e-9 of the largest of its kind (ckpt_close.py)
+  local out
+  out=$("${SHARDGAN_PYTHON:-python3}" "$(dirname "$0")/ckpt_close.py" "$1" "$2" 1e-9 2>&1) \
+    && ok "$3: $out" || bad "$3: $out"
+}
+split() { echo --set train.placement=split --set placement.generator_ranks="$1"; }
+
+for update in alternating simultaneous; do
+  U=(--set train.update=$update)
+  run "shared-$update" 2 4 "${U[@]}" || bad "shared $update: $(tail -3 "$T/shared-$update.log")"
+  for spec in "2 1" "3 1" "4 2"; do
+    set -- $spec; np=$1; k=$2; name="split-$update-np$np-k$k"
+    if run "$name" "$np" 4 "${U[@]}" $(split "$k"); then
+      close "$(ckpt "$name" 4)" "$(ckpt "shared-$update" 4)" "$update: split (G on $k of $np ranks) against shared on 2"
+    else
+      bad "$name: $(tail -3 "$T/$name.log")"
+    fi
+  done
+done
+
+# The bytes between the groups per step: B images for each D step that draws from G, and B
+# images plus their gradients for G's pass (float64 here: 8 bytes per element).
+"${SHARDGAN_PYTHON:-python3}" - "$T/split-alternating-np3-k1/metrics.jsonl" "$T/split-simultaneous-np3-k1/metrics.jsonl" <<'PY' \
+  && ok "bytes between the groups = formula (alternating 4 transfers, simultaneous 3 of 12 images of 1x32x32 x 8 bytes); idle times logged" \
+  || bad "bytes between the groups or idle times"
+import json, sys
+for path, transfers in zip(sys.argv[1:], (4, 3)):
+    rows = [json.loads(l) for l in open(path) if '"loss_d"' in l]
+    want = 12 * 1 * 32 * 32 * 8 * transfers
+    assert rows and all(r["bytes_between_groups"] == want == r["bytes_between_groups_formula"] for r in rows), (path, want, rows[0])
+    assert all(r["idle_g_s"] >= 0 and r["idle_d_s"] >= 0 and r["busy_g_s"] > 0 and r["busy_d_s"] > 0 for r in rows)
+PY
+
+# Resume: same placement bit for bit; across placements and world sizes within 1e-9.
+S=$(split 1)
+run split-half 3 2 --set train.update=simultaneous $S --set train.checkpoint_every=2 || bad "split first half"
+run split-half 3 4 --set train.update=simultaneous $S --resume "$T/split-half" > /dev/null 2>&1 \
+  || bad "split resume: $(tail -3 "$T/split-half.log")"
+same_checkpoint "$(ckpt split-simultaneous-np3-k1 4)" "$(ckpt split-half 4)" "(split, resumed at step 2)"
+run to-shared 2 4 --set train.update=simultaneous --resume "$(ckpt split-half 2)" \
+  || bad "shared from a split checkpoint: $(tail -3 "$T/to-shared.log")"
+close "$(ckpt to-shared 4)" "$(ckpt shared-simultaneous 4)" "split (3 ranks) step 2 resumed shared on 2"
+run shared-half 2 2 --set train.update=alternating --set train.checkpoint_every=2 || bad "shared first half"
+run to-split 4 4 --set train.update=alternating $(split 2) --resume "$(ckpt shared-half 2)" \
+  || bad "split from a shared checkpoint: $(tail -3 "$T/to-split.log")"
+close "$(ckpt to-split 4)" "$(ckpt shared-alternating 4)" "shared (2 ranks) step 2 resumed split on 4"
+"$CKPT" verify "$(ckpt split-half 4)" > "$T/verify.log" 2>&1 && ok "shardgan-ckpt verify: $(tail -1 "$T/verify.log" | cut -c1-80)" \
+  || bad "verify of a split checkpoint: $(tail -2 "$T/verify.log")"
+
+# --dry-run: each group's need.
+timeout 120 "${MPIRUN[@]}" -np 3 "$TRAIN" "${BIGGAN[@]}" "${COMMON[@]}" $(split 1) --set run.dir="$T/dry" --dry-run \
+  > "$T/dry.log" 2>&1 && grep -q '"generator_rank_peak_bytes"' "$T/dry.log" && grep -q '"discriminator_rank_peak_bytes"' "$T/dry.log" \
+  && ok "--dry-run reports a G rank's and a D rank's need" || bad "dry run: $(tail -3 "$T/dry.log")"
+
+refused() {  # refused LABEL PATTERN NP ARGS...: the run fails and every rank names PATTERN
+  local label=$1 pattern=$2 np=$3; shift 3
+  if timeout 120 "${MPIRUN[@]}" -np "$np" "$TRAIN" "${BIGGAN[@]}" "${COMMON[@]}" --set train.steps=1 --set run.dir="$T/err" \
+       "$@" > "$T/err.log" 2>&1; then
+    bad "$label accepted"
+  elif [ "$(grep -c -- "$pattern" "$T/err.log")" -ge "$np" ]; then
+    ok "$label: all $np ranks name it"
+  else
+    bad "$label: $(grep -m2 -i error "$T/err.log")"
+  fi
+}
+refused "generator_ranks = world size" "placement.generator_ranks = 2 leaves no rank for D" 2 $(split 2)
+refused "split on one rank" "train.placement split on 1 ranks: needs at least 2" 1 $(split 1)
+refused "micro-batch not divisible" "must divide among G's 1 ranks and D's 4" 5 $(split 1)
+refused "split with HSDP" "'train.placement'.*hybrid sharding" 2 $(split 1) --set sharding.discriminator.replicate_degree=2
+refused "bad placement" "'train.placement'.*must be shared or split" 2 --set train.placement=apart
+rm -rf "$T"
+finish
