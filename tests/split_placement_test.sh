@@ -46,6 +46,12 @@ for update in alternating simultaneous; do
   done
 done
 
+# The simultaneous update with D run twice on the fakes (train.shared_d_forward false).
+TWICE=(--set train.update=simultaneous --set train.shared_d_forward=false)
+run shared-twice 2 4 "${TWICE[@]}" || bad "shared, D twice: $(tail -3 "$T/shared-twice.log")"
+run split-twice 3 4 "${TWICE[@]}" $(split 1) || bad "split, D twice: $(tail -3 "$T/split-twice.log")"
+close "$(ckpt split-twice 4)" "$(ckpt shared-twice 4)" "simultaneous, D run twice on the fakes: split (G on 1 of 3) against shared on 2"
+
 # The bytes between the groups per step: B images for each D step that draws from G, and B
 # images plus their gradients for G's pass (float64 here: 8 bytes per element).
 "${SHARDGAN_PYTHON:-python3}" - "$T/split-alternating-np3-k1/metrics.jsonl" "$T/split-simultaneous-np3-k1/metrics.jsonl" <<'PY' \

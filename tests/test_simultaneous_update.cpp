@@ -14,6 +14,8 @@
 // reductions, micro-batch accumulation): a few ulps per addition over sums of at most a
 // few thousand products, so the bound is 1e-9 of the largest parameter change of the
 // model over the 5 steps.
+// Both of the objective's simultaneous paths are checked: G's pass and D's first update
+// each running D on the fakes, and one shared D forward (set_shared_d_forward).
 // Negative controls (in the test): the simultaneous run against a reference whose G step
 // uses D_{t+1}, and the alternating update against the reference, must both leave the
 // bound. The reference's G forward runs twice per micro-batch (once with autograd for
@@ -62,7 +64,7 @@ struct Trained {
 };
 
 // The objective: kSteps steps on `comm` at `stage`.
-Trained train(MpiCommunicator& comm, int stage, bool simultaneous, const Data& data) {
+Trained train(MpiCommunicator& comm, int stage, bool simultaneous, const Data& data, bool shared_d_forward = false) {
   BigGanFamily fam(test_util::tiny_biggan());
   ShardingConfig sc = test_util::sharding(stage);
   auto g = build_sharded_model(fam.generator(comm), comm, sc, 11, at::kDouble);
@@ -75,6 +77,7 @@ Trained train(MpiCommunicator& comm, int stage, bool simultaneous, const Data& d
   DynamicLossScaler sg(LossScalerConfig{}, at::kDouble), sd(LossScalerConfig{}, at::kDouble);
   GanObjective obj("hinge", /*d_steps=*/1, kMicro, 0.0, comm);
   obj.set_simultaneous(simultaneous);
+  obj.set_shared_d_forward(shared_d_forward);
   const int64_t w = comm.world_size(), per = data.global / kMicro / w;
   auto gen = at::detail::createCPUGenerator(5);
   int64_t t = 0;
@@ -187,6 +190,13 @@ TEST_P(SimultaneousUpdate, EqualsThePlainAutogradEquations) {
               comm.world_size(), GetParam(), eg, ed);
   EXPECT_LE(eg, 1e-9);
   EXPECT_LE(ed, 1e-9);
+  // One D forward on the fakes serving L_G's image gradient and D's fake term
+  // (set_shared_d_forward, train.shared_d_forward): the same equations.
+  const Trained once = train(comm, GetParam(), true, data, true);
+  const double og = worst(ref.g_init, ref.g, once.g), od = worst(ref.d_init, ref.d, once.d);
+  std::printf("[ simultaneous ] one D forward on the fakes: G %.3g, D %.3g\n", og, od);
+  EXPECT_LE(og, 1e-9);
+  EXPECT_LE(od, 1e-9);
   // Negative control: the same equations with G's gradient taken against D_{t+1} (what
   // the alternating order does) must leave the bound.
   const Trained late = reference(data, true);

@@ -361,6 +361,9 @@ TrainConfig read_config(Reader& r, const std::string& source) {
       "other's weights of before the step; one G forward serves both)");
   require(c.update == "alternating" || c.update == "simultaneous", r, "train.update",
           "must be alternating or simultaneous");
+  c.shared_d_forward = r.get<bool>("train.shared_d_forward", c.shared_d_forward,
+      "train.update simultaneous: one D forward on the fakes serves G's image gradient and D's fake term (D "
+      "gathered whole for that pass at stage 3, as for R1); false: two forwards, D released unit by unit");
   c.placement = r.get<std::string>("train.placement", c.placement,
       "shared (G and D each sharded over every rank) or split (ParaGAN: ranks [0, K) hold only G, the rest only "
       "D; only images and their gradients cross)");

@@ -78,11 +78,33 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
     // both models. Further D steps (d_steps > 1) draw their images from G_t too, so G's
     // update waits for them; with one D step it runs at once, and G's gradient shards are
     // released before D's backward.
-    std::vector<MicroFakes> fakes;
-    g_loss_finite = g_pass(g, d, in, &fakes, stats);
-    if (d_steps_ == 1) update_g();
-    for (int64_t s = 0; s < d_steps_; ++s) d_update(g, d, in, s, s == 0 ? &fakes : nullptr, r, stats);
-    if (d_steps_ > 1) update_g();
+    if (shared_d_forward_) {
+      // One D forward on each micro-batch's fakes: L_G's image gradient goes into G's
+      // backward at once, and the same forward gives D's fake term.
+      const int64_t k = micro_;
+      TensorList lat = in.latents();
+      std::vector<at::Tensor> fakes(static_cast<size_t>(k));
+      auto images = [&](int64_t j) {
+        g.model->set_gradient_sync(j == k - 1);
+        at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
+        fakes[static_cast<size_t>(j)] = g.model->forward(TensorList{in.local(lat[0], j), y}).at(0);
+        return fakes[static_cast<size_t>(j)].detach();
+      };
+      auto image_grad = [&](int64_t j, const at::Tensor& gx) {
+        fakes[static_cast<size_t>(j)].backward(gx.to(fakes[static_cast<size_t>(j)].scalar_type()));
+        fakes[static_cast<size_t>(j)] = at::Tensor();
+      };
+      d_update_sharing_forward(d, g.scaler, in, lat, images, image_grad, r, stats, g_loss_finite);
+      if (d_steps_ == 1) update_g();
+      for (int64_t s = 1; s < d_steps_; ++s) d_update(g, d, in, s, nullptr, r, stats);
+      if (d_steps_ > 1) update_g();
+    } else {
+      std::vector<MicroFakes> fakes;
+      g_loss_finite = g_pass(g, d, in, &fakes, stats);
+      if (d_steps_ == 1) update_g();
+      for (int64_t s = 0; s < d_steps_; ++s) d_update(g, d, in, s, s == 0 ? &fakes : nullptr, r, stats);
+      if (d_steps_ > 1) update_g();
+    }
   }
   r.loss_scale_d = d.scaler->scale();
   r.loss_scale_g = g.scaler->scale();
@@ -165,6 +187,64 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
   bool nonfinite = false;
   if (before_update_) before_update_();
   if (!finish_update(d, norm, s, loss_finite, nonfinite)) r.skipped_d = true;
+  r.nonfinite_d = r.nonfinite_d || nonfinite;
+  r.grad_norm_d = norm;
+}
+
+void GanObjective::d_update_sharing_forward(TrainedModel d, DynamicLossScaler* g_scaler, const StepInputs& in,
+                                            const TensorList& lat, const std::function<at::Tensor(int64_t)>& images,
+                                            const std::function<void(int64_t, const at::Tensor&)>& image_grad,
+                                            StepMetrics& r, at::Tensor& stats, bool& g_loss_finite) {
+  const int64_t k = micro_;
+  bool loss_finite = true;
+  g_loss_finite = true;
+  for (int64_t j = 0; j < k; ++j) {
+    at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
+    at::Tensor x = images(j).requires_grad_(true);
+    TensorList real = in.real(j);
+    const at::ScalarType md = real.at(0).scalar_type();
+    const bool r1_due = r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
+    const bool joint = d_joint_pass_ && !r1_due;
+    // The shared forward (with the real images too when joint), D gathered whole from it
+    // to the second backward. Its gradients stay local until the micro-batch's last pass.
+    d.model->set_gradient_sync(joint && j == k - 1);
+    d.model->begin_higher_order();
+    const int64_t b = x.size(0);
+    at::Tensor xs = joint ? torch::cat({x.to(real.at(0).scalar_type()), real.at(0).to(x.device())}) : x;
+    at::Tensor ys = !y.defined() ? y : joint ? torch::cat({y.to(x.device()), real.at(1).to(x.device())}) : y;
+    at::Tensor logits = d.model->forward(TensorList{xs, ys}).at(0).to(md);
+    at::Tensor d_fake = logits.narrow(0, 0, b).reshape({-1});
+    at::Tensor lg = g_loss(d_fake) / k;
+    at::Tensor gx = torch::autograd::grad({g_scaler->scale_loss(lg)}, {x}, {}, /*retain_graph=*/true)[0];
+    image_grad(j, gx);
+    at::Tensor loss_fake = d_loss_fake(d_fake) / k, loss_real, d_real;
+    if (joint) {
+      d_real = logits.narrow(0, b, logits.size(0) - b).reshape({-1});
+      loss_real = d_loss_real(d_real) / k;
+      d.scaler->scale_loss(loss_real + loss_fake).backward();
+      d.model->end_higher_order();
+    } else {
+      d.scaler->scale_loss(loss_fake).backward();
+      d.model->end_higher_order();
+      d.model->set_gradient_sync(j == k - 1);
+      auto [real_logits, r1] = d_real_pass(d, real, md);
+      d_real = real_logits;
+      loss_real = d_loss_real(d_real) / k;
+      r.r1 += r1 / d_steps_;
+    }
+    const at::Tensor v = host(at::stack({loss_real.detach() + loss_fake.detach(), torch::sigmoid(d_real.detach()).mean(),
+                                         torch::sigmoid(d_fake.detach()).mean(), lg.detach()}));
+    loss_finite = loss_finite && std::isfinite(v[0].item<double>());
+    g_loss_finite = g_loss_finite && std::isfinite(v[3].item<double>());
+    stats[0] += v[0] / d_steps_;
+    stats[1] += v[3];
+    stats[2] += v[1] / (k * d_steps_);
+    stats[3] += v[2] / (k * d_steps_);
+  }
+  double norm = 0;
+  bool nonfinite = false;
+  if (before_update_) before_update_();
+  if (!finish_update(d, norm, 0, loss_finite, nonfinite)) r.skipped_d = true;
   r.nonfinite_d = r.nonfinite_d || nonfinite;
   r.grad_norm_d = norm;
 }

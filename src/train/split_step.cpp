@@ -44,7 +44,7 @@ StepMetrics GanObjective::split_step(TrainedModel g, TrainedModel d, const StepI
   if (is_g) {
     split_g_side(g, in, r);
   } else {
-    split_d_side(d, in, r, stats);
+    split_d_side(d, g.scaler, in, r, stats);
   }
   const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double idle_transfers = split_->take_idle_s();
@@ -155,7 +155,8 @@ GanObjective::MicroFakes GanObjective::split_d_score(TrainedModel d, const StepI
   return {x.detach(), y};
 }
 
-void GanObjective::split_d_side(TrainedModel d, const StepInputs& in, StepMetrics& r, at::Tensor& stats) {
+void GanObjective::split_d_side(TrainedModel d, DynamicLossScaler* g_scaler, const StepInputs& in, StepMetrics& r,
+                                at::Tensor& stats) {
   const int64_t k = micro_;
   auto receive = [&](const TensorList& lat) {
     std::vector<MicroFakes> fakes;
@@ -182,6 +183,17 @@ void GanObjective::split_d_side(TrainedModel d, const StepInputs& in, StepMetric
       d_update(no_g, d, in, s, &fakes, r, stats);
     }
     g_pass();
+  } else if (shared_d_forward_) {
+    // One D forward per micro-batch: dL_G/dx with D_t goes back to G's ranks before D's
+    // fake term's backward and real pass, so G's backward overlaps them.
+    bool g_finite = true;
+    d_update_sharing_forward(
+        d, g_scaler, in, in.latents(), [&](int64_t) { return split_->images_to_d(at::Tensor()); },
+        [&](int64_t, const at::Tensor& gx) { split_->grads_to_g(gx); }, r, stats, g_finite);
+    for (int64_t s = 1; s < d_steps_; ++s) {
+      std::vector<MicroFakes> more = receive(in.latents());
+      d_update(no_g, d, in, s, &more, r, stats);
+    }
   } else {
     std::vector<MicroFakes> fakes = g_pass();  // dL_G/dx with D_t, sent before D updates
     d_update(no_g, d, in, 0, &fakes, r, stats);

@@ -119,6 +119,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
                                               cfg_.r1_gamma, cfg_.r1_every);
   objective_->set_d_joint_pass(cfg_.d_joint_pass);
   objective_->set_simultaneous(cfg_.update == "simultaneous");
+  objective_->set_shared_d_forward(cfg_.shared_d_forward);
   objective_->set_paired(family_.condition_channels() > 0, cfg_.l1_weight, cfg_.adversarial_weight);
   if (split_) objective_->set_split(split_.get());
   if (cfg_.preempt_grace_s > 0) {

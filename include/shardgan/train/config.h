@@ -80,6 +80,11 @@ struct TrainConfig {
   /// "simultaneous" (ParaGAN: both against the other's weights of before the step; see
   /// GanObjective::set_simultaneous).
   std::string update = "alternating";
+  /// train.shared_d_forward: with update "simultaneous", one D forward on each
+  /// micro-batch's fakes serves both L_G (the images' gradient) and D's fake term
+  /// (GanObjective::set_shared_d_forward); false runs D on them twice, releasing D's units
+  /// one by one at stage 3.
+  bool shared_d_forward = true;
   /// train.placement: "shared" (G and D each sharded over every rank) or "split"
   /// (ParaGAN's asymmetric placement: ranks [0, K) hold only G, ranks [K, N) only D, each
   /// group sharding its model over its own communicator; only G's images and their

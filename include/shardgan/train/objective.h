@@ -131,6 +131,16 @@ class GanObjective {
   /// before D's). Local; call it alike on every rank.
   void set_paired(bool on, double l1_weight, double adversarial_weight = 1.0);
   bool simultaneous() const { return simultaneous_; }
+  /// With set_simultaneous: D's first update of a step runs one D forward per micro-batch
+  /// on G's images instead of two. From that forward, torch::autograd::grad takes L_G's
+  /// gradient with respect to the images (D frozen: no parameter gradients), which G
+  /// backpropagates, and a backward of D's fake term gives D's parameter gradients; then
+  /// D's real pass runs as usual. Spectral norm advances u on that forward and on the real
+  /// pass, as G's pass and the real pass did. At stage 3 D stays gathered for the span of
+  /// that forward and its two backwards (ShardedModel::begin_higher_order, as for R1), the
+  /// price of the saved forward. With set_d_joint_pass the real images join that forward
+  /// (one D forward per micro-batch in all). Local; call it alike on every rank.
+  void set_shared_d_forward(bool on) { shared_d_forward_ = on; }
   /// train.placement split (split_placement.h): this rank holds one of the models, and
   /// step() runs that model's side (the other TrainedModel is never touched: its members
   /// may be null). Both update rules give the shared placement's updates: G's side makes
@@ -173,10 +183,20 @@ class GanObjective {
   /// keeps each micro-batch's images in `keep` when given. Returns whether G's losses were
   /// finite on this rank.
   bool g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, std::vector<MicroFakes>* keep, at::Tensor& stats);
+  /// set_shared_d_forward: D's first update of a simultaneous step. `images(j)` gives G's
+  /// images of micro-batch j (detached; labels from `lat`), `image_grad(j, gx)` takes
+  /// dL_G/dx (divided by k, scaled by G's loss scale) before D's update. Sets
+  /// `g_loss_finite` to whether G's losses were finite on this rank.
+  void d_update_sharing_forward(TrainedModel d, DynamicLossScaler* g_scaler, const StepInputs& in,
+                                const TensorList& lat, const std::function<at::Tensor(int64_t)>& images,
+                                const std::function<void(int64_t, const at::Tensor&)>& image_grad, StepMetrics& r,
+                                at::Tensor& stats, bool& g_loss_finite);
+  bool shared_d_forward_ = false;
   /// set_split: one side of a split step (split_step.cpp).
   StepMetrics split_step(TrainedModel g, TrainedModel d, const StepInputs& in);
   void split_g_side(TrainedModel g, const StepInputs& in, StepMetrics& r);
-  void split_d_side(TrainedModel d, const StepInputs& in, StepMetrics& r, at::Tensor& stats);
+  void split_d_side(TrainedModel d, DynamicLossScaler* g_scaler, const StepInputs& in, StepMetrics& r,
+                    at::Tensor& stats);
   /// G's pass on D's side: scores the images G's ranks send for micro-batch j (labels from
   /// `lat`) against the frozen D and sends back dL_G/dx; returns the images (detached).
   MicroFakes split_d_score(TrainedModel d, const StepInputs& in, const TensorList& lat, int64_t j, at::Tensor& stats);
