@@ -9,6 +9,9 @@
 #     x dtype bytes); each group's idle time is logged.
 #   - A split run resumed from its step-2 checkpoint equals the straight run bit for bit;
 #     a split checkpoint resumes shared at another N, and a shared one split, within 1e-9.
+#   - Also at G stage 0 / D stage 2, with disk offload of the optimizer state, gradients and
+#     D's parameters (bit-identical to none), and for the
+#     DCGAN, whose D has SyncBatchNorm over D's group.
 #   - shardgan-ckpt verify accepts a split checkpoint; --dry-run reports each group's need.
 #   - Bad settings end every rank naming the key.
 TRAIN=$1; CKPT=$2; SRC=$3
@@ -45,6 +48,25 @@ for update in alternating simultaneous; do
     fi
   done
 done
+
+# Other stages, disk offload, and a D with SyncBatchNorm (DCGAN), simultaneous update.
+SIM=(--set train.update=simultaneous)
+run shared-s02 2 4 "${SIM[@]}" --set sharding.generator.stage=0 --set sharding.discriminator.stage=2 || bad "shared-s02"
+run split-s02 4 4 "${SIM[@]}" --set sharding.generator.stage=0 --set sharding.discriminator.stage=2 $(split 1) \
+  || bad "split-s02: $(tail -3 "$T/split-s02.log")"
+close "$(ckpt split-s02 4)" "$(ckpt shared-s02 4)" "G stage 0, D stage 2: split (G on 1 of 4) against shared on 2"
+off() { local x; for x in generator discriminator; do echo --set offload.$x.optimizer=disk --set offload.$x.gradient=disk; done
+       echo --set offload.discriminator.param=disk; }  # G's EMA reads G's master shards: no G param offload
+run split-offload 3 4 "${SIM[@]}" $(split 1) $(off) || bad "split with offload: $(tail -3 "$T/split-offload.log")"
+same_checkpoint "$(ckpt split-simultaneous-np3-k1 4)" "$(ckpt split-offload 4)" "(split, disk offload of state and gradients, and of D's parameters)"
+DC=("$SRC/configs/fmnist-dcgan.yaml" --set train.global_batch=12 --set model.g_width=16 --set model.d_width=16
+    --set ema.enabled=false --set train.update=simultaneous --set data.source=synthetic --set data.synthetic_size=72
+    --set model.dtype=float64 --set train.log_every=1 --set train.sample_every=0 --set train.checkpoint_every=0
+    --set run.seed=7 --set train.plots=false --set train.skip_memory_check=true --set train.steps=3)
+timeout 300 "${MPIRUN[@]}" -np 2 "$TRAIN" "${DC[@]}" --set run.dir="$T/dc-shared" > "$T/dc-shared.log" 2>&1 || bad "dcgan shared"
+timeout 300 "${MPIRUN[@]}" -np 3 "$TRAIN" "${DC[@]}" $(split 1) --set run.dir="$T/dc-split" > "$T/dc-split.log" 2>&1 \
+  || bad "dcgan split: $(tail -3 "$T/dc-split.log")"
+close "$(ckpt dc-split 3)" "$(ckpt dc-shared 3)" "DCGAN (SyncBatchNorm in G and D): split (G on 1 of 3) against shared on 2"
 
 # The simultaneous update with D run twice on the fakes (train.shared_d_forward false).
 TWICE=(--set train.update=simultaneous --set train.shared_d_forward=false)
