@@ -12,7 +12,8 @@
 #   - Also at G stage 0 / D stage 2, with disk offload of the optimizer state, gradients and
 #     D's parameters (bit-identical to none), and for the
 #     DCGAN, whose D has SyncBatchNorm over D's group.
-#   - shardgan-ckpt verify accepts a split checkpoint; --dry-run reports each group's need.
+#   - shardgan-ckpt verify accepts a split checkpoint; --dry-run reports each group's need,
+#     and the pre-flight refuses a split that does not fit, naming placement.generator_ranks.
 #   - Bad settings end every rank naming the key.
 TRAIN=$1; CKPT=$2; SRC=$3
 source "$(dirname "$0")/lib.sh"
@@ -107,6 +108,16 @@ close "$(ckpt to-split 4)" "$(ckpt shared-alternating 4)" "shared (2 ranks) step
 timeout 120 "${MPIRUN[@]}" -np 3 "$TRAIN" "${BIGGAN[@]}" "${COMMON[@]}" $(split 1) --set run.dir="$T/dry" --dry-run \
   > "$T/dry.log" 2>&1 && grep -q '"generator_rank_peak_bytes"' "$T/dry.log" && grep -q '"discriminator_rank_peak_bytes"' "$T/dry.log" \
   && ok "--dry-run reports a G rank's and a D rank's need" || bad "dry run: $(tail -3 "$T/dry.log")"
+
+# The pre-flight refuses a split that does not fit, naming the key (a 3e9-parameter BigGAN
+# at stage 0: far past any machine this runs on).
+timeout 300 "${MPIRUN[@]}" -np 2 "$TRAIN" "$SRC/configs/biggan-1b.yaml" --set train.placement=split \
+  --set placement.generator_ranks=1 --set sharding.generator.stage=0 --set sharding.discriminator.stage=0 \
+  --set model.g_blocks_per_res=60 --set model.d_blocks_per_res=60 --set train.memory_probe=false \
+  --set run.dir="$T/big" > "$T/big.log" 2>&1 && bad "an oversized split was admitted" \
+  || { [ "$(grep -c "memory pre-flight: train.placement split with placement.generator_ranks = 1" "$T/big.log")" -ge 2 ] \
+       && ok "an oversized split is refused on both ranks, naming placement.generator_ranks" \
+       || bad "oversized split: $(grep -m2 -i error "$T/big.log")"; }
 
 refused() {  # refused LABEL PATTERN NP ARGS...: the run fails and every rank names PATTERN
   local label=$1 pattern=$2 np=$3; shift 3
