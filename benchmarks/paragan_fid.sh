@@ -25,7 +25,7 @@ for seed in $SEEDS; do
     steps=$ALT_STEPS; [ $upd = simultaneous ] && steps=$("$PY" -c "print(round($ALT_STEPS * $RATIO))")
     name="$PLACEMENT-np$NP-$upd-seed$seed"; rm -rf "$WORK/$name"
     t0=$(date +%s.%N)
-    mpirun -np "$NP" --bind-to none "$BUILD/shardgan-train" configs/fmnist-biggan.yaml --set train.update=$upd \
+    mpirun -np "$NP" --oversubscribe --bind-to none "$BUILD/shardgan-train" configs/fmnist-biggan.yaml --set train.update=$upd \
       --set train.placement="$PLACEMENT" --set train.eval_every=0 \
       --set run.seed="$seed" --set train.steps="$steps" --set train.checkpoint_every=0 --set train.sample_every=0 \
       --set eval.enabled=true --set eval.classifier=runs/fmnist-classifier.h5 --set run.dir="$WORK/$name" \
