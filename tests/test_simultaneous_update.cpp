@@ -14,8 +14,9 @@
 // reductions, micro-batch accumulation): a few ulps per addition over sums of at most a
 // few thousand products, so the bound is 1e-9 of the largest parameter change of the
 // model over the 5 steps.
-// Both of the objective's simultaneous paths are checked: G's pass and D's first update
-// each running D on the fakes, and one shared D forward (set_shared_d_forward).
+// The objective's simultaneous paths are checked: G's pass and D's first update each
+// running D on the fakes, one shared D forward (set_shared_d_forward), and that forward
+// with the real images joined (set_d_joint_pass).
 // Negative controls (in the test): the simultaneous run against a reference whose G step
 // uses D_{t+1}, and the alternating update against the reference, must both leave the
 // bound. The reference's G forward runs twice per micro-batch (once with autograd for
@@ -64,7 +65,8 @@ struct Trained {
 };
 
 // The objective: kSteps steps on `comm` at `stage`.
-Trained train(MpiCommunicator& comm, int stage, bool simultaneous, const Data& data, bool shared_d_forward = false) {
+Trained train(MpiCommunicator& comm, int stage, bool simultaneous, const Data& data, bool shared_d_forward = false,
+              bool joint = false) {
   BigGanFamily fam(test_util::tiny_biggan());
   ShardingConfig sc = test_util::sharding(stage);
   auto g = build_sharded_model(fam.generator(comm), comm, sc, 11, at::kDouble);
@@ -78,6 +80,7 @@ Trained train(MpiCommunicator& comm, int stage, bool simultaneous, const Data& d
   GanObjective obj("hinge", /*d_steps=*/1, kMicro, 0.0, comm);
   obj.set_simultaneous(simultaneous);
   obj.set_shared_d_forward(shared_d_forward);
+  obj.set_d_joint_pass(joint);
   const int64_t w = comm.world_size(), per = data.global / kMicro / w;
   auto gen = at::detail::createCPUGenerator(5);
   int64_t t = 0;
@@ -197,6 +200,13 @@ TEST_P(SimultaneousUpdate, EqualsThePlainAutogradEquations) {
   std::printf("[ simultaneous ] one D forward on the fakes: G %.3g, D %.3g\n", og, od);
   EXPECT_LE(og, 1e-9);
   EXPECT_LE(od, 1e-9);
+  // The same with the real images joining that forward (set_d_joint_pass): one D forward
+  // per micro-batch in all (the tiny BigGAN's D has no batch-coupled layer).
+  const Trained joint = train(comm, GetParam(), true, data, true, true);
+  const double jg = worst(ref.g_init, ref.g, joint.g), jd = worst(ref.d_init, ref.d, joint.d);
+  std::printf("[ simultaneous ] one D forward on fakes and reals: G %.3g, D %.3g\n", jg, jd);
+  EXPECT_LE(jg, 1e-9);
+  EXPECT_LE(jd, 1e-9);
   // Negative control: the same equations with G's gradient taken against D_{t+1} (what
   // the alternating order does) must leave the bound.
   const Trained late = reference(data, true);

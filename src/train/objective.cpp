@@ -200,7 +200,7 @@ void GanObjective::d_update_sharing_forward(TrainedModel d, DynamicLossScaler* g
   g_loss_finite = true;
   for (int64_t j = 0; j < k; ++j) {
     at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
-    at::Tensor x = images(j).requires_grad_(true);
+    at::Tensor x = images(j);
     TensorList real = in.real(j);
     const at::ScalarType md = real.at(0).scalar_type();
     const bool r1_due = r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
@@ -210,13 +210,16 @@ void GanObjective::d_update_sharing_forward(TrainedModel d, DynamicLossScaler* g
     d.model->set_gradient_sync(joint && j == k - 1);
     d.model->begin_higher_order();
     const int64_t b = x.size(0);
-    at::Tensor xs = joint ? torch::cat({x.to(real.at(0).scalar_type()), real.at(0).to(x.device())}) : x;
+    // The input is the leaf whose gradient is taken (the engine's ownership check allows
+    // the forward's own inputs as leaves): the fakes, or fakes and reals joined.
+    at::Tensor xs = (joint ? torch::cat({x.to(real.at(0).scalar_type()), real.at(0).to(x.device())}) : x)
+                        .requires_grad_(true);
     at::Tensor ys = !y.defined() ? y : joint ? torch::cat({y.to(x.device()), real.at(1).to(x.device())}) : y;
     at::Tensor logits = d.model->forward(TensorList{xs, ys}).at(0).to(md);
     at::Tensor d_fake = logits.narrow(0, 0, b).reshape({-1});
     at::Tensor lg = g_loss(d_fake) / k;
-    at::Tensor gx = torch::autograd::grad({g_scaler->scale_loss(lg)}, {x}, {}, /*retain_graph=*/true)[0];
-    image_grad(j, gx);
+    at::Tensor gx = torch::autograd::grad({g_scaler->scale_loss(lg)}, {xs}, {}, /*retain_graph=*/true)[0];
+    image_grad(j, joint ? gx.narrow(0, 0, b) : gx);
     at::Tensor loss_fake = d_loss_fake(d_fake) / k, loss_real, d_real;
     if (joint) {
       d_real = logits.narrow(0, b, logits.size(0) - b).reshape({-1});
