@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
     // the cost of page faults; it applies to models of 5e7 parameters or more.
     // MALLOC_MMAP_THRESHOLD_ overrides it either way.
     if (!std::getenv("MALLOC_MMAP_THRESHOLD_") &&
-        trainer.generator().numel() + trainer.discriminator().numel() >= 50'000'000) {
+        trainer.generator_numel() + trainer.discriminator_numel() >= 50'000'000) {
       mallopt(M_MMAP_THRESHOLD, 1 << 20);
     }
 #endif

@@ -43,7 +43,10 @@ class Trainer {
   /// or labels do not fit the model) and a background thread reads this rank's micro-batches
   /// ahead into a queue of data.prefetch_batches. Local (no collectives), but every rank
   /// must construct it; with sharding.<model>.replicate_degree != 1 it is a collective (the
-  /// replica groups are split off `comm`, hybrid_communicator.h).
+  /// replica groups are split off `comm`, hybrid_communicator.h). With train.placement
+  /// split it is a collective too (the G and D groups are split off `comm`, and the two
+  /// models' sizes are all-reduced): a rank builds only its group's model, and only D's
+  /// ranks read data (ConfigError naming the key when the world size does not allow it).
   Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images = {}, at::Tensor labels = {});
   ~Trainer();
 
@@ -78,11 +81,13 @@ class Trainer {
   bool resume_auto();
   /// Collective (G forward). Writes PNG grids from the fixed sample batch (rank 0 writes):
   /// 8x8 for an unconditional family, one class per row for a conditional one, and the
-  /// same from G's EMA when ema.enabled. Returns the first grid's path.
+  /// same from G's EMA when ema.enabled. Returns the first grid's path (under split
+  /// placement G's ranks only; D's ranks return "" at once).
   std::string write_samples();
-  /// Collective (G forwards, one all-reduce). FID and class accuracy of G and, with EMA,
-  /// of its EMA (evaluation.h); rank 0 appends them to metrics.jsonl. Throws ConfigError
-  /// unless eval.enabled.
+  /// Collective (G forwards, one all-reduce; under split placement over G's ranks only,
+  /// and D's ranks get an empty object at once). FID and class accuracy of G and, with
+  /// EMA, of its EMA (evaluation.h); rank 0 appends them to metrics.jsonl. Throws
+  /// ConfigError unless eval.enabled.
   nlohmann::json evaluate();
 
   int64_t step() const { return counters_.step; }
@@ -92,6 +97,9 @@ class Trainer {
   ShardedModel& generator() { return *g_; }
   ShardedModel& discriminator() { return *d_; }
   bool holds_generator() const { return g_ != nullptr; }
+  /// Parameter counts of both models, on every rank (whichever it holds).
+  int64_t generator_numel() const { return g_numel_; }
+  int64_t discriminator_numel() const { return d_numel_; }
   bool holds_discriminator() const { return d_ != nullptr; }
   /// Local accounting for one model, optimizer state included.
   MemoryStats memory_stats(ShardedModel& m) const;
