@@ -608,6 +608,11 @@ std::string config_reference_markdown() {
   return md.str();
 }
 
+int split_generator_ranks(const TrainConfig& cfg, int world_size) {
+  if (cfg.generator_ranks >= 1) return static_cast<int>(cfg.generator_ranks);
+  return std::clamp(static_cast<int>(std::lround(cfg.generator_ranks * world_size)), 1, std::max(world_size - 1, 1));
+}
+
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path);
   if (!in) throw ConfigError("cannot open config file '" + path + "': check the path");

@@ -74,37 +74,38 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
   } else {
     // ParaGAN's update (Shi et al. 2024, Fig. 5): G_{t+1} from L_G(G_t, D_t) and D_{t+1}
     // from L_D(G_t, D_t). G's pass runs first, against the D that no update has touched
-    // yet, and keeps its images: D's first update trains on them, so one G forward serves
-    // both models. Further D steps (d_steps > 1) draw their images from G_t too, so G's
-    // update waits for them; with one D step it runs at once, and G's gradient shards are
-    // released before D's backward.
+    // yet, and D's first update trains on its images, so one G forward serves both models:
+    // the pass keeps them (`fakes`), or, with the shared D forward, D's first update runs
+    // inside the pass (and the loop starts at D step 2). Further D steps (d_steps > 1) draw
+    // their images from G_t too, so G's update waits for them; with one D step it runs
+    // right after G's pass (so G's gradient shards are released before D's backward, but
+    // for the shared D forward, whose pass holds D's first update).
+    std::vector<MicroFakes> fakes;
+    int64_t first_d_step = 0;
     if (shared_d_forward_) {
       // One D forward on each micro-batch's fakes: L_G's image gradient goes into G's
       // backward at once, and the same forward gives D's fake term.
       const int64_t k = micro_;
       TensorList lat = in.latents();
-      std::vector<at::Tensor> fakes(static_cast<size_t>(k));
+      std::vector<at::Tensor> out(static_cast<size_t>(k));  // G's images, in G's graph
       auto images = [&](int64_t j) {
         g.model->set_gradient_sync(j == k - 1);
         at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
-        fakes[static_cast<size_t>(j)] = g.model->forward(TensorList{in.local(lat[0], j), y}).at(0);
-        return fakes[static_cast<size_t>(j)].detach();
+        out[static_cast<size_t>(j)] = g.model->forward(TensorList{in.local(lat[0], j), y}).at(0);
+        return out[static_cast<size_t>(j)].detach();
       };
       auto image_grad = [&](int64_t j, const at::Tensor& gx) {
-        fakes[static_cast<size_t>(j)].backward(gx.to(fakes[static_cast<size_t>(j)].scalar_type()));
-        fakes[static_cast<size_t>(j)] = at::Tensor();
+        out[static_cast<size_t>(j)].backward(gx.to(out[static_cast<size_t>(j)].scalar_type()));
+        out[static_cast<size_t>(j)] = at::Tensor();
       };
       d_update_sharing_forward(d, g.scaler, in, lat, images, image_grad, r, stats, g_loss_finite);
-      if (d_steps_ == 1) update_g();
-      for (int64_t s = 1; s < d_steps_; ++s) d_update(g, d, in, s, nullptr, r, stats);
-      if (d_steps_ > 1) update_g();
+      first_d_step = 1;
     } else {
-      std::vector<MicroFakes> fakes;
       g_loss_finite = g_pass(g, d, in, &fakes, stats);
-      if (d_steps_ == 1) update_g();
-      for (int64_t s = 0; s < d_steps_; ++s) d_update(g, d, in, s, s == 0 ? &fakes : nullptr, r, stats);
-      if (d_steps_ > 1) update_g();
     }
+    if (d_steps_ == 1) update_g();
+    for (int64_t s = first_d_step; s < d_steps_; ++s) d_update(g, d, in, s, s == 0 ? &fakes : nullptr, r, stats);
+    if (d_steps_ > 1) update_g();
   }
   r.loss_scale_d = d.scaler->scale();
   r.loss_scale_g = g.scaler->scale();

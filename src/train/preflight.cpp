@@ -106,10 +106,7 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   auto shard_ways = [&](int R) { return R == 1 ? world_size : R == 0 ? std::max(local_ranks, 1) : std::max(world_size / R, 1); };
   // Split placement: G sharded over its K ranks, D over the other N - K, each rank one model.
   const bool split = cfg.placement == "split" && world_size >= 2;
-  const int k = !split ? 0
-                : cfg.generator_ranks >= 1 ? static_cast<int>(cfg.generator_ranks)
-                                           : std::clamp(static_cast<int>(std::lround(cfg.generator_ranks * world_size)), 1,
-                                                        world_size - 1);
+  const int k = split ? split_generator_ranks(cfg, world_size) : 0;
   ModelMemorySpec g = spec_for(cfg, cfg.family->generator(comm), cfg.g_sharding, cfg.g_optim, cfg.ema_enabled,
                                split ? std::max(k, 1) : shard_ways(cfg.g_replicate_degree));
   ModelMemorySpec d = spec_for(cfg, cfg.family->discriminator(comm), cfg.d_sharding, cfg.d_optim, false,
@@ -164,6 +161,8 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   };
   j["configured"]["offload_disk_bytes"] = {{"generator", disk_bytes(ge[cfg.g_sharding.stage], cfg.g_optim)},
                                            {"discriminator", disk_bytes(de[cfg.d_sharding.stage], cfg.d_optim)}};
+  // The node's memory is read once, before the probe: the ranks' probes are transient.
+  const HostMemory host = read_host_memory();
   if (split) {
     // Each rank holds one model's state and transient buffers (and D's ranks the data):
     // every rank of a group needs the same, and the node holds both groups' ranks.
@@ -182,7 +181,6 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     j["configured"]["state_bytes"] = std::max(eg.persistent_bytes(), ed.persistent_bytes());
     j["configured"]["node_peak_bytes"] = g_rank * k_on_node + d_rank * d_on_node;
     j["configured"]["node_bytes_checked"] = node;
-    const HostMemory host = read_host_memory();
     j["node_memory"] = {{"total_bytes", host.total_bytes}, {"available_bytes", host.available_bytes}};
     return j;  // the probe measures a rank holding both models: not run here
   }
@@ -191,8 +189,6 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   // persistent training state (exact, the code's own accounting), the data, and one step's
   // transient bytes as the probe measured them at this micro-batch, plus
   // kPredictionMarginBytes.
-  // The node's memory is read once, before the probe: the ranks' probes are transient.
-  const HostMemory host = read_host_memory();
   const int64_t rss_before = current_rss_bytes();
   if (cfg.memory_probe && !cfg.compute_device.is_cuda() && cfg.g_replicate_degree == 1 && cfg.d_replicate_degree == 1 &&
       rss_before > 0) {

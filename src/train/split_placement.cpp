@@ -35,6 +35,12 @@ double SplitPlacement::take_idle_s() {
   return s;
 }
 
+int64_t SplitPlacement::take_sent_bytes() {
+  const int64_t now = world_.stats().sent_bytes, b = now - sent_mark_;
+  sent_mark_ = now;
+  return b;
+}
+
 at::Tensor SplitPlacement::images_to_d(const at::Tensor& g_slice) { return transfer(g_slice, /*from_g=*/true); }
 
 at::Tensor SplitPlacement::grads_to_g(const at::Tensor& d_slice) { return transfer(d_slice, /*from_g=*/false); }
@@ -68,7 +74,6 @@ at::Tensor SplitPlacement::transfer(const at::Tensor& mine, bool from_g) {
     if (a >= b) continue;
     if (sending) {
       sends.push_back({p, src.narrow(0, a - lo, b - a)});
-      sent_bytes_ += (b - a) * src[0].numel() * src.element_size();
     } else {
       recvs.push_back({p, out.narrow(0, a - lo, b - a)});
     }

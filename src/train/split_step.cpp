@@ -48,7 +48,6 @@ StepMetrics GanObjective::split_step(TrainedModel g, TrainedModel d, const StepI
   }
   const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double idle_transfers = split_->take_idle_s();
-  const int64_t sent_before = split_->sent_bytes();
   const double n = split_->group().world_size();
   auto put = [&](Slot s, double v) { stats[s] = v / n; };
   if (is_g) {
@@ -69,8 +68,7 @@ StepMetrics GanObjective::split_step(TrainedModel g, TrainedModel d, const StepI
   const double idle = idle_transfers + std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   put(is_g ? kIdleG : kIdleD, idle);
   put(is_g ? kBusyG : kBusyD, busy - idle_transfers);
-  stats[kBytes] = static_cast<double>(sent_before - bytes_sent_mark_);
-  bytes_sent_mark_ = sent_before;
+  stats[kBytes] = static_cast<double>(split_->take_sent_bytes());
   comm_.all_reduce(stats, ReduceOp::kSum);
   r.loss_d = stats[kLossD].item<double>();
   r.loss_g = stats[kLossG].item<double>();
@@ -176,32 +174,28 @@ void GanObjective::split_d_side(TrainedModel d, DynamicLossScaler* g_scaler, con
     return kept;
   };
   // d_update draws G's images only when given none: here they always come from G's side.
+  // With the simultaneous update D's first step trains on G's pass (its images, or, with
+  // the shared D forward, the pass itself, which makes that update); every other D step
+  // receives images of its own.
   TrainedModel no_g{nullptr, nullptr, nullptr};
-  if (!simultaneous_) {
-    for (int64_t s = 0; s < d_steps_; ++s) {
-      std::vector<MicroFakes> fakes = receive(in.latents());
-      d_update(no_g, d, in, s, &fakes, r, stats);
-    }
-    g_pass();
-  } else if (shared_d_forward_) {
+  std::vector<MicroFakes> pass_fakes;
+  int64_t first_d_step = 0;
+  if (simultaneous_ && shared_d_forward_) {
     // One D forward per micro-batch: dL_G/dx with D_t goes back to G's ranks before D's
     // fake term's backward and real pass, so G's backward overlaps them.
     bool g_finite = true;
     d_update_sharing_forward(
         d, g_scaler, in, in.latents(), [&](int64_t) { return split_->images_to_d(at::Tensor()); },
         [&](int64_t, const at::Tensor& gx) { split_->grads_to_g(gx); }, r, stats, g_finite);
-    for (int64_t s = 1; s < d_steps_; ++s) {
-      std::vector<MicroFakes> more = receive(in.latents());
-      d_update(no_g, d, in, s, &more, r, stats);
-    }
-  } else {
-    std::vector<MicroFakes> fakes = g_pass();  // dL_G/dx with D_t, sent before D updates
-    d_update(no_g, d, in, 0, &fakes, r, stats);
-    for (int64_t s = 1; s < d_steps_; ++s) {
-      std::vector<MicroFakes> more = receive(in.latents());
-      d_update(no_g, d, in, s, &more, r, stats);
-    }
+    first_d_step = 1;
+  } else if (simultaneous_) {
+    pass_fakes = g_pass();  // dL_G/dx with D_t, sent before D updates
   }
+  for (int64_t s = first_d_step; s < d_steps_; ++s) {
+    std::vector<MicroFakes> fakes = simultaneous_ && s == 0 ? std::move(pass_fakes) : receive(in.latents());
+    d_update(no_g, d, in, s, &fakes, r, stats);
+  }
+  if (!simultaneous_) g_pass();
 }
 
 }  // namespace shardgan

@@ -161,8 +161,7 @@ bool Trainer::make_split_placement() {
   const int n = comm_.world_size();
   const std::string where = cfg_.source + ": train.placement split on " + std::to_string(n) + " ranks: ";
   if (n < 2) throw ConfigError(where + "needs at least 2 ranks (one for G, one for D); use train.placement: shared");
-  const double k_cfg = cfg_.generator_ranks;
-  const int k = k_cfg >= 1 ? static_cast<int>(k_cfg) : std::clamp(static_cast<int>(std::lround(k_cfg * n)), 1, n - 1);
+  const int k = split_generator_ranks(cfg_, n);
   if (k >= n) {
     throw ConfigError(where + "placement.generator_ranks = " + std::to_string(k) + " leaves no rank for D; give G 1 to " +
                       std::to_string(n - 1) + " ranks");
@@ -449,7 +448,6 @@ void Trainer::check_nonfinite(StepMetrics& r) {
 
 MemoryStats Trainer::memory_stats(ShardedModel& m) const {
   MemoryStats s = m.memory_stats();
-  if (&m != g_.get() && &m != d_.get()) return s;
   ShardedOptimizer& o = *(&m == g_.get() ? opt_g_ : opt_d_);
   s.optimizer_state_bytes = o.state_bytes();
   s.offloaded_bytes = o.offloaded_bytes();

@@ -161,6 +161,11 @@ struct TrainConfig {
   double progress_interval_us = 200.0;  ///< dist.progress_interval_us (microseconds, >= 1)
 };
 
+/// train.placement split: G's ranks K on a world of `world_size` (>= 2) ranks:
+/// placement.generator_ranks itself when it is a count, else the fraction of the world
+/// rounded and kept in [1, world_size - 1]. Local; no check that K < world_size.
+int split_generator_ranks(const TrainConfig& cfg, int world_size);
+
 /// Reads `path` and applies `overrides` ("key=value", e.g. "train.steps=200"). Throws
 /// ConfigError naming the file and key for a missing file, a YAML syntax error, an unknown
 /// key, or a value of the wrong type or out of range.

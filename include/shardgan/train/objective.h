@@ -203,7 +203,6 @@ class GanObjective {
   /// The communicator of this rank's model updates: the world's, or split's group.
   Communicator& update_comm() const;
   SplitPlacement* split_ = nullptr;
-  int64_t bytes_sent_mark_ = 0;  ///< split: SplitPlacement::sent_bytes() at the last step's end
   bool simultaneous_ = false;
   bool paired_ = false;
   double l1_weight_ = 0, adversarial_weight_ = 1;

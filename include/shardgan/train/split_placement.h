@@ -53,9 +53,9 @@ class SplitPlacement {
   /// Seconds this rank has spent waiting in transfers since the last take_idle_s() (a
   /// rank waits when the other side has not reached the matching transfer yet).
   double take_idle_s();
-  void add_idle_s(double s) { idle_s_ += s; }
-  /// Bytes this rank sent to the other side so far.
-  int64_t sent_bytes() const { return sent_bytes_; }
+  /// Bytes this rank sent to the other side since the last take_sent_bytes() (the world
+  /// communicator's CommStats::sent_bytes: the transfers are its only point-to-point use).
+  int64_t take_sent_bytes();
 
  private:
   /// Moves slices from `from_g` (true: G -> D) side to the other.
@@ -68,7 +68,7 @@ class SplitPlacement {
   std::vector<int64_t> sample_shape_;
   at::ScalarType dtype_;
   double idle_s_ = 0;
-  int64_t sent_bytes_ = 0;
+  int64_t sent_mark_ = 0;  // world_.stats().sent_bytes at the last take_sent_bytes()
 };
 
 }  // namespace shardgan
