@@ -11,6 +11,10 @@
 #    trainer's final evaluation of G (and of its EMA): same latents, same chunks of 64, same
 #    weights. Bound 1e-9 relative: both sum the same float64 moments in the same order, so
 #    only the eigendecomposition's rounding could differ (observed: identical);
+#  - eval.truncation (BigGAN's truncation trick, here on DCGAN's Gaussian latents): the
+#    trainer's record adds fid_trunc and fid_ema_trunc, which equal `shardgan-ckpt fid
+#    --truncation 1.0` (and --ema) of its checkpoint and differ from the untruncated FIDs;
+#    its untruncated fid equals the run without truncation's (same training, same latents);
 #  - on 2 ranks the evaluation runs (equal shares, one all-reduce) and gives a finite FID;
 #  - a missing classifier is a config error naming eval.classifier on every rank.
 # Shown to fail (2026-11-23, one throwaway build with both breaks): without the buffer
@@ -63,6 +67,25 @@ print(f"shardgan-ckpt fid equals the trainer's final {key} (rel {rel:.2g})")
 PYEOF
 ) && ok "$out" || bad "$out"
 done
+"${MPIRUN[@]}" -np 1 "$TRAIN" "$CFG" "${SMALL[@]}" "${EVAL[@]}" --set eval.truncation=1.0 --set run.dir="$T/rt" \
+  > "$T/rt.log" 2>&1 || bad "1 rank with eval.truncation failed: $(tail -5 "$T/rt.log")"
+"$CKPT" fid "$T/rt" -n 130 --classifier "$CLASSIFIER" --truncation 1.0 > "$T/t_g.json" 2>&1 || bad "fid --truncation: $(cat "$T/t_g.json")"
+"$CKPT" fid "$T/rt" --ema -n 130 --classifier "$CLASSIFIER" --truncation 1.0 > "$T/t_e.json" 2>&1 || bad "fid --ema --truncation"
+out=$($PY - "$T/rt/metrics.jsonl" "$T/r1/metrics.jsonl" "$T/t_g.json" "$T/t_e.json" <<'PYEOF' 2>&1
+import json, sys
+last = lambda f: [json.loads(l) for l in open(f) if '"fid"' in l][-1]
+trunc, plain = last(sys.argv[1]), last(sys.argv[2])
+tool_g, tool_e = (json.loads(open(f).read().strip().splitlines()[-1]) for f in sys.argv[3:5])
+assert trunc["truncation"] == 1.0 and "truncation" not in plain and "fid_trunc" not in plain, plain
+assert trunc["fid"] == plain["fid"] and trunc["fid_ema"] == plain["fid_ema"], (trunc["fid"], plain["fid"])
+for key, tool in (("fid_trunc", tool_g), ("fid_ema_trunc", tool_e)):
+    assert tool["truncation"] == 1.0, tool
+    assert abs(tool["fid"] - trunc[key]) <= 1e-9 * trunc[key], (key, trunc[key], tool["fid"])
+    assert abs(trunc[key] - plain[key[:-6]]) > 1e-3 * plain[key[:-6]], ("truncation changed nothing", key)
+print(f"truncated at 1.0: FID {trunc['fid_trunc']:.2f} / EMA {trunc['fid_ema_trunc']:.2f} (untruncated "
+      f"{plain['fid']:.2f} / {plain['fid_ema']:.2f}), equal to shardgan-ckpt fid --truncation 1.0")
+PYEOF
+) && ok "$out" || bad "$out"
 "${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" "${SMALL[@]}" "${EVAL[@]}" --set run.dir="$T/r2" > "$T/r2.log" 2>&1 \
   && ok "2 ranks: training with evaluations exits 0" || bad "2 ranks failed: $(tail -5 "$T/r2.log")"
 out=$(check_metrics "$T/r2" 130 2>&1) && ok "2 ranks: $out" || bad "2 ranks metrics: $out"

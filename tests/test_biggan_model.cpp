@@ -4,6 +4,7 @@
 // errors naming their keys. Runs under mpirun with 1 and 2 ranks.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -385,6 +386,35 @@ TEST(BigGanConfig, ReadsKeysAndDefaults) {
   EXPECT_EQ(def.image_shape().height, 32);
   EXPECT_EQ(def.image_shape().channels, 1);
   EXPECT_EQ(def.num_z_chunks(), 4);
+}
+
+// BigGAN's truncation trick (Brock et al. 2019, section 3.1): entries outside [-t, t] are
+// redrawn, so the result is a normal truncated at t. Its variance, 1 - 2 t phi(t) / (2 Phi(t) - 1),
+// tells a redraw (0.2911 at t = 1) from a clamp (0.5161) or the untruncated draw (1).
+// Shown to fail once (2026-11-28): with a clamp in place of the redraw, "z.var() 0.5150,
+// var 0.2911, exceeds 5e-3".
+TEST(BigGanConfig, TruncatedLatentsAreATruncatedNormal) {
+  BigGanFamily fam(BigGanConfig{});  // z_dim 120
+  at::Generator g0 = at::detail::createCPUGenerator(7), g1 = at::detail::createCPUGenerator(7);
+  at::Generator g2 = at::detail::createCPUGenerator(7);
+  const at::Tensor plain = fam.sample_latents(2000, g0, at::kDouble);
+  const at::Tensor z = fam.sample_truncated_latents(2000, g1, at::kDouble, 1.0);
+  ASSERT_EQ(z.sizes(), plain.sizes());
+  EXPECT_EQ(z.scalar_type(), at::kDouble);
+  EXPECT_LE(z.abs().max().item<double>(), 1.0);
+  // Entries already inside keep their values: the draw is redrawn where it fell outside, not rescaled.
+  const at::Tensor inside = plain.abs().le(1.0);
+  EXPECT_TRUE(z.masked_select(inside).equal(plain.masked_select(inside)));
+  const double phi = std::exp(-0.5) / std::sqrt(2 * M_PI), mass = std::erf(1 / std::sqrt(2.0));
+  const double var = 1 - 2 * phi / mass;  // 0.29112
+  // 240,000 draws: the variance estimate's standard deviation is about 0.0006; bound 0.005.
+  EXPECT_NEAR(z.var().item<double>(), var, 5e-3);
+  EXPECT_NEAR(z.mean().item<double>(), 0.0, 5e-3);
+  EXPECT_TRUE(fam.sample_truncated_latents(2000, g2, at::kDouble, 1.0).equal(z));  // same seed, same draw
+  at::Generator g3 = at::detail::createCPUGenerator(7);
+  EXPECT_TRUE(fam.sample_truncated_latents(2000, g3, at::kDouble, 0).equal(plain));  // 0: off
+  at::Generator g4 = at::detail::createCPUGenerator(7);
+  EXPECT_THROW(fam.sample_truncated_latents(4, g4, at::kDouble, 0.01), std::invalid_argument);
 }
 
 }  // namespace

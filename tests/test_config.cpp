@@ -118,6 +118,13 @@ TEST(Config, BadValuesAreNamed) {
   EXPECT_NE(error_of("dist: {blocking_wait: maybe}\n").find("dist.blocking_wait"), std::string::npos);
   EXPECT_FALSE(parse_config("", "t.yaml", {}).blocking_wait);
   EXPECT_TRUE(parse_config("run: {device: cuda}\ndist: {blocking_wait: true}\n", "t.yaml", {}).blocking_wait);
+  // eval.truncation: 0 or >= 0.05, and only for a family with Gaussian latents.
+  EXPECT_NE(error_of("eval: {truncation: -1}\n").find("eval.truncation"), std::string::npos);
+  EXPECT_NE(error_of("eval: {truncation: 0.01}\n").find("eval.truncation"), std::string::npos);
+  const std::string tr = error_of("model: {arch: pix2pix}\neval: {truncation: 1.0}\n");
+  EXPECT_NE(tr.find("eval.truncation"), std::string::npos) << tr;
+  EXPECT_NE(tr.find("pix2pix"), std::string::npos) << tr;
+  EXPECT_EQ(parse_config("model: {arch: biggan}\neval: {truncation: 1.5}\n", "t.yaml", {}).eval_truncation, 1.5);
   EXPECT_NE(error_of("", {"train.steps"}).find("expected key=value"), std::string::npos);
   EXPECT_NE(error_of("train: [1, 2]\n").find("'train'"), std::string::npos);
 }

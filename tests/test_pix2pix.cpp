@@ -116,6 +116,19 @@ TEST(Pix2PixModel, ParameterCountsOfThePaper) {
   EXPECT_EQ(unit_numels(family->generator(self)).size(), 16u);  // 8 encoder and 8 decoder units
 }
 
+TEST(Pix2PixModel, LatentsAreSeedsThatTruncationRefuses) {
+  auto family = make_pix2pix_family(small_config(0));
+  EXPECT_FALSE(family->gaussian_latents());
+  at::Generator gen = at::detail::createCPUGenerator(3);
+  EXPECT_EQ(family->sample_truncated_latents(4, gen, at::kFloat, 0).size(0), 4);
+  try {
+    family->sample_truncated_latents(4, gen, at::kFloat, 1.0);
+    ADD_FAILURE() << "truncated pix2pix seeds";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("pix2pix"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Pix2PixModel, TestDropoutFollowsTheKey) {
   // In eval mode, z (the dropout seeds) changes G's output only with model.test_dropout.
   MpiCommunicator self(MPI_COMM_SELF, 300.0);

@@ -2,11 +2,12 @@
 // runtime (no mpirun, no MPI_Init): models are built on a LocalCommunicator.
 //   shardgan-ckpt ls DIR | info DIR | verify DIR | diff A B [--rtol X]
 //   shardgan-ckpt consolidate DIR -o FULL.h5 | reshard DIR -o NEW --world-size M [--stage S]
-//   shardgan-ckpt sample DIR -o grid.png [--ema] [-n 64] | export DIR -o g.pt [--ema]
-//   shardgan-ckpt fid DIR [--ema] [-n 10000] [--classifier runs/fmnist-classifier.h5]
+//   shardgan-ckpt sample DIR -o grid.png [--ema] [-n 64] [--truncation T] | export DIR -o g.pt [--ema]
+//   shardgan-ckpt fid DIR [--ema] [-n 10000] [--classifier runs/fmnist-classifier.h5] [--truncation T]
 // DIR is a checkpoint directory, a checkpoints folder or a run directory (the newest
 // committed checkpoint there). Exit status: 0 fine, 1 a bad checkpoint or a failed check,
 // 2 bad usage.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -113,7 +114,7 @@ int cmd_diff(const std::string& a, const std::string& b, double rtol) {
   return 0;
 }
 
-int cmd_sample(ckpt::CheckpointReader& rd, const std::string& out, bool ema, int64_t n, bool eval) {
+int cmd_sample(ckpt::CheckpointReader& rd, const std::string& out, bool ema, int64_t n, bool eval, double truncation) {
   LocalCommunicator comm;
   TrainConfig cfg;
   auto g = load_generator(rd, comm, ema, &cfg);
@@ -123,7 +124,8 @@ int cmd_sample(ckpt::CheckpointReader& rd, const std::string& out, bool ema, int
   // held-out triples A | G(A) | B; else n latents.
   int nrow = 8;
   const bool fixed = cfg.family->num_classes() > 0 || cfg.family->condition_channels() > 0;
-  TensorList in = fixed ? fixed_sample_inputs(cfg, &nrow) : TensorList{fixed_latents(cfg, n), at::Tensor()};
+  TensorList in = fixed ? fixed_sample_inputs(cfg, &nrow, truncation)
+                        : TensorList{fixed_latents(cfg, n, truncation), at::Tensor()};
   at::Tensor imgs = sample_grid(in, g->forward(in).at(0));
   write_png_grid(out, imgs, nrow);
   std::printf("wrote %s: %lld samples of the %s at step %lld\n", out.c_str(), (long long)imgs.size(0),
@@ -143,7 +145,7 @@ int cmd_export(ckpt::CheckpointReader& rd, const std::string& out, bool ema) {
 // FID (and class accuracy) of the checkpoint's G or EMA, as the trainer's evaluation
 // computes it (evaluation.h) on one process; prints one JSON object.
 int cmd_fid(ckpt::CheckpointReader& rd, bool ema, int64_t n, const std::string& classifier,
-            const std::string& reference, bool identity) {
+            const std::string& reference, bool identity, double truncation) {
   torch::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   LocalCommunicator comm;
   TrainConfig cfg;
@@ -158,10 +160,11 @@ int cmd_fid(ckpt::CheckpointReader& rd, bool ema, int64_t n, const std::string& 
                          "%s holds model.arch %s\n", rd.dir().c_str(), cfg.family->arch());
     return 2;
   }
-  const EvalResult r = evaluator.evaluate(*g, identity);
+  const EvalResult r = evaluator.evaluate(*g, identity, truncation);
   nlohmann::json j = {{"checkpoint", rd.dir()}, {"step", rd.manifest().step}, {"ema", ema},
                       {"fid", r.fid}, {"samples", r.samples}, {"classifier", cfg.eval_classifier},
                       {"time_s", r.time_s}};
+  if (r.truncation > 0) j["truncation"] = r.truncation;
   if (identity) j["identity"] = true;
   if (r.class_acc >= 0) j["class_acc"] = r.class_acc;
   if (r.l1 >= 0) {
@@ -183,6 +186,7 @@ int main(int argc, char** argv) {
   double rtol = -1;
   int world = 0, stage = -1;
   int64_t n = 64, fid_n = 10000;
+  double truncation = 0;  // BigGAN's truncation trick: 0 = off
   std::string classifier, reference;
   bool ema = false, eval = false;
   auto* ls = app.add_subcommand("ls", "tensors: shapes, dtypes, bytes, which ranks hold them");
@@ -211,7 +215,12 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(int64_t{2}, int64_t{10000000}));
     sc->add_option("--classifier", classifier, "classifier file (default: the stored config's eval.classifier)");
     sc->add_option("--reference", reference, "Fashion-MNIST folder whose t10k split is the reference");
+    sc->add_option("--truncation", truncation,
+                   "redraw latents with |z| above this (BigGAN's truncation trick; 0: off)")
+        ->check(CLI::NonNegativeNumber);
   }
+  sample->add_option("--truncation", truncation, "redraw latents with |z| above this (BigGAN's truncation trick)")
+      ->check(CLI::NonNegativeNumber);
   sample->add_option("-n,--count", n, "number of samples (64 = the trainer's fixed grid)")->check(CLI::PositiveNumber);
   sample->add_flag("--eval", eval, "BatchNorm running statistics instead of batch statistics");
   try {
@@ -239,10 +248,10 @@ int main(int argc, char** argv) {
       std::printf("wrote %s: step %lld for %d ranks\n", out.c_str(), (long long)rd.manifest().step, world);
       return 0;
     }
-    if (*sample) return cmd_sample(rd, out, ema, n, eval);
+    if (*sample) return cmd_sample(rd, out, ema, n, eval, truncation);
     if (*exp) return cmd_export(rd, out, ema);
-    if (*fid) return cmd_fid(rd, ema, fid_n, classifier, reference, false);
-    if (*evl) return cmd_fid(rd, ema, fid_n, classifier, reference, identity);
+    if (*fid) return cmd_fid(rd, ema, fid_n, classifier, reference, false, truncation);
+    if (*evl) return cmd_fid(rd, ema, fid_n, classifier, reference, identity, truncation);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shardgan-ckpt: error: %s\n", e.what());
     return 1;

@@ -1,5 +1,8 @@
 #include "shardgan/models/family.h"
 
+#include <stdexcept>
+#include <string>
+
 #include <torch/torch.h>
 
 #include "shardgan/models/biggan.h"
@@ -11,6 +14,22 @@ namespace shardgan {
 at::Tensor ModelFamily::sample_labels(int64_t n, at::Generator& gen) const {
   if (num_classes() == 0) return at::Tensor();
   return at::randint(num_classes(), {n}, gen, torch::TensorOptions().dtype(at::kLong));
+}
+
+at::Tensor ModelFamily::sample_truncated_latents(int64_t n, at::Generator& gen, at::ScalarType dtype,
+                                                 double truncation) const {
+  at::Tensor z = sample_latents(n, gen, dtype);
+  if (truncation <= 0) return z;
+  if (!gaussian_latents()) {
+    throw std::invalid_argument(std::string("the truncation trick needs Gaussian latents; model.arch ") + arch() +
+                                " has none (set the truncation to 0)");
+  }
+  if (truncation < 0.05) throw std::invalid_argument("truncation " + std::to_string(truncation) + " is below 0.05");
+  // Resampling (not clamping) keeps the draw a truncated normal, as the paper defines it.
+  for (at::Tensor out = z.abs().gt(truncation); out.any().item<bool>(); out = z.abs().gt(truncation)) {
+    z.masked_scatter_(out, at::randn({out.sum().item<int64_t>()}, gen, z.options()));
+  }
+  return z;
 }
 
 const std::vector<std::string>& model_archs() {

@@ -430,6 +430,13 @@ TrainConfig read_config(Reader& r, const std::string& source) {
       "the classifier file from `shardgan-fid train-classifier`");
   c.eval_reference = r.get<std::string>("eval.reference", c.eval_reference,
       "Fashion-MNIST folder whose t10k split gives the real feature statistics");
+  c.eval_truncation = r.get<double>("eval.truncation", c.eval_truncation,
+      "evaluations also score G and its EMA on latents with |z| above this redrawn (BigGAN's "
+      "truncation trick, Brock et al. 2019, section 3.1: fidelity for variety; 0: off)");
+  require(c.eval_truncation == 0 || c.eval_truncation >= 0.05, r, "eval.truncation",
+          "must be 0 (off) or at least 0.05");
+  require(c.eval_truncation == 0 || c.family->gaussian_latents(), r, "eval.truncation",
+          "must be 0 (off) for model.arch pix2pix, whose latents are dropout seeds, not Gaussian");
   c.plots = r.get<bool>("train.plots", c.plots, "write plots/*.png with gnuplot (warns once if gnuplot is missing)");
   c.g_sharding = read_sharding(r, "generator");
   c.d_sharding = read_sharding(r, "discriminator");

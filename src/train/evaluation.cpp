@@ -98,7 +98,7 @@ Evaluator::Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFami
 
 Evaluator::~Evaluator() = default;
 
-EvalResult Evaluator::evaluate(ShardedModel& g, bool identity) {
+EvalResult Evaluator::evaluate(ShardedModel& g, bool identity, double truncation) {
   const auto t0 = std::chrono::steady_clock::now();
   const TrainConfig& cfg = s_->cfg;
   const int64_t W = s_->comm.world_size(), r = s_->comm.rank();
@@ -109,7 +109,7 @@ EvalResult Evaluator::evaluate(ShardedModel& g, bool identity) {
   const int64_t per_rank = paired ? std::max<int64_t>(1, s_->held_out.size(0) / W) : (cfg.eval_samples + W - 1) / W;
   const int64_t total = per_rank * W;
   at::Generator gen = at::detail::createCPUGenerator(cfg.seed + 5);
-  const at::Tensor z = s_->family.sample_latents(total, gen, cfg.model_dtype);
+  const at::Tensor z = s_->family.sample_truncated_latents(total, gen, cfg.model_dtype, truncation);
   const int64_t classes = s_->family.num_classes();
   const at::Tensor y = classes > 0 ? torch::arange(total, torch::kLong).remainder(classes) : at::Tensor();
   at::Tensor targets, inputs;  // paired: this rank's held-out images B and their edge maps A
@@ -158,6 +158,7 @@ EvalResult Evaluator::evaluate(ShardedModel& g, bool identity) {
     res.ssim = counts[3 + eval::kClassifierClasses].item<double>() / n;
   }
   res.samples = m.n;
+  res.truncation = truncation > 0 ? truncation : 0;
   res.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }

@@ -116,9 +116,9 @@ std::unique_ptr<ShardedModel> load_exported_generator(const std::string& path, C
   return g;
 }
 
-at::Tensor fixed_latents(const TrainConfig& cfg, int64_t n) {
+at::Tensor fixed_latents(const TrainConfig& cfg, int64_t n, double truncation) {
   auto gen = at::detail::createCPUGenerator(cfg.seed + 4);
-  return cfg.family->sample_latents(n, gen, cfg.model_dtype);
+  return cfg.family->sample_truncated_latents(n, gen, cfg.model_dtype, truncation);
 }
 
 at::Tensor synthetic_images(const TrainConfig& cfg, int64_t n, uint64_t seed) {
@@ -150,7 +150,7 @@ at::Tensor sample_grid(const TensorList& inputs, const at::Tensor& out) {
   return torch::stack({a, o, b}, 1).flatten(0, 1);  // A0 G(A0) B0 A1 ...
 }
 
-TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow) {
+TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow, double truncation) {
   constexpr int kPerRow = 8;
   if (nrow) *nrow = kPerRow;
   if (cfg.family->condition_channels() > 0) {
@@ -174,8 +174,8 @@ TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow) {
     return {fixed_latents(cfg, b.size(0)), a, b};
   }
   const int64_t classes = cfg.family->num_classes();
-  if (classes == 0) return {fixed_latents(cfg, kPerRow * kPerRow), at::Tensor()};
-  return {fixed_latents(cfg, classes * kPerRow), class_grid_labels(classes, kPerRow)};
+  if (classes == 0) return {fixed_latents(cfg, kPerRow * kPerRow, truncation), at::Tensor()};
+  return {fixed_latents(cfg, classes * kPerRow, truncation), class_grid_labels(classes, kPerRow)};
 }
 
 }  // namespace shardgan

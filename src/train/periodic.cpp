@@ -170,6 +170,17 @@ void PeriodicActions::log_eval(const nlohmann::json& record) const {
     text += fmt::format("; classes covered (>= 2% of samples): {}", covered("class_fractions"));
     if (record.contains("class_fractions_ema")) text += fmt::format(", EMA {}", covered("class_fractions_ema"));
   }
+  if (record.contains("truncation")) {  // eval.truncation: the same models on truncated latents
+    text += fmt::format("; latents truncated at {}: FID {:.2f}", record["truncation"].get<double>(),
+                        record.value("fid_trunc", 0.0));
+    if (record.contains("class_acc_trunc")) {
+      text += fmt::format(", class accuracy {:.3f}", record["class_acc_trunc"].get<double>());
+    }
+    if (record.contains("fid_ema_trunc")) text += fmt::format("; EMA: FID {:.2f}", record["fid_ema_trunc"].get<double>());
+    if (record.contains("class_acc_ema_trunc")) {
+      text += fmt::format(", class accuracy {:.3f}", record["class_acc_ema_trunc"].get<double>());
+    }
+  }
   spdlog::info("{} ({} samples, {:.1f} s)", text, record.value("eval_samples", int64_t{0}),
                record.value("eval_time_s", 0.0));
   std::ofstream(cfg_.run_dir + "/metrics.jsonl", std::ios::app) << record.dump() << "\n";

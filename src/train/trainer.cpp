@@ -572,29 +572,33 @@ int Trainer::preemption_vote() {
 nlohmann::json Trainer::evaluate() {
   if (!cfg_.eval_enabled) throw ConfigError(cfg_.source + ": evaluate() needs eval.enabled: true");
   if (!evaluator_) return nlohmann::json::object();  // split placement: G's ranks evaluate
-  const EvalResult r = evaluator_->evaluate(*g_);
-  nlohmann::json j = {{"step", counters_.step}, {"fid", r.fid}, {"eval_samples", r.samples}};
-  if (r.class_acc >= 0) j["class_acc"] = r.class_acc;
-  if (r.l1 >= 0) {
-    j["l1"] = r.l1;
-    j["psnr"] = r.psnr;
-    j["ssim"] = r.ssim;
-  }
-  j["class_fractions"] = r.class_fractions;
-  double time_s = r.time_s;
+  nlohmann::json j = {{"step", counters_.step}};
+  double time_s = 0;
+  // Keys: fid, class_acc, l1, psnr, ssim, class_fractions, each with `suffix`: "" for G,
+  // "_ema" for its EMA, then "_trunc" for the same model on truncated latents.
+  auto record = [&](const std::string& suffix, double truncation) {
+    const EvalResult r = evaluator_->evaluate(*g_, false, truncation);
+    j["fid" + suffix] = r.fid;
+    if (r.class_acc >= 0) j["class_acc" + suffix] = r.class_acc;
+    if (r.l1 >= 0) {
+      j["l1" + suffix] = r.l1;
+      j["psnr" + suffix] = r.psnr;
+      j["ssim" + suffix] = r.ssim;
+    }
+    j["class_fractions" + suffix] = r.class_fractions;
+    j["eval_samples"] = r.samples;
+    time_s += r.time_s;
+  };
+  auto untruncated_and_truncated = [&](const std::string& suffix) {
+    record(suffix, 0);
+    if (cfg_.eval_truncation > 0) record(suffix + "_trunc", cfg_.eval_truncation);
+  };
+  untruncated_and_truncated("");
   if (ema_) {
     EmaSwap swap(*ema_);
-    const EvalResult e = evaluator_->evaluate(*g_);
-    j["fid_ema"] = e.fid;
-    if (e.class_acc >= 0) j["class_acc_ema"] = e.class_acc;
-    if (e.l1 >= 0) {
-      j["l1_ema"] = e.l1;
-      j["psnr_ema"] = e.psnr;
-      j["ssim_ema"] = e.ssim;
-    }
-    j["class_fractions_ema"] = e.class_fractions;
-    time_s += e.time_s;
+    untruncated_and_truncated("_ema");
   }
+  if (cfg_.eval_truncation > 0) j["truncation"] = cfg_.eval_truncation;
   j["eval_time_s"] = time_s;
   periodic_->log_eval(j);
   return j;

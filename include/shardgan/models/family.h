@@ -58,6 +58,17 @@ class ModelFamily {
   /// Local. `n` labels (int64 [n], uniform over the classes) drawn from `gen`; undefined
   /// when num_classes() is 0 (and then `gen` is not advanced).
   at::Tensor sample_labels(int64_t n, at::Generator& gen) const;
+  /// Whether sample_latents draws independent standard normals (the truncation trick
+  /// applies); false for a family whose latents are seeds (pix2pix).
+  virtual bool gaussian_latents() const { return true; }
+  /// Local. sample_latents(n, gen, dtype) with BigGAN's truncation trick (Brock et al. 2019,
+  /// section 3.1): every entry with |z| > `truncation` is redrawn from N(0, 1) (the same
+  /// `gen`) until all lie in [-truncation, truncation]; fidelity (class accuracy) for
+  /// variety (FID). `truncation` <= 0 returns sample_latents unchanged. Throws
+  /// std::invalid_argument if truncation > 0 and !gaussian_latents(), or if truncation is
+  /// positive but below 0.05 (more than 96% of draws rejected).
+  at::Tensor sample_truncated_latents(int64_t n, at::Generator& gen, at::ScalarType dtype,
+                                      double truncation) const;
 };
 
 /// Every `model.arch` value make_family accepts, in a fixed order ("dcgan", "biggan", "pix2pix").

@@ -116,6 +116,10 @@ struct TrainConfig {
   std::string eval_classifier = "runs/fmnist-classifier.h5";  ///< eval.classifier: `shardgan-fid train-classifier` output
   /// eval.reference: Fashion-MNIST folder whose t10k split gives the real feature statistics
   std::string eval_reference = "/usr/share/datasets/fashion-mnist";
+  /// eval.truncation: above 0, every evaluation also scores G and its EMA on latents whose
+  /// entries above it in magnitude are redrawn (BigGAN's truncation trick,
+  /// ModelFamily::sample_truncated_latents; keys *_trunc); Gaussian latents only
+  double eval_truncation = 0;
   bool plots = true;              ///< train.plots: write plots/*.png with gnuplot (warns once if missing)
   int64_t max_nonfinite_steps = 10; ///< train.max_nonfinite_steps: skipped steps in a row
                                     ///<   before the job ends anyway (>= 1)

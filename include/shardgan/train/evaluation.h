@@ -23,6 +23,7 @@ struct EvalResult {
   double fid = 0;            ///< Frechet distance to the reference set's features
   double class_acc = -1;     ///< classifier accuracy on the generated images; -1 if unconditional
   int64_t samples = 0;       ///< generated images (all ranks together)
+  double truncation = 0;     ///< the latents' truncation threshold (0: none)
   /// Fraction of the generated images the classifier assigns to each of its 10 classes
   /// (sums to 1): mode coverage, for unconditional models too (Fashion-MNIST's are 0.1 each).
   std::vector<double> class_fractions;
@@ -45,7 +46,9 @@ class Evaluator {
 
   /// Collective: every rank runs the same number of G forwards (ZeRO-3 gathers). Draws
   /// cfg.eval_samples latents (and labels k mod num_classes for a conditional family) from
-  /// a generator seeded with cfg.seed + 5, the same every time, so that evaluations at
+  /// a generator seeded with cfg.seed + 5 (truncated at `truncation` when above 0:
+  /// ModelFamily::sample_truncated_latents, which throws std::invalid_argument for a family
+  /// without Gaussian latents), the same every time, so that evaluations at
   /// different steps and world sizes see the same inputs; each rank generates its
   /// contiguous share in chunks of at most 64, in train mode as the sampler does, restoring
   /// every buffer afterwards (training is unchanged). An image-to-image family translates the
@@ -54,7 +57,7 @@ class Evaluator {
   /// all-reduce of float64 moments). The result is the same on every rank.
   /// With `identity` (image-to-image families only; std::invalid_argument otherwise), the
   /// input images A themselves are scored in place of G(A): the B ~ A baseline.
-  EvalResult evaluate(ShardedModel& g, bool identity = false);
+  EvalResult evaluate(ShardedModel& g, bool identity = false, double truncation = 0);
 
  private:
   struct State;

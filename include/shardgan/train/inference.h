@@ -39,8 +39,10 @@ std::unique_ptr<ShardedModel> load_exported_generator(const std::string& path, C
                                                       TrainConfig* cfg_out = nullptr);
 
 /// The first `n` latents of the fixed batch the trainer samples from (the family's
-/// sample_latents from a generator seeded with cfg.seed + 4), in the model dtype.
-at::Tensor fixed_latents(const TrainConfig& cfg, int64_t n);
+/// sample_latents from a generator seeded with cfg.seed + 4), in the model dtype; with
+/// `truncation` > 0 the same draw truncated (ModelFamily::sample_truncated_latents, which
+/// throws std::invalid_argument for a family without Gaussian latents).
+at::Tensor fixed_latents(const TrainConfig& cfg, int64_t n, double truncation = 0);
 
 /// The trainer's fixed sample batch {z, y}: for an unconditional family 64 latents (an 8x8
 /// grid, y undefined); for a conditional one 8 per class with y = 0,..,0,1,..,1,... so that
@@ -48,8 +50,8 @@ at::Tensor fixed_latents(const TrainConfig& cfg, int64_t n);
 /// sample_grid as 4 triples A | G(A) | B per row: held-out pairs (held_out_images and
 /// their edge maps) for data.source fashion-mnist and synthetic, the first pairs of the
 /// training data for hdf5 and paired, which have no test split. `nrow` (if given) receives
-/// the images per grid row (8, or 12).
-TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow = nullptr);
+/// the images per grid row (8, or 12). `truncation` as for fixed_latents (latent-only families).
+TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow = nullptr, double truncation = 0);
 
 /// Local. The images of a grid of G's `out` for `inputs` (fixed_sample_inputs): `out` itself,
 /// or with a third input B, the triples A | G(A) | B interleaved ([3N, C, H, W] float32; A

@@ -191,6 +191,7 @@ class Pix2PixFamily final : public ModelFamily {
   ImageShape image_shape() const override { return {cfg_.channels, cfg_.image_size, cfg_.image_size}; }
   int64_t num_classes() const override { return 0; }
   int64_t condition_channels() const override { return cfg_.in_channels; }
+  bool gaussian_latents() const override { return false; }
   /// One dropout seed per sample, int64 [n] (the dtype is not used).
   at::Tensor sample_latents(int64_t n, at::Generator& gen, at::ScalarType /*dtype*/) const override {
     return at::randint(int64_t{1} << 62, {n}, gen, torch::TensorOptions().dtype(at::kLong));
