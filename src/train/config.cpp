@@ -418,6 +418,10 @@ TrainConfig read_config(Reader& r, const std::string& source) {
   c.preempt_grace_s = r.get<double>("train.preempt_grace_s", c.preempt_grace_s,
       "seconds between a preemption signal and the kill (0: finish the step, then save)");
   require(c.preempt_grace_s >= 0, r, "train.preempt_grace_s", "must be >= 0 (seconds; 0 = off)");
+  c.time_limit_s = r.get<double>("train.time_limit_s", c.time_limit_s,
+      "stop after the first step that ends this many seconds into training, then evaluate, save and "
+      "sample as at train.steps (0: off; runs of equal wall time)");
+  require(c.time_limit_s >= 0, r, "train.time_limit_s", "must be >= 0 (seconds; 0 = off)");
   c.eval_enabled = r.get<bool>("eval.enabled", c.eval_enabled,
       "compute FID and class accuracy (needs eval.classifier)");
   c.eval_every = r.get<int64_t>("train.eval_every", c.eval_every,

@@ -563,10 +563,12 @@ bool Trainer::resume_auto() {
   return true;
 }
 
-int Trainer::preemption_vote() {
-  at::Tensor sig = torch::full({1}, static_cast<double>(preemption_signal()), torch::kDouble);
-  comm_.all_reduce(sig, ReduceOp::kMax);
-  return static_cast<int>(sig.item<double>());
+int Trainer::preemption_vote(double elapsed_s, bool& time_up) {
+  const bool up = comm_.rank() == 0 && cfg_.time_limit_s > 0 && elapsed_s >= cfg_.time_limit_s;
+  at::Tensor v = torch::tensor({static_cast<double>(preemption_signal()), up ? 1.0 : 0.0}, torch::kDouble);
+  comm_.all_reduce(v, ReduceOp::kMax);
+  time_up = v[1].item<double>() > 0.5;
+  return static_cast<int>(v[0].item<double>());
 }
 
 nlohmann::json Trainer::evaluate() {
@@ -620,6 +622,7 @@ void Trainer::run(const nlohmann::json& preflight) {
   RunSummary summary;
   std::string last_ckpt, last_samples;
   double avg_step_s = 0;
+  bool saved = false;  // at the last step run
   while (counters_.step < cfg_.steps) {
     StepMetrics m;
     try {
@@ -641,13 +644,15 @@ void Trainer::run(const nlohmann::json& preflight) {
       last_samples = write_samples();
       if (comm_.rank() == 0 && cfg_.plots) write_plots(cfg_.run_dir);
     }
-    const bool saved = periodic_->checkpoint_due(m.step);
+    saved = periodic_->checkpoint_due(m.step);
     if (saved) {
       last_ckpt = save_async();  // synchronous unless checkpoint.async
       if (comm_.rank() == 0) spdlog::info("checkpoint {}", last_ckpt);
     }
     // Preemption: any rank's signal stops every rank after the same step.
-    if (const int sig = preemption_vote()) {
+    bool time_up = false;
+    const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    if (const int sig = preemption_vote(elapsed_s, time_up)) {
       wait_for_checkpoint_write("preemption");
       if (!saved) last_ckpt = save();
       ProgressLine::finish();
@@ -659,11 +664,22 @@ void Trainer::run(const nlohmann::json& preflight) {
       }
       return;
     }
+    if (time_up) {
+      if (comm_.rank() == 0) {
+        spdlog::info("train.time_limit_s: {:.0f} s reached after step {} of {}; stopping there", cfg_.time_limit_s,
+                     counters_.step, cfg_.steps);
+      }
+      break;
+    }
   }
   // The peak of training itself, before the final evaluation, save and sample grid add theirs.
   const std::vector<int64_t> training_rss = gather_peak_rss(comm_);
   if (cfg_.eval_enabled) summary.add_eval(evaluate());
-  last_ckpt = save();  // waits for a background write in flight first
+  if (!saved) {
+    last_ckpt = save();  // waits for a background write in flight first
+  } else {
+    wait_for_checkpoint_write("end of run");  // train.time_limit_s stopped at a periodic checkpoint
+  }
   if (async_ckpt_ && comm_.rank() == 0) {
     const AsyncSaveTotals& t = async_ckpt_->totals();
     spdlog::info("background checkpoints: {} saves, training stalled {:.3f} s in all ({:.3f} s per save); {} waited "

@@ -110,6 +110,10 @@ struct TrainConfig {
   std::string on_nonfinite = "skip";
   double r1_gamma = 0.0;           ///< train.r1_gamma: R1 penalty weight on real images (0 = off)
   int64_t r1_every = 1;           ///< train.r1_every: lazy R1, every k-th D update (StyleGAN2: 16)
+  /// train.time_limit_s: stop after the first step that ends this many seconds (rank 0's
+  /// clock, from the start of training) into the run, then evaluate, save and sample as at
+  /// train.steps; 0 = off (PyTorch Lightning's max_time)
+  double time_limit_s = 0;
   int64_t eval_every = 0;         ///< train.eval_every: FID / class accuracy every k steps (0 = only at the end if on)
   int64_t eval_samples = 2000;    ///< train.eval_samples: generated images per evaluation (split over ranks)
   bool eval_enabled = false;      ///< eval.enabled: compute FID (needs eval.classifier)

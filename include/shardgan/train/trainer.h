@@ -118,8 +118,10 @@ class Trainer {
   /// Counts a step whose update was skipped for a NaN or Inf, and throws NonFiniteError
   /// when the policy says so (identically on every rank: the flags were voted).
   void check_nonfinite(StepMetrics& r);
-  /// Collective (one all-reduce): the largest preemption signal any rank received, or 0.
-  int preemption_vote();
+  /// Collective (one all-reduce of 2 doubles): the largest preemption signal any rank
+  /// received, or 0; `time_up` is rank 0's verdict on train.time_limit_s (`elapsed_s`,
+  /// seconds since training started, is read on rank 0 only), the same on every rank.
+  int preemption_vote(double elapsed_s, bool& time_up);
   /// Collective at every unit forward while the step may still be abandoned (before its
   /// first optimizer update), with train.preempt_grace_s > 0: one all-reduce of 2 doubles;
   /// throws StepAbandoned on every rank when any rank must abandon (must_abandon_step).
