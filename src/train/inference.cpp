@@ -171,7 +171,7 @@ TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow, double truncat
       b = held_out_images(cfg, kPairs);
       a = data::sobel_edges(b, cfg.family->condition_channels());
     }
-    return {fixed_latents(cfg, b.size(0)), a, b};
+    return {fixed_latents(cfg, b.size(0), truncation), a, b};  // truncation > 0 throws: seeds, not Gaussian
   }
   const int64_t classes = cfg.family->num_classes();
   if (classes == 0) return {fixed_latents(cfg, kPerRow * kPerRow, truncation), at::Tensor()};

@@ -622,7 +622,7 @@ void Trainer::run(const nlohmann::json& preflight) {
   RunSummary summary;
   std::string last_ckpt, last_samples;
   double avg_step_s = 0;
-  bool saved = false;  // at the last step run
+  bool saved = false, evaluated = false;  // at the last step run
   while (counters_.step < cfg_.steps) {
     StepMetrics m;
     try {
@@ -637,9 +637,8 @@ void Trainer::run(const nlohmann::json& preflight) {
     if (periodic_->log_due(m.step)) {
       periodic_->log_step(m, stats_of(g_).model_state_bytes(), stats_of(d_).model_state_bytes());
     }
-    if (cfg_.eval_enabled && cfg_.eval_every > 0 && m.step % cfg_.eval_every == 0 && m.step != cfg_.steps) {
-      summary.add_eval(evaluate());
-    }
+    evaluated = cfg_.eval_enabled && cfg_.eval_every > 0 && m.step % cfg_.eval_every == 0 && m.step != cfg_.steps;
+    if (evaluated) summary.add_eval(evaluate());
     if (periodic_->sample_due(m.step)) {
       last_samples = write_samples();
       if (comm_.rank() == 0 && cfg_.plots) write_plots(cfg_.run_dir);
@@ -674,7 +673,7 @@ void Trainer::run(const nlohmann::json& preflight) {
   }
   // The peak of training itself, before the final evaluation, save and sample grid add theirs.
   const std::vector<int64_t> training_rss = gather_peak_rss(comm_);
-  if (cfg_.eval_enabled) summary.add_eval(evaluate());
+  if (cfg_.eval_enabled && !evaluated) summary.add_eval(evaluate());  // once, also at a time-limit stop
   if (!saved) {
     last_ckpt = save();  // waits for a background write in flight first
   } else {

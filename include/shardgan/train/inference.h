@@ -50,7 +50,7 @@ at::Tensor fixed_latents(const TrainConfig& cfg, int64_t n, double truncation = 
 /// sample_grid as 4 triples A | G(A) | B per row: held-out pairs (held_out_images and
 /// their edge maps) for data.source fashion-mnist and synthetic, the first pairs of the
 /// training data for hdf5 and paired, which have no test split. `nrow` (if given) receives
-/// the images per grid row (8, or 12). `truncation` as for fixed_latents (latent-only families).
+/// the images per grid row (8, or 12). `truncation` as for fixed_latents.
 TensorList fixed_sample_inputs(const TrainConfig& cfg, int* nrow = nullptr, double truncation = 0);
 
 /// Local. The images of a grid of G's `out` for `inputs` (fixed_sample_inputs): `out` itself,
