@@ -26,10 +26,12 @@ at::Tensor ModelFamily::sample_truncated_latents(int64_t n, at::Generator& gen, 
   }
   if (truncation < 0.05) throw std::invalid_argument("truncation " + std::to_string(truncation) + " is below 0.05");
   // Resampling (not clamping) keeps the draw a truncated normal, as the paper defines it.
-  for (at::Tensor out = z.abs().gt(truncation); out.any().item<bool>(); out = z.abs().gt(truncation)) {
-    z.masked_scatter_(out, at::randn({out.sum().item<int64_t>()}, gen, z.options()));
+  for (;;) {
+    const at::Tensor out = z.abs().gt(truncation);
+    const int64_t outside = out.sum().item<int64_t>();  // one host read per round
+    if (outside == 0) return z;
+    z.masked_scatter_(out, at::randn({outside}, gen, z.options()));
   }
-  return z;
 }
 
 const std::vector<std::string>& model_archs() {
