@@ -345,6 +345,8 @@ TrainConfig read_config(Reader& r, const std::string& source) {
   c.keep_checkpoints = r.get<int64_t>("train.keep_checkpoints", c.keep_checkpoints,
       "newest committed checkpoints kept");
   require(c.keep_checkpoints >= 1, r, "train.keep_checkpoints", "must be >= 1");
+  c.final_checkpoint = r.get<bool>("train.final_checkpoint", c.final_checkpoint,
+      "save a checkpoint at the end of the run (false: only the periodic and preemption saves)");
   c.threads = r.get<int64_t>("train.threads", c.threads, "torch threads per rank (0: the node's cores / local ranks)");
   require(c.threads >= 0 && c.threads <= 1024, r, "train.threads", "must be 0 (cores / ranks) to 1024");
   std::string dtype = r.get<std::string>(

@@ -36,7 +36,11 @@ void RunSummary::log(const TrainConfig& cfg, int64_t final_step, const std::vect
   spdlog::info("samples:     {}", samples);
   if (plots) spdlog::info("plots:       {}/plots/*.png", cfg.run_dir);
   spdlog::info("metrics:     {}/metrics.jsonl", cfg.run_dir);
-  spdlog::info("checkpoints: {} (latest: {})", cfg.run_dir + "/checkpoints", checkpoint);
+  if (checkpoint.empty()) {
+    spdlog::info("checkpoints: none saved (train.final_checkpoint is false)");
+  } else {
+    spdlog::info("checkpoints: {} (latest: {})", cfg.run_dir + "/checkpoints", checkpoint);
+  }
   std::string per_rank;
   int64_t sum = 0;
   for (size_t r = 0; r < peak_rss_bytes.size(); ++r) {

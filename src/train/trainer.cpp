@@ -674,7 +674,7 @@ void Trainer::run(const nlohmann::json& preflight) {
   // The peak of training itself, before the final evaluation, save and sample grid add theirs.
   const std::vector<int64_t> training_rss = gather_peak_rss(comm_);
   if (cfg_.eval_enabled && !evaluated) summary.add_eval(evaluate());  // once, also at a time-limit stop
-  if (!saved) {
+  if (!saved && cfg_.final_checkpoint) {
     last_ckpt = save();  // waits for a background write in flight first
   } else {
     wait_for_checkpoint_write("end of run");  // train.time_limit_s stopped at a periodic checkpoint

@@ -63,6 +63,10 @@ struct TrainConfig {
   int64_t checkpoint_every = 200; ///< train.checkpoint_every (steps; 0 = only at the end)
   int64_t threads = 0;            ///< train.threads per rank (0 = cores / local ranks)
   int64_t keep_checkpoints = 3;   ///< train.keep_checkpoints: newest committed ones kept
+  /// train.final_checkpoint: save at the end of the run (false: only periodic and
+  /// preemption saves, for a benchmark whose disk cannot hold the offload files and a
+  /// checkpoint at once).
+  bool final_checkpoint = true;
   /// checkpoint.async: periodic saves are snapshotted and written in the background
   /// (async_checkpoint.h); the final save and a preemption save wait for the one in flight
   /// and then save synchronously.
