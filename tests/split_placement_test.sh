@@ -12,6 +12,7 @@
 #   - Also at G stage 0 / D stage 2, with disk offload of the optimizer state, gradients and
 #     D's parameters (bit-identical to none), and for the
 #     DCGAN, whose D has SyncBatchNorm over D's group.
+#   - checkpoint.async (fork and copy snapshots) saves the synchronous run's checkpoints.
 #   - shardgan-ckpt verify accepts a split checkpoint; --dry-run reports each group's need,
 #     and the pre-flight refuses a split that does not fit, naming placement.generator_ranks.
 #   - Bad settings end every rank naming the key.
@@ -101,6 +102,16 @@ run shared-half 2 2 --set train.update=alternating --set train.checkpoint_every=
 run to-split 4 4 --set train.update=alternating $(split 2) --resume "$(ckpt shared-half 2)" \
   || bad "split from a shared checkpoint: $(tail -3 "$T/to-split.log")"
 close "$(ckpt to-split 4)" "$(ckpt shared-alternating 4)" "shared (2 ranks) step 2 resumed split on 4"
+# checkpoint.async on split placement (fork and copy snapshots): each group's ranks snapshot
+# their model, and every checkpoint equals the synchronous run's bit for bit.
+for snap in fork copy; do
+  run "split-async-$snap" 3 4 --set train.update=simultaneous $S --set train.checkpoint_every=2 \
+    --set checkpoint.async=true --set checkpoint.snapshot=$snap \
+    && grep -q "saving step 2 in the background ($snap snapshot)" "$T/split-async-$snap.log" \
+    || bad "split with async $snap saves: $(tail -3 "$T/split-async-$snap.log")"
+  same_checkpoint "$(ckpt split-half 2)" "$(ckpt "split-async-$snap" 2)" "(split, async $snap save at step 2)"
+  same_checkpoint "$(ckpt split-simultaneous-np3-k1 4)" "$(ckpt "split-async-$snap" 4)" "(split, async $snap saves, step 4)"
+done
 "$CKPT" verify "$(ckpt split-half 4)" > "$T/verify.log" 2>&1 && ok "shardgan-ckpt verify: $(tail -1 "$T/verify.log" | cut -c1-80)" \
   || bad "verify of a split checkpoint: $(tail -2 "$T/verify.log")"
 

@@ -528,8 +528,6 @@ TrainConfig read_config(Reader& r, const std::string& source) {
     require(c.g_replicate_degree == 1 && c.d_replicate_degree == 1, r, "train.placement",
             "split cannot be combined with hybrid sharding (sharding.<model>.replicate_degree): each group already "
             "shards its one model (set replicate_degree: 1 or train.placement: shared)");
-    require(!c.checkpoint_async, r, "train.placement",
-            "split cannot be combined with checkpoint.async yet (set checkpoint.async: false)");
     require(c.preempt_grace_s == 0, r, "train.placement",
             "split cannot be combined with train.preempt_grace_s yet: the groups reach their unit boundaries at "
             "different times (set train.preempt_grace_s: 0; SIGTERM still saves after the step)");
