@@ -120,6 +120,31 @@ timeout 120 "${MPIRUN[@]}" -np 3 "$TRAIN" "${BIGGAN[@]}" "${COMMON[@]}" $(split 
   > "$T/dry.log" 2>&1 && grep -q '"generator_rank_peak_bytes"' "$T/dry.log" && grep -q '"discriminator_rank_peak_bytes"' "$T/dry.log" \
   && ok "--dry-run reports a G rank's and a D rank's need" || bad "dry run: $(tail -3 "$T/dry.log")"
 
+# With checkpoint.async, a split rank's need counts the snapshot of the model it holds: in
+# the rank for copy snapshots, on the node for fork.
+for snap in copy fork; do
+  timeout 120 "${MPIRUN[@]}" -np 3 "$TRAIN" "${BIGGAN[@]}" "${COMMON[@]}" $(split 1) --set run.dir="$T/dry" --dry-run \
+    --set checkpoint.async=true --set checkpoint.snapshot=$snap > "$T/dry-$snap.log" 2>&1 || bad "dry run, async $snap"
+done
+"${SHARDGAN_PYTHON:-python3}" - "$T/dry.log" "$T/dry-copy.log" "$T/dry-fork.log" <<'PY' > "$T/snap.txt" 2>&1 \
+  && ok "--dry-run under split counts each group's snapshot: $(cat "$T/snap.txt")" || bad "split snapshot need: $(cat "$T/snap.txt")"
+import json, sys
+def report(path):
+    text = open(path).read()
+    return json.loads(text[text.index('{'):text.rindex('}') + 1])
+plain, copy, fork = (report(p) for p in sys.argv[1:])
+gs, ds = copy["split"]["generator_rank_snapshot_bytes"], copy["split"]["discriminator_rank_snapshot_bytes"]
+assert gs > 0 and ds > 0 and gs != ds, (gs, ds)
+for who, snap in (("generator", gs), ("discriminator", ds)):
+    key = who + "_rank_peak_bytes"
+    assert copy["split"][key] == plain["split"][key] + snap, (key, copy["split"][key], plain["split"][key], snap)
+    assert fork["split"][key] == plain["split"][key], key
+    assert fork["split"][who + "_rank_snapshot_bytes"] == snap
+node = lambda r: r["configured"]["node_peak_bytes"]
+assert node(copy) == node(fork) > node(plain), (node(copy), node(fork), node(plain))
+print(f"G rank {gs} bytes, D rank {ds} bytes")
+PY
+
 # The pre-flight refuses a split that does not fit, naming the key (a 3e9-parameter BigGAN
 # at stage 0: far past any machine this runs on).
 timeout 300 "${MPIRUN[@]}" -np 2 "$TRAIN" "$SRC/configs/biggan-1b.yaml" --set train.placement=split \

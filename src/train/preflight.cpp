@@ -168,18 +168,27 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     // every rank of a group needs the same, and the node holds both groups' ranks.
     const ModelMemoryEstimate& eg = ge[cfg.g_sharding.stage];
     const ModelMemoryEstimate& ed = de[cfg.d_sharding.stage];
-    const int64_t g_rank = eg.peak_bytes(), d_rank = ed.peak_bytes() + data_bytes(cfg, std::max(world_size - k, 1));
+    // checkpoint.async: a rank snapshots only the model it holds (in the rank for copy,
+    // outside it, on the node, for fork).
+    const int64_t g_snap = cfg.checkpoint_async ? ckpt_bytes(eg) : 0, d_snap = cfg.checkpoint_async ? ckpt_bytes(ed) : 0;
+    const bool copy = cfg.checkpoint_snapshot == "copy";
+    const int64_t g_rank = eg.peak_bytes() + (copy ? g_snap : 0),
+                  d_rank = ed.peak_bytes() + data_bytes(cfg, std::max(world_size - k, 1)) + (copy ? d_snap : 0);
+    const int64_t g_out = copy ? 0 : g_snap, d_out = copy ? 0 : d_snap;
     const int64_t k_on_node = std::min<int64_t>(k, local_ranks), d_on_node = std::max<int64_t>(local_ranks - k_on_node, 0);
-    const int64_t node = with_margin(g_rank) * k_on_node + with_margin(d_rank) * d_on_node;
+    const int64_t node = (with_margin(g_rank) + g_out) * k_on_node + (with_margin(d_rank) + d_out) * d_on_node;
     j["split"] = {{"generator_ranks", k},
                   {"discriminator_ranks", world_size - k},
                   {"generator_rank_peak_bytes", g_rank},
                   {"discriminator_rank_peak_bytes", d_rank},
+                  {"generator_rank_snapshot_bytes", g_snap},
+                  {"discriminator_rank_snapshot_bytes", d_snap},
                   {"generator_state_bytes", eg.persistent_bytes()},
                   {"discriminator_state_bytes", ed.persistent_bytes()}};
+    j["configured"]["checkpoint_snapshot_bytes"] = std::max(g_snap, d_snap);
     j["configured"]["per_rank_peak_bytes"] = std::max(g_rank, d_rank);
     j["configured"]["state_bytes"] = std::max(eg.persistent_bytes(), ed.persistent_bytes());
-    j["configured"]["node_peak_bytes"] = g_rank * k_on_node + d_rank * d_on_node;
+    j["configured"]["node_peak_bytes"] = (g_rank + g_out) * k_on_node + (d_rank + d_out) * d_on_node;
     j["configured"]["node_bytes_checked"] = node;
     j["node_memory"] = {{"total_bytes", host.total_bytes}, {"available_bytes", host.available_bytes}};
     return j;  // the probe measures a rank holding both models: not run here
