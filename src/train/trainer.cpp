@@ -677,7 +677,9 @@ void Trainer::run(const nlohmann::json& preflight) {
   if (!saved && cfg_.final_checkpoint) {
     last_ckpt = save();  // waits for a background write in flight first
   } else {
-    wait_for_checkpoint_write("end of run");  // train.time_limit_s stopped at a periodic checkpoint
+    // The last step already saved (a time-limit stop at a periodic checkpoint), or
+    // train.final_checkpoint is false: only a background write in flight is waited for.
+    wait_for_checkpoint_write("end of run");
   }
   if (async_ckpt_ && comm_.rank() == 0) {
     const AsyncSaveTotals& t = async_ckpt_->totals();
