@@ -84,3 +84,13 @@ add_test(NAME split_placement
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/split_placement_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
 set_tests_properties(split_placement PROPERTIES TIMEOUT 1200 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+
+# ZeRO++ hpZ (sharding.<model>.hpz_partition_size): the same bits as the world gather, plain
+# and with qwZ, with only each unit's first gather after an update over the world; the
+# secondary blocks against the memory estimate; stale blocks without after_optimizer_step.
+shardgan_test(test_hpz)
+shardgan_mpi_filtered(hpz test_hpz "*" 120 2 4)
+add_test(NAME hpz_train
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/hpz_train_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(hpz_train PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)

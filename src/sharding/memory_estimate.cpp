@@ -34,6 +34,10 @@ void validate(const ModelMemorySpec& s) {
     throw std::invalid_argument("memory estimate: optimizer_states = " + std::to_string(s.optimizer_states) +
                                 " (must be >= 0)");
   }
+  if (s.hpz_partition_size < 1 || s.world_size % s.hpz_partition_size != 0) {
+    throw std::invalid_argument("memory estimate: hpz_partition_size = " + std::to_string(s.hpz_partition_size) +
+                                " (must be >= 1 and divide world_size " + std::to_string(s.world_size) + ")");
+  }
   for (size_t i = 0; i < s.unit_numels.size(); ++i) {
     if (s.unit_numels[i] < 0) {
       throw std::invalid_argument("memory estimate: unit_numels[" + std::to_string(i) +
@@ -111,6 +115,7 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
     e.grad_released_bytes += grad_shard_is_view || grad_off ? 0 : s * mb;
     if (!spec.offload_to_disk) e.optimizer_state_bytes += spec.optimizer_states * s * mb;
     e.ema_bytes += spec.ema ? s * mb : 0;
+    if (spec.stage == 3 && spec.hpz_partition_size > 1) e.secondary_param_bytes += p / spec.hpz_partition_size * cb;
     if (spec.stage == 3) gathered.push_back(p * cb);
     max_t = std::max(max_t, t);
     max_p = std::max(max_p, p);

@@ -190,7 +190,11 @@ ShardedUnit* ShardedModel::unit_at_offset(const ShardedUnit& u, ptrdiff_t offset
 }
 
 void ShardedModel::read_ahead(ShardedUnit& u) {
-  if (!cfg_.read_ahead || u.stage() != 3 || !u.shard_offloaded() || u.gathered() || reads_.count(&u)) return;
+  // A unit whose hpZ secondary block is held gathers from the group without its shard.
+  if (!cfg_.read_ahead || u.stage() != 3 || !u.shard_offloaded() || u.gathered() || u.holds_secondary() ||
+      reads_.count(&u)) {
+    return;
+  }
   reads_.emplace(&u, std::async(std::launch::async, [this, &u] {
                    use_one_intra_op_thread();
                    std::lock_guard<std::mutex> lk(tier_mu_);
@@ -260,6 +264,24 @@ void ShardedModel::reduce_across_replicas() {
     }, true);
   }
   times_.collective_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ShardedModel::set_secondary_group(Communicator* group) {
+  if (group) {
+    if (cfg_.stage != 3) {
+      throw std::invalid_argument("model '" + name_ + "': hpZ (a secondary group) needs ZeRO stage 3, not " +
+                                  std::to_string(cfg_.stage));
+    }
+    if (group->world_size() < 1 || comm_.world_size() % group->world_size() != 0) {
+      throw std::invalid_argument("model '" + name_ + "': the hpZ secondary group has " +
+                                  std::to_string(group->world_size()) + " ranks, which does not divide the " +
+                                  std::to_string(comm_.world_size()) + " ranks sharding the model");
+    }
+  }
+  for (auto& u : units_) {
+    if (u->stage() == 3) u->after_optimizer_step();  // local at stage 3: drops the old group's blocks
+  }
+  secondary_ = group;
 }
 
 void ShardedModel::after_optimizer_step() {
@@ -336,6 +358,7 @@ MemoryStats ShardedModel::memory_stats() const {
     m.comm_buffer_bytes = std::max(m.comm_buffer_bytes, u->peak_comm_buffer_bytes());
     m.full_param_bytes_alive += u->full_bytes_alive();
     m.padding_elements += u->padded_numel() - u->numel();
+    m.secondary_param_bytes += u->secondary_bytes();
   }
   m.peak_full_param_bytes = std::max(peak_full_bytes_, m.full_param_bytes_alive);
   return m;

@@ -100,6 +100,8 @@ void ShardedUnit::offload_grad(GradSink* sink) {
 int64_t ShardedUnit::persistent_grad_bytes() const { return coll_->persistent_grad_bytes(); }
 int64_t ShardedUnit::released_grad_bytes() const { return coll_->released_grad_bytes(); }
 int64_t ShardedUnit::peak_comm_buffer_bytes() const { return coll_->peak_comm_buffer_bytes(); }
+bool ShardedUnit::holds_secondary() const { return coll_->holds_secondary(); }
+int64_t ShardedUnit::secondary_bytes() const { return coll_->secondary_bytes(); }
 
 void ShardedUnit::abandon() {
   hooks_->reset();
@@ -148,6 +150,9 @@ void ShardedUnit::offload_shard(ShardSource* source) {
 
 at::Tensor ShardedUnit::master_shard() { return flat_->master_shard(); }
 
-void ShardedUnit::set_master_shard(const at::Tensor& values) { flat_->set_master_shard(values); }
+void ShardedUnit::set_master_shard(const at::Tensor& values) {
+  coll_->drop_secondary();
+  flat_->set_master_shard(values);
+}
 
 }  // namespace shardgan

@@ -146,6 +146,38 @@ std::unique_ptr<Work> UnitCollectives::start_shared_gather() {
   return std::make_unique<SharedGatherWork>(*pool, seq, comm_);
 }
 
+Communicator* UnitCollectives::secondary_group() const {
+  return cfg_.stage == 3 && owner_ ? owner_->secondary_group() : nullptr;
+}
+
+int64_t UnitCollectives::secondary_bytes() const { return nbytes(secondary_); }
+
+void UnitCollectives::drop_secondary() {
+  secondary_ = at::Tensor();
+  keep_secondary_ = false;
+}
+
+std::unique_ptr<Work> UnitCollectives::start_secondary_gather() {
+  Communicator* g = secondary_group();
+  if (!g || !secondary_.defined()) return nullptr;
+  flat_.allocate_full();
+  // In place, like the world gather: the kept block goes where the group's all-gather
+  // expects this rank's block, so nothing is allocated beyond the flat parameter.
+  at::Tensor own = flat_.full().narrow(0, g->rank() * secondary_.numel(), secondary_.numel());
+  own.copy_(secondary_);
+  gather_.send = own;
+  Timed t(collective_sink());
+  return g->all_gather_async(flat_.full(), own);
+}
+
+void UnitCollectives::keep_secondary() {
+  Communicator* g = secondary_group();
+  if (!g || secondary_.defined() || flat_.padded_numel() == 0) return;
+  // P is N * S and K divides N, so the K blocks tile the flat parameter exactly.
+  const int64_t b = flat_.padded_numel() / g->world_size();
+  secondary_ = flat_.full().narrow(0, g->rank() * b, b).clone();
+}
+
 void UnitCollectives::mark_gathered() {
   gathered_ = true;
   if (owner_) owner_->on_unit_gathered();
@@ -157,7 +189,12 @@ void UnitCollectives::prefetch() {
     mark_gathered();
     return;
   }
+  if ((gather_.work = start_secondary_gather())) {
+    mark_gathered();
+    return;
+  }
   flat_.allocate_full();
+  keep_secondary_ = secondary_group() != nullptr;  // gather() keeps the block once this completes
   if (cfg_.quantized_weights_bits != 0) {
     gather_.work = start_quantized_gather();
     mark_gathered();
@@ -176,21 +213,35 @@ void UnitCollectives::gather() {
     Timed t(collective_sink());
     gather_.work->wait();
     gather_ = AllGatherState();
+    if (keep_secondary_) keep_secondary();
+    keep_secondary_ = false;
   }
   if (gathered_) return;
   if (std::unique_ptr<Work> w = start_shared_gather()) {
     Timed t(collective_sink());
     w->wait();
+  } else if (std::unique_ptr<Work> w2 = start_secondary_gather()) {
+    {
+      Timed t(collective_sink());
+      w2->wait();
+    }
+    gather_ = AllGatherState();
   } else if (cfg_.stage == 3 && cfg_.quantized_weights_bits != 0) {
     flat_.allocate_full();
-    std::unique_ptr<Work> w = start_quantized_gather();
-    Timed t(collective_sink());
-    w->wait();
+    std::unique_ptr<Work> w3 = start_quantized_gather();
+    {
+      Timed t(collective_sink());
+      w3->wait();
+    }
+    keep_secondary();
   } else {
     flat_.allocate_full();
     at::Tensor send = fill_own_block();
-    Timed t(collective_sink());
-    comm_.all_gather(flat_.full(), send);
+    {
+      Timed t(collective_sink());
+      comm_.all_gather(flat_.full(), send);
+    }
+    keep_secondary();
   }
   mark_gathered();
 }
@@ -332,7 +383,10 @@ void UnitCollectives::finish_reduce() {
 
 void UnitCollectives::after_optimizer_step() {
   torch::NoGradGuard no_grad;
-  if (cfg_.stage == 3) return;  // the next gather reads the updated shard
+  if (cfg_.stage == 3) {  // the next gather reads the updated shard, over the world
+    drop_secondary();
+    return;
+  }
   at::Tensor& shard = flat_.shard();
   if (cfg_.stage == 0) {
     if (!flat_.shard_aliases_full()) flat_.full().copy_(shard);

@@ -92,6 +92,12 @@ class UnitCollectives {
   int64_t released_grad_bytes() const;
   int64_t peak_comm_buffer_bytes() const { return peak_comm_bytes_; }
 
+  // hpZ (ShardedModel::set_secondary_group).
+  bool holds_secondary() const { return secondary_.defined(); }
+  int64_t secondary_bytes() const;
+  /// Drops the secondary block: the master shard changed (or is about to).
+  void drop_secondary();
+
  private:
   ShardedUnit& unit_;
   FlatParam& flat_;
@@ -103,6 +109,10 @@ class UnitCollectives {
   bool gathered_ = false;  // the flat parameter has (or an all-gather in flight will have) its values
   AllGatherState gather_;  // prefetch in flight
   int64_t shared_seq_ = 0;  // node_shared_gather: the model's gather number in use, or 0
+  // hpZ: block secondary->rank() of the gathered flat parameter (P / K elements, compute
+  // dtype) since the unit's first gather after its last change, or undefined.
+  at::Tensor secondary_;
+  bool keep_secondary_ = false;  // the world gather in flight (gather_) fills secondary_ when waited for
 
   // Gradients.
   at::ScalarType reduce_dtype_;
@@ -141,6 +151,13 @@ class UnitCollectives {
   std::unique_ptr<Work> start_quantized_gather();
   /// The gather has its values (or will, once gather_ completes): tell the model.
   void mark_gathered();
+  /// hpZ: the model's secondary group at stage 3, or nullptr.
+  Communicator* secondary_group() const;
+  /// hpZ: with the secondary block held, allocates the flat parameter, copies the block
+  /// into its place and starts the all-gather inside the secondary group; else nullptr.
+  std::unique_ptr<Work> start_secondary_gather();
+  /// hpZ: after a world gather completed, keeps this rank's secondary block of it.
+  void keep_secondary();
   /// Whether the reduce-scatter sums and finish_reduce() scales by 1/N instead (see there).
   bool avg_on_accumulate() const;
   /// Where collective time goes: the owner's CommTimes, or nowhere without an owner.

@@ -45,6 +45,10 @@ int64_t probe_once(const TrainConfig& cfg, int64_t micro_batch, const std::strin
   p.run_dir = dir;
   p.preempt_grace_s = 0;
   p.checkpoint_async = false;  // the probe saves nothing, and the shadow backend cannot split
+  // Nor split off hpZ's secondary groups: their blocks are persistent state, which the
+  // estimate counts exactly (ModelMemoryEstimate::secondary_param_bytes).
+  p.g_sharding.hpz_partition_size = 1;
+  p.d_sharding.hpz_partition_size = 1;
   p.on_nonfinite = "skip";
   p.max_nonfinite_steps = 1000;
   for (OptimizerConfig* oc : {&p.g_optim, &p.d_optim}) oc->offload = OffloadConfig{};

@@ -149,6 +149,29 @@ int read_replicate_degree(Reader& r, const std::string& who, const ShardingConfi
   return R;
 }
 
+// sharding.<who>.hpz_partition_size: an integer >= 1 (1: off), or auto (0: one group per node).
+void read_hpz(Reader& r, const std::string& who, ShardingConfig& sc, int replicate_degree) {
+  const std::string key = "sharding." + who + ".hpz_partition_size";
+  const std::string v = r.get<std::string>(key, "1",
+      "stage 3, ZeRO++ hpZ: ranks of a secondary group (usually a node's) that keeps a copy of each gathered unit "
+      "split K ways, so that its later gathers until the next update stay in the group (1: off; auto: one group per "
+      "node)");
+  int K = 0;
+  if (v != "auto") {
+    char* end = nullptr;
+    const long x = std::strtol(v.c_str(), &end, 10);
+    require(!v.empty() && *end == '\0' && x >= 1 && x <= 1 << 20, r, key,
+            "must be auto (one group per node) or an integer >= 1 (ranks per secondary group; 1 turns hpZ off)");
+    K = static_cast<int>(x);
+  }
+  require(K == 1 || sc.stage == 3, r, key,
+          "needs sharding." + who + ".stage 3: hpZ keeps a secondary copy of the parameters that stage 3 gathers");
+  require(K == 1 || replicate_degree == 1, r, key,
+          "cannot be combined with sharding." + who + ".replicate_degree (HSDP already keeps the gathers inside a "
+          "replica group; set one of them to 1)");
+  sc.hpz_partition_size = K;
+}
+
 OptimizerConfig read_optim(Reader& r, const std::string& who, int64_t steps) {
   OptimizerConfig c = OptimizerConfig::dcgan();
   const std::string p = "optim." + who + ".";
@@ -448,6 +471,8 @@ TrainConfig read_config(Reader& r, const std::string& source) {
   c.d_sharding = read_sharding(r, "discriminator");
   c.g_replicate_degree = read_replicate_degree(r, "generator", c.g_sharding);
   c.d_replicate_degree = read_replicate_degree(r, "discriminator", c.d_sharding);
+  read_hpz(r, "generator", c.g_sharding, c.g_replicate_degree);
+  read_hpz(r, "discriminator", c.d_sharding, c.d_replicate_degree);
   c.g_optim = read_optim(r, "generator", c.steps);
   c.d_optim = read_optim(r, "discriminator", c.steps);
   read_offload(r, c);
@@ -521,7 +546,15 @@ TrainConfig read_config(Reader& r, const std::string& source) {
     require(R == 1 || c.backend == "mpi", r, std::string("sharding.") + who + ".replicate_degree",
             "> 1 needs dist.backend mpi: the NCCL communicator cannot split into replica groups yet");
   }
+  for (auto [who, K] : {std::pair{"generator", c.g_sharding.hpz_partition_size},
+                        std::pair{"discriminator", c.d_sharding.hpz_partition_size}}) {
+    require(K == 1 || c.backend == "mpi", r, std::string("sharding.") + who + ".hpz_partition_size",
+            "needs dist.backend mpi: the NCCL communicator cannot split into secondary groups yet (set it to 1)");
+  }
   if (c.placement == "split") {
+    require(c.g_sharding.hpz_partition_size == 1 && c.d_sharding.hpz_partition_size == 1, r, "train.placement",
+            "split cannot be combined with sharding.<model>.hpz_partition_size yet (set it to 1 or "
+            "train.placement: shared)");
     require(c.backend == "mpi", r, "train.placement",
             "split needs dist.backend mpi: the images cross between the groups point to point, which the NCCL "
             "backend does not offer yet (set train.placement: shared)");

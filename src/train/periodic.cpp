@@ -112,7 +112,8 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
                       {"time_optimizer_io_s", m.time_optimizer_io_s},
                       {"comm_bytes_world", m.comm_bytes_world},
                       {"comm_bytes_shard_group", m.comm_bytes_shard_group},
-                      {"comm_bytes_replicate", m.comm_bytes_replicate}};
+                      {"comm_bytes_replicate", m.comm_bytes_replicate},
+                      {"comm_bytes_secondary", m.comm_bytes_secondary}};
   if (m.time_offload_read_s > 0 || m.time_optimizer_io_s > 0) {
     spdlog::info("step {:>6} time: collectives {:.2f} s, offload reads for all-gathers {:.2f} s, gradient offload "
                  "{:.2f} s, optimizer {:.2f} s (offload I/O {:.2f} s), forward/backward and the rest {:.2f} s",

@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include "shardgan/comm/hybrid_communicator.h"
 #include "shardgan/models/family.h"
 #include "shardgan/optim/factory.h"
 #include "shardgan/sharding/memory_estimate.h"
@@ -39,6 +40,10 @@ ModelMemorySpec spec_for(const TrainConfig& cfg, const ModelSpec& model, const S
     s.offload_grads_to_disk = oc.offload.gradient == OffloadDevice::kDisk;
   }
   s.reshard_after_forward = sc.reshard_after_forward;
+  // hpZ: auto is the launcher's ranks per node (none known: counted as off). A size that
+  // does not divide the world is refused when the trainer builds the group.
+  int k = sc.hpz_partition_size == 0 ? launcher_local_rank_and_size().second : sc.hpz_partition_size;
+  s.hpz_partition_size = k > 1 && world_size % k == 0 ? k : 1;
   // A frozen D is released unit by unit in the G step's backward (input gradients), so it
   // is gathered like a trained model.
   s.frozen_backward = false;
@@ -50,6 +55,7 @@ nlohmann::json stage_json(const ModelMemoryEstimate& e) {
           {"grads_bytes", e.grad_bytes},
           {"optimizer_state_bytes", e.optimizer_state_bytes},
           {"ema_bytes", e.ema_bytes},
+          {"hpz_secondary_bytes", e.secondary_param_bytes},
           {"grads_released_bytes", e.grad_released_bytes},
           {"largest_gathered_unit_bytes", e.gathered_unit_bytes},
           {"transient_bytes", e.transient_bytes()},

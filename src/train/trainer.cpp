@@ -94,6 +94,8 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   Communicator& batch_comm = group_comm_ ? *group_comm_ : comm_;
   g_comm_ = model_communicator(cfg_.g_replicate_degree, "generator");
   d_comm_ = model_communicator(cfg_.d_replicate_degree, "discriminator");
+  g_hpz_ = secondary_group(cfg_.g_sharding.hpz_partition_size, "generator");
+  d_hpz_ = secondary_group(cfg_.d_sharding.hpz_partition_size, "discriminator");
   for (OptimizerConfig* oc : {&cfg_.g_optim, &cfg_.d_optim}) {
     if (oc->offload.optimizer != OffloadDevice::kDisk || !oc->offload.path.empty()) continue;
     oc->offload.path = cfg_.run_dir + "/offload";  // the default; an explicit path must exist
@@ -107,6 +109,8 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
     std::tie(d_, opt_d_) = build_model_and_optimizer(family_.discriminator(batch_comm), d_comm(), cfg_.d_sharding,
                                                      cfg_.d_optim, cfg_.seed + 2);
   }
+  if (g_ && g_hpz_) g_->set_secondary_group(g_hpz_.get());
+  if (d_ && d_hpz_) d_->set_secondary_group(d_hpz_.get());
   at::Tensor numels = torch::tensor({g_ ? g_->numel() : 0, d_ ? d_->numel() : 0}, torch::kLong);
   if (split) comm_.all_reduce(numels, ReduceOp::kMax);
   g_numel_ = numels[0].item<int64_t>();
@@ -223,16 +227,44 @@ std::unique_ptr<Communicator> Trainer::model_communicator(int replicate_degree, 
   return make_hybrid_communicator(comm_, l);
 }
 
-std::array<int64_t, 3> Trainer::comm_bytes() {
+std::unique_ptr<Communicator> Trainer::secondary_group(int partition_size, const std::string& who) {
+  if (partition_size == 1) return nullptr;
+  const std::string key = "sharding." + who + ".hpz_partition_size";
+  const int n = comm_.world_size();
+  if (partition_size > 1 && n % partition_size != 0) {
+    throw ConfigError(cfg_.source + ": key '" + key + "' is " + std::to_string(partition_size) +
+                      ", which does not divide the world size " + std::to_string(n) +
+                      " (each secondary group holds that many consecutive ranks; use a divisor, e.g. the ranks per "
+                      "node, or 1 for off)");
+  }
+  HsdpLayout l;
+  try {
+    l = hsdp_layout(comm_, partition_size == 0 ? 0 : n / partition_size, launcher_local_rank_and_size(), key);
+  } catch (const std::invalid_argument&) {
+    throw ConfigError(cfg_.source + ": key '" + key + "' is auto (one secondary group per node), but the "
+                      "launcher's local ranks do not show equal blocks of consecutive ranks per node; launch with "
+                      "mpirun --map-by slot or srun --distribution=block, or set it to the ranks per node");
+  }
+  if (comm_.rank() == 0) {
+    spdlog::info("{}: hpZ, secondary groups of {} ranks ({}): gathers after a unit's first one since its last "
+                 "update stay in the group", who, l.group_size, l.by_node ? "one per node" : "blocks of consecutive ranks");
+  }
+  return comm_.split(l.group, l.group_rank);
+}
+
+std::array<int64_t, 4> Trainer::comm_bytes() {
   auto bytes = [](const CommStats& s) {
     return s.all_gather_bytes + s.reduce_scatter_bytes + s.all_reduce_bytes + s.broadcast_bytes + s.all_to_all_bytes;
   };
-  std::array<int64_t, 3> b{bytes(comm_.stats()), 0, 0};
+  std::array<int64_t, 4> b{bytes(comm_.stats()), 0, 0, 0};
   for (Communicator* c : {g_comm_.get(), d_comm_.get()}) {
     if (!c) continue;
     auto& h = static_cast<HybridCommunicator&>(*c);
     b[1] += bytes(h.stats());
     b[2] += bytes(h.replicate_group().stats());
+  }
+  for (Communicator* c : {g_hpz_.get(), d_hpz_.get()}) {
+    if (c) b[3] += bytes(c->stats());
   }
   return b;
 }
@@ -336,7 +368,7 @@ StepMetrics Trainer::train_step() {
     return t;
   };
   const std::array<double, 5> before = times();
-  const std::array<int64_t, 3> bytes_before = comm_bytes();
+  const std::array<int64_t, 4> bytes_before = comm_bytes();
   struct rusage ru0 {};
   getrusage(RUSAGE_SELF, &ru0);
   StepMetrics r = objective_->step({g_.get(), opt_g_.get(), scaler_g_.get()},
@@ -348,10 +380,11 @@ StepMetrics Trainer::train_step() {
   r.time_optimizer_s = after[2] - before[2];
   r.time_optimizer_io_s = after[3] - before[3];
   r.time_offload_grad_s = after[4] - before[4];
-  const std::array<int64_t, 3> bytes_after = comm_bytes();
+  const std::array<int64_t, 4> bytes_after = comm_bytes();
   r.comm_bytes_world = bytes_after[0] - bytes_before[0];
   r.comm_bytes_shard_group = bytes_after[1] - bytes_before[1];
   r.comm_bytes_replicate = bytes_after[2] - bytes_before[2];
+  r.comm_bytes_secondary = bytes_after[3] - bytes_before[3];
   if (ema_ && !r.skipped_g) ema_->update(opt_g_->step_count());
   ++counters_.step;
   r.step = counters_.step;

@@ -59,6 +59,10 @@ struct ModelMemorySpec {
   /// ShardingConfig::reshard_after_forward. False keeps every unit gathered from forward
   /// to backward, so the whole model counts as gathered at stage 3.
   bool reshard_after_forward = true;
+  /// ZeRO++ hpZ (ShardingConfig::hpz_partition_size, resolved: the ranks per secondary
+  /// group, >= 1, dividing world_size; 1 is off): at stage 3 each unit keeps P / K
+  /// compute-dtype elements between steps.
+  int hpz_partition_size = 1;
   /// The model runs a backward with its parameters frozen (D during the G step): its units
   /// stay gathered until that backward ends, so the whole model counts as gathered.
   bool frozen_backward = false;
@@ -80,6 +84,10 @@ struct ModelMemoryEstimate {
   int64_t grad_bytes = 0;             ///< == MemoryStats::grad_shard_bytes
   int64_t optimizer_state_bytes = 0;  ///< == ShardedOptimizer::state_bytes()
   int64_t ema_bytes = 0;              ///< == sum of ShardedEma::unit_shard() bytes
+  /// hpZ: sum over units of P / K * compute bytes (stage 3, K > 1), held from a unit's first
+  /// gather after an update to the next update; == MemoryStats::secondary_param_bytes once
+  /// every unit has been gathered since the model's last update.
+  int64_t secondary_param_bytes = 0;
   /// The part of grad_bytes that ShardedModel::zero_grad() releases after each optimizer
   /// step (S * master bytes per unit, unless the shard aliases the flat gradient: stages
   /// 0-1 with the reduce dtype equal to the master's): held only during the model's own
@@ -105,7 +113,9 @@ struct ModelMemoryEstimate {
   int64_t grad_transient_bytes = 0;
 
   /// The model's state at its own update (the ZeRO paper's model states, with the EMA).
-  int64_t persistent_bytes() const { return param_bytes + grad_bytes + optimizer_state_bytes + ema_bytes; }
+  int64_t persistent_bytes() const {
+    return param_bytes + grad_bytes + optimizer_state_bytes + ema_bytes + secondary_param_bytes;
+  }
   int64_t transient_bytes() const { return gathered_peak_bytes + grad_transient_bytes; }
   /// persistent + transient: an upper estimate of this model's state at its peak, without
   /// activations, allocator overhead, or the MPI library's own buffers.

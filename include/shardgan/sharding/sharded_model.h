@@ -38,9 +38,12 @@ struct MemoryStats {
   int64_t peak_full_param_bytes = 0;  ///< most gathered bytes alive at once so far
   int64_t padding_elements = 0;       ///< zero padding of the flat parameters, P - T summed
                                       ///< over units (a rank holds at most this many extra)
-  /// Parameter shards + gradient shards + optimizer state (the "model states" of ZeRO).
+  int64_t secondary_param_bytes = 0;  ///< hpZ: secondary blocks held now (P / K compute-dtype
+                                      ///< elements per unit gathered since its last change)
+  /// Parameter shards + gradient shards + optimizer state (the "model states" of ZeRO),
+  /// and hpZ's secondary blocks.
   int64_t model_state_bytes() const {
-    return param_shard_bytes + grad_shard_bytes + optimizer_state_bytes;
+    return param_shard_bytes + grad_shard_bytes + optimizer_state_bytes + secondary_param_bytes;
   }
 };
 
@@ -132,6 +135,19 @@ class ShardedModel {
   void abandon_step();
   /// Local: train or eval mode on every unit's module.
   void train(bool on);
+  /// ZeRO++ hpZ (ShardingConfig::hpz_partition_size): `group` is this rank's secondary
+  /// group, K ranks of comm() (usually one node's), each holding a different group rank;
+  /// K must divide comm().world_size(). From now on each stage-3 unit keeps block
+  /// group.rank() of its first gather after a parameter change (P / K elements, compute
+  /// dtype) and all-gathers later gathers inside `group` until after_optimizer_step(), which
+  /// drops the blocks (so does set_master_shard). Whoever changes master shards must call
+  /// after_optimizer_step() afterwards, as stages 1-2 already require. Call identically on
+  /// every rank, before the first forward or between steps; nullptr turns it off. `group`
+  /// must outlive the model. Local. Throws std::invalid_argument when K does not divide N or
+  /// the model is not at stage 3 (naming the model).
+  void set_secondary_group(Communicator* group);
+  /// The hpZ secondary group, or nullptr.
+  Communicator* secondary_group() const { return secondary_; }
 
   /// Collective at stage 3 (one all-gather per unit, in unit order). Double backward
   /// through a sharded model, for gradient penalties (R1: Mescheder et al. 2018, Sec. 4;
@@ -250,6 +266,7 @@ class ShardedModel {
   std::string name_;
   Communicator& comm_;
   ShardingConfig cfg_;
+  Communicator* secondary_ = nullptr;  // hpZ
   std::vector<std::unique_ptr<ShardedUnit>> units_;
   Program program_;
   std::vector<size_t> order_;            // recorded execution order (unit indices)

@@ -157,7 +157,7 @@ class ShardedUnit {
   /// transient copy read from the tier when offloaded. Local.
   at::Tensor master_shard();
   /// Overwrites the master shard (resident or offloaded) with `values` ([S], any floating
-  /// dtype, converted). Local.
+  /// dtype, converted), and drops the hpZ secondary block. Local.
   void set_master_shard(const at::Tensor& values);
   /// dtype of the master shard (of the module as built).
   at::ScalarType master_dtype() const { return flat_->master_dtype(); }
@@ -199,6 +199,11 @@ class ShardedUnit {
   int64_t released_grad_bytes() const;
   /// Largest transient communication buffer allocated so far (bytes).
   int64_t peak_comm_buffer_bytes() const;
+  /// hpZ (ShardedModel::set_secondary_group): whether this rank holds the unit's secondary
+  /// block, so that its next gather stays inside the secondary group; and its bytes
+  /// (P / K compute-dtype elements, 0 when not held). Local.
+  bool holds_secondary() const;
+  int64_t secondary_bytes() const;
   const std::vector<ParamSlot>& slots() const { return flat_->slots(); }
   /// Parameter `slot` of the module (original shape, compute dtype) when its memory is
   /// there: always at stages 0-2, while gathered at stage 3 (in forward/backward or inside

@@ -84,6 +84,19 @@ struct ShardingConfig {
   int quantized_gradients_bits = 0;
   /// Elements per float32 scale of both quantized collectives.
   int64_t quantization_block = 256;
+  /// Stage 3, ZeRO++ hpZ (Wang et al. 2023, Sec. 4.2; DeepSpeed's zero_hpz_partition_size):
+  /// the ranks of a secondary group, usually one node's. 1 is off. K > 1: a unit's first
+  /// all-gather after each parameter change (over all N ranks) also keeps block
+  /// group-rank of the gathered flat parameter, P / K elements in the compute dtype, and
+  /// every later gather of that unit until the next ShardedModel::after_optimizer_step()
+  /// all-gathers those blocks inside the secondary group only: backward's gathers, and
+  /// with a GAN the discriminator's second and third forward of a step, stay inside the
+  /// node. The same bits as the world gather (with qwZ, its dequantized values). Costs P / K
+  /// compute-dtype elements per unit per rank between steps (MemoryStats::
+  /// secondary_param_bytes). 0 means one group per node (the launcher's local ranks). The
+  /// group itself is built by the caller (ShardedModel::set_secondary_group); this field
+  /// only sizes the memory pre-flight.
+  int hpz_partition_size = 1;
 };
 
 /// Inputs or outputs of a unit or model. Tensors may be undefined (e.g. no labels).

@@ -53,8 +53,9 @@ struct StepMetrics {
   /// Rank 0's collective volume in this step (bytes, as CommStats counts them: the full
   /// size of each all-gather, reduce-scatter and all-reduce): on the world communicator
   /// (SyncBatchNorm, votes, and the models' collectives without HSDP), inside the models'
-  /// shard groups, and across replica groups (HSDP's gradient all-reduce).
-  int64_t comm_bytes_world = 0, comm_bytes_shard_group = 0, comm_bytes_replicate = 0;
+  /// shard groups, across replica groups (HSDP's gradient all-reduce), and inside the
+  /// hpZ secondary groups (sharding.<model>.hpz_partition_size).
+  int64_t comm_bytes_world = 0, comm_bytes_shard_group = 0, comm_bytes_replicate = 0, comm_bytes_secondary = 0;
   /// Rank 0's GPU memory in use after the step (bytes; device_memory_used_bytes()), -1 on
   /// the CPU.
   int64_t device_mem_used_bytes = -1;

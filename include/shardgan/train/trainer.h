@@ -162,12 +162,18 @@ class Trainer {
   /// memory_stats of a model this rank may not hold (zeros then).
   MemoryStats stats_of(const std::unique_ptr<ShardedModel>& m) const { return m ? memory_stats(*m) : MemoryStats{}; }
   /// Rank 0's collective volume so far (CommStats bytes) on the world communicator, the
-  /// models' shard groups and their replica groups (the last two only under HSDP).
-  std::array<int64_t, 3> comm_bytes();
+  /// models' shard groups and their replica groups (those two only under HSDP), and the
+  /// hpZ secondary groups.
+  std::array<int64_t, 4> comm_bytes();
+  /// sharding.<model>.hpz_partition_size K (0: one group per node): collective over comm_
+  /// (a split) unless K is 1 (nullptr). This rank's secondary group; ConfigError naming the
+  /// key when K does not divide the world size or the nodes are not uniform.
+  std::unique_ptr<Communicator> secondary_group(int partition_size, const std::string& who);
 
   TrainConfig cfg_;
   Communicator& comm_;
   std::unique_ptr<Communicator> g_comm_, d_comm_;  // HSDP groups; destroyed after the models
+  std::unique_ptr<Communicator> g_hpz_, d_hpz_;    // hpZ secondary groups; likewise
   // train.placement split: this rank's group (G's ranks or D's) and the transport. Only
   // the model of the group is built here: the other's pointers stay null.
   std::unique_ptr<Communicator> group_comm_;
