@@ -4,7 +4,8 @@
 # host limited by `tc` (token bucket) to RATE, the class-conditional BigGAN of
 # configs/biggan-1b.yaml at width CH with ZeRO-3 for G and D (bfloat16 compute and reduction,
 # float32 masters and Adam; node_shared_gather off, as across hosts). For each mode (plain,
-# qwz = quantized_weights int8, qgz = quantized_gradients GBITS, both; hsdp = one replica
+# qwz = quantized_weights int8, qgz = quantized_gradients GBITS, both; hpz = hpz_partition_size
+# auto, a secondary group per host; all = qwz + qgz + hpz; hsdp = one replica
 # group per host, hsdp-qgz = the same with quantized gradients, which also quantizes the
 # cross-host replica average) it trains STEPS steps
 # and prints one JSON line: bytes that crossed between the hosts per step after step 1 (rx +
@@ -36,6 +37,10 @@ for rate in $RATES; do
       qgz) Q=(--set sharding.generator.quantized_gradients=$GBITS --set sharding.discriminator.quantized_gradients=$GBITS) ;;
       both) Q=(--set sharding.generator.quantized_weights=int8 --set sharding.discriminator.quantized_weights=int8
                --set sharding.generator.quantized_gradients=$GBITS --set sharding.discriminator.quantized_gradients=$GBITS) ;;
+      hpz) Q=(--set sharding.generator.hpz_partition_size=auto --set sharding.discriminator.hpz_partition_size=auto) ;;
+      all) Q=(--set sharding.generator.quantized_weights=int8 --set sharding.discriminator.quantized_weights=int8
+              --set sharding.generator.quantized_gradients=$GBITS --set sharding.discriminator.quantized_gradients=$GBITS
+              --set sharding.generator.hpz_partition_size=auto --set sharding.discriminator.hpz_partition_size=auto) ;;
       hsdp) Q=(--set sharding.generator.replicate_degree=auto --set sharding.discriminator.replicate_degree=auto) ;;
       hsdp-qgz) Q=(--set sharding.generator.replicate_degree=auto --set sharding.discriminator.replicate_degree=auto
                    --set sharding.generator.quantized_gradients=$GBITS --set sharding.discriminator.quantized_gradients=$GBITS) ;;
@@ -61,6 +66,7 @@ mean = lambda k: sum(r.get(k, 0) for r in after) / len(after)
 print(json.dumps({"bench": "quantized_multihost", "commit": commit, "mode": mode, "gradient_bits": gbits, "rate": rate,
                   "ch": int(ch), "params": int(params), "steps": int(steps),
                   "cross_host_bytes_per_step_veth": int(cross), "comm_bytes_world_per_rank": mean("comm_bytes_world"),
+                  "comm_bytes_secondary_per_rank": mean("comm_bytes_secondary"),
                   "step_time_s": round(mean("step_time_s"), 3), "time_collective_s": round(mean("time_collective_s"), 3),
                   "losses": [(r["loss_d"], r["loss_g"]) for r in rows],
                   "vmhwm_gib_per_rank": [float(x) for x in rss.split(",")],
