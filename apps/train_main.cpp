@@ -120,15 +120,20 @@ int main(int argc, char** argv) {
     // Memory pre-flight before anything of the models is allocated: every rank computes
     // the same estimate locally (no collectives), so every rank refuses alike.
     nlohmann::json report;
-    if (dry_run || !cfg.skip_memory_check) {
-      report = shardgan::memory_preflight(cfg, *comm, comm->world_size(), local_size);
+    if (dry_run || !cfg.skip_memory_check || !cfg.skip_disk_check) {
+      shardgan::TrainConfig pre = cfg;  // the disk check alone needs no activation probe
+      if (!dry_run && cfg.skip_memory_check) pre.memory_probe = false;
+      report = shardgan::memory_preflight(pre, *comm, comm->world_size(), local_size);
       if (dry_run) {
         if (rank == 0) std::printf("%s\n", report.dump(2).c_str());
         std::fflush(stdout);
         MPI_Finalize();
         return 0;
       }
-      shardgan::check_memory(cfg, report);
+      if (!cfg.skip_memory_check) shardgan::check_memory(cfg, report);
+      // Every rank reads the same filesystems' free space, so every rank refuses alike (ranks
+      // of another node check their own disk).
+      if (!cfg.skip_disk_check) shardgan::check_disk(cfg, report);
     }
     if (rank == 0) {
       std::istringstream info(shardgan::build_info_text());

@@ -427,6 +427,8 @@ TrainConfig read_config(Reader& r, const std::string& source) {
 
   c.skip_memory_check = r.get<bool>("train.skip_memory_check", c.skip_memory_check,
       "skip the memory pre-flight that refuses a config that would not fit");
+  c.skip_disk_check = r.get<bool>("train.skip_disk_check", c.skip_disk_check,
+      "skip the disk pre-flight that refuses a run whose offload files or checkpoints would not fit on their disk");
   c.memory_probe = r.get<bool>("train.memory_probe", c.memory_probe,
       "the pre-flight measures one step's transient memory on a stand-in world (CPU, no HSDP)");
   c.r1_gamma = r.get<double>("train.r1_gamma", c.r1_gamma, "R1 penalty weight on real images (0: off)");

@@ -142,11 +142,13 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   // this process for the whole run; a fork snapshot costs the node at most as much (the pages
   // training rewrites before the child has written them), outside this process's RSS.
   const int64_t master_elem = dtype_bytes(cfg.model_dtype);
-  auto ckpt_bytes = [&](const ModelMemoryEstimate& e) {
-    return e.shard_numel * master_elem + e.optimizer_state_bytes + e.ema_bytes;
+  // The master shard, every optimizer state (wherever its tier keeps it) and the EMA, in
+  // the master dtype.
+  auto ckpt_bytes = [&](const ModelMemoryEstimate& e, const ModelMemorySpec& s) {
+    return e.shard_numel * master_elem * (1 + s.optimizer_states) + e.ema_bytes;
   };
   const int64_t ckpt_snapshot =
-      cfg.checkpoint_async ? ckpt_bytes(ge[cfg.g_sharding.stage]) + ckpt_bytes(de[cfg.d_sharding.stage]) : 0;
+      cfg.checkpoint_async ? ckpt_bytes(ge[cfg.g_sharding.stage], g) + ckpt_bytes(de[cfg.d_sharding.stage], d) : 0;
   const int64_t in_process = cfg.checkpoint_snapshot == "copy" ? ckpt_snapshot : 0;
   const int64_t outside = ckpt_snapshot - in_process;
   const int64_t per_rank = gan_peak_bytes(ge[cfg.g_sharding.stage], de[cfg.d_sharding.stage]) + in_process;
@@ -169,6 +171,16 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
                                            {"discriminator", disk_bytes(de[cfg.d_sharding.stage], cfg.d_optim)}};
   // The node's memory is read once, before the probe: the ranks' probes are transient.
   const HostMemory host = read_host_memory();
+  {
+    // The disk: every rank of this node writes its offload files and checkpoint shards (under
+    // split placement, each rank one model's).
+    const ModelMemoryEstimate& eg = ge[cfg.g_sharding.stage];
+    const ModelMemoryEstimate& ed = de[cfg.d_sharding.stage];
+    const int64_t gk = split ? std::min<int64_t>(k, local_ranks) : local_ranks;
+    const int64_t dk = split ? std::max<int64_t>(local_ranks - gk, 0) : local_ranks;
+    j["disk"] = disk_report(cfg, disk_bytes(eg, cfg.g_optim) * gk + disk_bytes(ed, cfg.d_optim) * dk,
+                            ckpt_bytes(eg, g) * gk + ckpt_bytes(ed, d) * dk);
+  }
   if (split) {
     // Each rank holds one model's state and transient buffers (and D's ranks the data):
     // every rank of a group needs the same, and the node holds both groups' ranks.
@@ -176,7 +188,7 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     const ModelMemoryEstimate& ed = de[cfg.d_sharding.stage];
     // checkpoint.async: a rank snapshots only the model it holds (in the rank for copy,
     // outside it, on the node, for fork).
-    const int64_t g_snap = cfg.checkpoint_async ? ckpt_bytes(eg) : 0, d_snap = cfg.checkpoint_async ? ckpt_bytes(ed) : 0;
+    const int64_t g_snap = cfg.checkpoint_async ? ckpt_bytes(eg, g) : 0, d_snap = cfg.checkpoint_async ? ckpt_bytes(ed, d) : 0;
     const bool copy = cfg.checkpoint_snapshot == "copy";
     const int64_t g_rank = eg.peak_bytes() + (copy ? g_snap : 0),
                   d_rank = ed.peak_bytes() + data_bytes(cfg, std::max(world_size - k, 1)) + (copy ? d_snap : 0);

@@ -105,6 +105,7 @@ struct TrainConfig {
   /// (1; 0 trains G on the L1 term alone, the paper's "L1" row of Table 1).
   double adversarial_weight = 1;
   bool skip_memory_check = false; ///< train.skip_memory_check: skip the memory pre-flight
+  bool skip_disk_check = false;   ///< train.skip_disk_check: skip the disk pre-flight (check_disk)
   /// train.memory_probe: the pre-flight measures one step's transient memory on a stand-in
   /// world (train/activation_probe.h) instead of padding the estimate (CPU, no HSDP)
   bool memory_probe = true;

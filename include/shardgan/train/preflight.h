@@ -19,6 +19,12 @@ class MemoryPreflightError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Thrown when the configured run's offload files or checkpoints would not fit on their disk.
+class DiskPreflightError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// Local (no collectives). Counts the parameters of every unit of G and D (building one
 /// unit at a time, uninitialized, and dropping it) and estimates per-rank bytes at each
 /// stage for `world_size` ranks, `local_ranks` of them on this node. The JSON holds the
@@ -61,6 +67,32 @@ inline constexpr int64_t kPredictionMarginBytes = int64_t{100} << 20;
 /// needed and available, and the lowest stage (for both models) that would fit, or says
 /// that none does. `report` is memory_preflight's result.
 void check_memory(const TrainConfig& cfg, const nlohmann::json& report);
+
+/// Local. The disk part of the pre-flight (memory_preflight puts it under "disk"): where the
+/// run writes its disk-tier offload files (offload.path, else <run.dir>/offload) and its
+/// checkpoints (<run.dir>/checkpoints), and for this node's ranks: `offload_bytes`, the
+/// offload files (bytes), with offload_bytes_present of them already there (this run's
+/// files of an earlier start, which the store truncates and reserves again);
+/// `checkpoint_bytes`, one checkpoint (master shards, optimizer state, EMA; the HDF5
+/// metadata and buffers are not counted); checkpoints_at_once, min(saves in the run,
+/// train.keep_checkpoints + 1); the free bytes of each folder's filesystem (statvfs of its
+/// nearest existing ancestor; -1 if unknown) and whether the two share one. A checkpoint
+/// folder on a filesystem shared between nodes holds every node's files: this counts one
+/// node's.
+nlohmann::json disk_report(const TrainConfig& cfg, int64_t offload_bytes, int64_t checkpoint_bytes);
+
+/// Checkpoints a run of `cfg` saves: one every train.checkpoint_every steps, and one at the
+/// end unless train.final_checkpoint is false or the last step saved one. Local, pure.
+int64_t checkpoint_saves(const TrainConfig& cfg);
+
+/// Local. Throws DiskPreflightError when the offload files do not fit in their folder's
+/// free space (after crediting offload_bytes_present), or the checkpoints held at once do
+/// not fit in theirs (after the offload files, when both share a filesystem). The message
+/// names the folder, the bytes needed and free, and the keys that change them
+/// (offload.path, run.dir, train.keep_checkpoints, train.checkpoint_every,
+/// train.final_checkpoint, train.skip_disk_check). Returns when `report` has no "disk" or a
+/// free-space figure is unknown.
+void check_disk(const TrainConfig& cfg, const nlohmann::json& report);
 
 /// What check_memory compares for ZeRO `stage` (0-3) on both models: bytes for all ranks of
 /// this node. With a prediction in `report`, the configured prediction with the persistent

@@ -1,0 +1,106 @@
+// The disk pre-flight (train/preflight.h: checkpoint_saves, disk_report, check_disk): the
+// saves a run makes, this run's offload files credited as free, and the refusals, each
+// naming the folder and the keys, on reports with set free-space figures. Local; run under
+// mpirun with 1 rank like the other tests. Negative control, run once: giving the
+// checkpoints the filesystem's whole free space when the offload files share it fails
+// RefusesWhatDoesNotFitAndNamesTheKeys.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "shardgan/train/preflight.h"
+
+using namespace shardgan;
+
+namespace {
+
+TrainConfig run(int64_t steps, int64_t every, bool final_ckpt, int64_t keep = 3) {
+  TrainConfig c;
+  c.source = "test.yaml";
+  c.steps = steps;
+  c.checkpoint_every = every;
+  c.final_checkpoint = final_ckpt;
+  c.keep_checkpoints = keep;
+  return c;
+}
+
+// A report with the "disk" figures check_disk reads.
+nlohmann::json report(int64_t offload, int64_t present, int64_t off_avail, int64_t ckpt, int64_t at_once,
+                      int64_t ckpt_avail, bool same) {
+  nlohmann::json d = {{"offload_path", "/data/offload"},    {"offload_bytes", offload},
+                      {"offload_bytes_present", present},   {"offload_available_bytes", off_avail},
+                      {"checkpoint_path", "/data/run/checkpoints"}, {"checkpoint_bytes", ckpt},
+                      {"checkpoint_saves", at_once},        {"checkpoints_at_once", at_once},
+                      {"checkpoint_available_bytes", ckpt_avail}, {"same_filesystem", same}};
+  return {{"disk", d}};
+}
+
+std::string refusal(const TrainConfig& c, const nlohmann::json& r) {
+  try {
+    check_disk(c, r);
+  } catch (const DiskPreflightError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+constexpr int64_t GB = 1'000'000'000;
+
+TEST(DiskPreflight, CountsTheSaves) {
+  EXPECT_EQ(checkpoint_saves(run(10, 5, true)), 2);   // steps 5 and 10: the last one is the final
+  EXPECT_EQ(checkpoint_saves(run(10, 3, true)), 4);   // 3, 6, 9 and the end
+  EXPECT_EQ(checkpoint_saves(run(10, 3, false)), 3);  // 3, 6, 9
+  EXPECT_EQ(checkpoint_saves(run(10, 0, true)), 1);
+  EXPECT_EQ(checkpoint_saves(run(10, 0, false)), 0);
+}
+
+TEST(DiskPreflight, RefusesWhatDoesNotFitAndNamesTheKeys) {
+  const TrainConfig c = run(2, 0, true);
+  EXPECT_EQ(refusal(c, report(80 * GB, 0, 100 * GB, 0, 0, 100 * GB, true)), "");
+  std::string m = refusal(c, report(80 * GB, 0, 66 * GB, 60 * GB, 1, 66 * GB, true));
+  EXPECT_NE(m.find("test.yaml: disk pre-flight: the offload files"), std::string::npos) << m;
+  EXPECT_NE(m.find("80.00 GB under offload.path '/data/offload', but only 66.00 GB"), std::string::npos) << m;
+  // The offload files fit; the checkpoint does not, once they are written.
+  m = refusal(c, report(36 * GB, 0, 66 * GB, 36 * GB, 1, 66 * GB, true));
+  EXPECT_NE(m.find("1 checkpoint(s) of 36.00 GB"), std::string::npos) << m;
+  EXPECT_NE(m.find("only 30.00 GB are free there once the offload files (36.00 GB) are written"), std::string::npos) << m;
+  for (const char* key : {"run.dir", "train.keep_checkpoints", "train.final_checkpoint", "train.skip_disk_check"}) {
+    EXPECT_NE(m.find(key), std::string::npos) << key << " not named: " << m;
+  }
+  // On another filesystem the checkpoints have that one's free space to themselves.
+  EXPECT_EQ(refusal(c, report(36 * GB, 0, 66 * GB, 36 * GB, 1, 40 * GB, false)), "");
+  EXPECT_NE(refusal(c, report(36 * GB, 0, 66 * GB, 36 * GB, 2, 40 * GB, false)), "");
+  // This run's files of an earlier start are reserved again, not added.
+  EXPECT_EQ(refusal(c, report(80 * GB, 30 * GB, 66 * GB, 0, 0, 66 * GB, true)), "");
+  // Free space unknown: nothing to compare.
+  EXPECT_EQ(refusal(c, report(80 * GB, 0, -1, 60 * GB, 1, -1, true)), "");
+}
+
+TEST(DiskPreflight, ReportCreditsOnlyThisRunsOffloadFiles) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardgan-disk-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "offload");
+  for (const char* name : {"generator.rank0.offload", "discriminator.rank1.replica1.offload", "other.offload",
+                           "generator.rank0.txt"}) {
+    std::ofstream(dir / "offload" / name) << std::string(1000, 'x');
+  }
+  TrainConfig c = run(10, 3, true, /*keep=*/2);
+  c.run_dir = (dir / "run").string();  // does not exist yet: its nearest existing folder is asked
+  const nlohmann::json d = disk_report(c, 5000, 700);
+  EXPECT_EQ(d["offload_path"].get<std::string>(), c.run_dir + "/offload");
+  EXPECT_EQ(d["offload_bytes_present"].get<int64_t>(), 0);  // no run/offload folder
+  c.g_optim.offload.path = (dir / "offload").string();
+  const nlohmann::json e = disk_report(c, 5000, 700);
+  EXPECT_EQ(e["offload_bytes_present"].get<int64_t>(), 2000);
+  EXPECT_EQ(e["checkpoint_saves"].get<int64_t>(), 4);
+  EXPECT_EQ(e["checkpoints_at_once"].get<int64_t>(), 3);  // keep 2, one more while a save commits
+  EXPECT_GT(e["offload_available_bytes"].get<int64_t>(), 0);
+  EXPECT_TRUE(e["same_filesystem"].get<bool>());
+  fs::remove_all(dir);
+}
+
+}  // namespace
