@@ -160,6 +160,7 @@ void UnitCollectives::drop_secondary() {
 std::unique_ptr<Work> UnitCollectives::start_secondary_gather() {
   Communicator* g = secondary_group();
   if (!g || !secondary_.defined()) return nullptr;
+  torch::NoGradGuard no_grad;
   flat_.allocate_full();
   // In place, like the world gather: the kept block goes where the group's all-gather
   // expects this rank's block, so nothing is allocated beyond the flat parameter.
@@ -173,6 +174,7 @@ std::unique_ptr<Work> UnitCollectives::start_secondary_gather() {
 void UnitCollectives::keep_secondary() {
   Communicator* g = secondary_group();
   if (!g || secondary_.defined() || flat_.padded_numel() == 0) return;
+  torch::NoGradGuard no_grad;
   // P is N * S and K divides N, so the K blocks tile the flat parameter exactly.
   const int64_t b = flat_.padded_numel() / g->world_size();
   secondary_ = flat_.full().narrow(0, g->rank() * b, b).clone();

@@ -245,6 +245,10 @@ std::unique_ptr<Communicator> Trainer::secondary_group(int partition_size, const
                       "launcher's local ranks do not show equal blocks of consecutive ranks per node; launch with "
                       "mpirun --map-by slot or srun --distribution=block, or set it to the ranks per node");
   }
+  if (l.group_size == 1) {  // auto with one rank per node: each rank would keep whole units
+    if (comm_.rank() == 0) spdlog::info("{}: hpZ off: {} is auto and every node runs one rank", who, key);
+    return nullptr;
+  }
   if (comm_.rank() == 0) {
     spdlog::info("{}: hpZ, secondary groups of {} ranks ({}): gathers after a unit's first one since its last "
                  "update stay in the group", who, l.group_size, l.by_node ? "one per node" : "blocks of consecutive ranks");
