@@ -66,7 +66,7 @@ TEST(DiskPreflight, RefusesWhatDoesNotFitAndNamesTheKeys) {
   EXPECT_NE(m.find("80.00 GB under offload.path '/data/offload', but only 66.00 GB"), std::string::npos) << m;
   // The offload files fit; the checkpoint does not, once they are written.
   m = refusal(c, report(36 * GB, 0, 66 * GB, 36 * GB, 1, 66 * GB, true));
-  EXPECT_NE(m.find("1 checkpoint(s) of 36.00 GB"), std::string::npos) << m;
+  EXPECT_NE(m.find("add up to 1 checkpoint(s) of 36.00 GB"), std::string::npos) << m;
   EXPECT_NE(m.find("only 30.00 GB are free there once the offload files (36.00 GB) are written"), std::string::npos) << m;
   for (const char* key : {"run.dir", "train.keep_checkpoints", "train.final_checkpoint", "train.skip_disk_check"}) {
     EXPECT_NE(m.find(key), std::string::npos) << key << " not named: " << m;
@@ -98,6 +98,18 @@ TEST(DiskPreflight, ReportCreditsOnlyThisRunsOffloadFiles) {
   EXPECT_EQ(e["offload_bytes_present"].get<int64_t>(), 2000);
   EXPECT_EQ(e["checkpoint_saves"].get<int64_t>(), 4);
   EXPECT_EQ(e["checkpoints_at_once"].get<int64_t>(), 3);  // keep 2, one more while a save commits
+  // A resumed run: its committed checkpoints rotate out as it saves (not the unfinished one).
+  for (const char* name : {"step-00000003", "step-00000006", "step-00000009.tmp"}) {
+    fs::create_directories(dir / "run" / "checkpoints" / name);
+  }
+  const nlohmann::json r = disk_report(c, 5000, 700);
+  EXPECT_EQ(r["checkpoints_present"].get<int64_t>(), 2);
+  EXPECT_EQ(r["checkpoints_at_once"].get<int64_t>(), 1);  // 2 there + 1 new = keep + 1
+  c.keep_checkpoints = 1;  // more there than kept: still one more at a time
+  EXPECT_EQ(disk_report(c, 5000, 700)["checkpoints_at_once"].get<int64_t>(), 1);
+  c.final_checkpoint = false;
+  c.checkpoint_every = 0;
+  EXPECT_EQ(disk_report(c, 5000, 700)["checkpoints_at_once"].get<int64_t>(), 0);
   EXPECT_GT(e["offload_available_bytes"].get<int64_t>(), 0);
   EXPECT_TRUE(e["same_filesystem"].get<bool>());
   fs::remove_all(dir);

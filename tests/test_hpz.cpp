@@ -25,6 +25,7 @@
 #include "shardgan/sharding/memory_estimate.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "test_util.h"
+#include "three_linear_net.h"
 
 using namespace shardgan;
 
@@ -32,24 +33,14 @@ namespace {
 
 constexpr int kGroup = 2;  // ranks per secondary group
 
-struct Net {
-  Net(Communicator& comm, int qw_bits) : model("discriminator", comm, cfg(qw_bits)) {
-    torch::manual_seed(3);
-    a = torch::nn::Linear(37, 64);
-    b = torch::nn::Linear(64, 64);
-    c = torch::nn::Linear(64, 5);
-    model.add_unit("a", a.ptr(), [this](const at::Tensor& x) { return torch::tanh(a->forward(x)); });
-    model.add_unit("b", b.ptr(), [this](const at::Tensor& x) { return torch::tanh(b->forward(x)); });
-    model.add_unit("c", c.ptr(), [this](const at::Tensor& x) { return c->forward(x); });
-  }
+struct Net : test_util::ThreeLinearNet {
+  Net(Communicator& comm, int qw_bits) : ThreeLinearNet(comm, cfg(qw_bits), "discriminator") {}
   static ShardingConfig cfg(int qw_bits) {
     ShardingConfig s = test_util::sharding(3);
     s.compute_dtype = at::kBFloat16;
     s.quantized_weights_bits = qw_bits;
     return s;
   }
-  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
-  ShardedModel model;
 };
 
 std::unique_ptr<Communicator> secondary(MpiCommunicator& world) {

@@ -23,29 +23,20 @@
 #include "shardgan/optim/sharded_adam.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "test_util.h"
+#include "three_linear_net.h"
 
 using namespace shardgan;
 
 namespace {
 
-struct Net {
-  Net(Communicator& comm, bool shared) : model("generator", comm, cfg(shared)) {
-    torch::manual_seed(3);
-    a = torch::nn::Linear(37, 64);
-    b = torch::nn::Linear(64, 64);
-    c = torch::nn::Linear(64, 5);
-    model.add_unit("a", a.ptr(), [this](const at::Tensor& x) { return torch::tanh(a->forward(x)); });
-    model.add_unit("b", b.ptr(), [this](const at::Tensor& x) { return torch::tanh(b->forward(x)); });
-    model.add_unit("c", c.ptr(), [this](const at::Tensor& x) { return c->forward(x); });
-  }
+struct Net : test_util::ThreeLinearNet {
+  Net(Communicator& comm, bool shared) : ThreeLinearNet(comm, cfg(shared)) {}
   static ShardingConfig cfg(bool shared) {
     ShardingConfig s = test_util::sharding(3);
     s.compute_dtype = at::kBFloat16;
     s.node_shared_gather = shared;
     return s;
   }
-  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
-  ShardedModel model;
 };
 
 TEST(NodeSharedGather, SameBitsAsTheAllGather) {

@@ -130,20 +130,23 @@ ShardingConfig read_sharding(Reader& r, const std::string& who) {
   return c;
 }
 
+// `key`: an integer >= 1 (default 1), or auto, returned as 0 (one group per node).
+int read_group_count(Reader& r, const std::string& key, const char* meaning, const std::string& what) {
+  const std::string v = r.get<std::string>(key, "1", meaning);
+  if (v == "auto") return 0;
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  require(!v.empty() && *end == '\0' && x >= 1 && x <= 1 << 20, r, key, "must be auto (one group per node) or " + what);
+  return static_cast<int>(x);
+}
+
 // sharding.<who>.replicate_degree: an integer >= 1, or auto (0: one group per node).
 int read_replicate_degree(Reader& r, const std::string& who, const ShardingConfig& sc) {
   const std::string key = "sharding." + who + ".replicate_degree";
-  const std::string v = r.get<std::string>(key, "1",
+  const int R = read_group_count(r, key,
       "hybrid sharding (HSDP): replica groups; the model is sharded inside a group and replicated across groups (auto: "
-      "one group per node)");
-  int R = 0;
-  if (v != "auto") {
-    char* end = nullptr;
-    const long x = std::strtol(v.c_str(), &end, 10);
-    require(!v.empty() && *end == '\0' && x >= 1 && x <= 1 << 20, r, key,
-            "must be auto (one replica group per node) or an integer >= 1 (the number of replica groups)");
-    R = static_cast<int>(x);
-  }
+      "one group per node)",
+      "an integer >= 1 (the number of replica groups)");
   require(R == 1 || sc.stage >= 1, r, key,
           "needs sharding." + who + ".stage 1, 2 or 3: stage 0 already replicates everything on every rank");
   return R;
@@ -152,18 +155,11 @@ int read_replicate_degree(Reader& r, const std::string& who, const ShardingConfi
 // sharding.<who>.hpz_partition_size: an integer >= 1 (1: off), or auto (0: one group per node).
 void read_hpz(Reader& r, const std::string& who, ShardingConfig& sc, int replicate_degree) {
   const std::string key = "sharding." + who + ".hpz_partition_size";
-  const std::string v = r.get<std::string>(key, "1",
+  const int K = read_group_count(r, key,
       "stage 3, ZeRO++ hpZ: ranks of a secondary group (usually a node's) that keeps a copy of each gathered unit "
       "split K ways, so that its later gathers until the next update stay in the group (1: off; auto: one group per "
-      "node)");
-  int K = 0;
-  if (v != "auto") {
-    char* end = nullptr;
-    const long x = std::strtol(v.c_str(), &end, 10);
-    require(!v.empty() && *end == '\0' && x >= 1 && x <= 1 << 20, r, key,
-            "must be auto (one group per node) or an integer >= 1 (ranks per secondary group; 1 turns hpZ off)");
-    K = static_cast<int>(x);
-  }
+      "node)",
+      "an integer >= 1 (ranks per secondary group; 1 turns hpZ off)");
   require(K == 1 || sc.stage == 3, r, key,
           "needs sharding." + who + ".stage 3: hpZ keeps a secondary copy of the parameters that stage 3 gathers");
   require(K == 1 || replicate_degree == 1, r, key,

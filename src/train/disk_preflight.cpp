@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <system_error>
 
@@ -37,18 +38,23 @@ dev_t device_of(const fs::path& existing) {
   return ::stat(existing.c_str(), &st) == 0 ? st.st_dev : dev_t(-1);
 }
 
+// Calls fn(entry, file name) for each entry of `dir`; nothing when it is not a folder.
+void for_each_entry(const fs::path& dir, const std::function<void(const fs::directory_entry&, const std::string&)>& fn) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  for (const auto& e : fs::directory_iterator(dir, ec)) fn(e, e.path().filename().string());
+}
+
 // Bytes of this run's offload files already in `dir` (a resumed or restarted run): the store
 // truncates and reserves them again, so their space counts as free.
 int64_t existing_offload_bytes(const fs::path& dir) {
-  std::error_code ec;
   int64_t n = 0;
-  if (!fs::is_directory(dir, ec)) return 0;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
+  for_each_entry(dir, [&](const fs::directory_entry& e, const std::string& name) {
+    std::error_code ec;
     const bool ours = (name.rfind("generator.rank", 0) == 0 || name.rfind("discriminator.rank", 0) == 0) &&
                       e.path().extension() == ".offload";
     if (ours && e.is_regular_file(ec)) n += static_cast<int64_t>(e.file_size(ec));
-  }
+  });
   return n;
 }
 
@@ -56,6 +62,19 @@ std::string gb(int64_t b) {
   char s[32];
   std::snprintf(s, sizeof(s), "%.2f GB", static_cast<double>(b) / 1e9);
   return s;
+}
+
+// Committed checkpoints already in `dir` (step-<digits>): the run's saves rotate them out.
+int64_t committed_checkpoints(const fs::path& dir) {
+  int64_t n = 0;
+  for_each_entry(dir, [&](const fs::directory_entry& e, const std::string& name) {
+    std::error_code ec;
+    if (name.size() > 5 && name.rfind("step-", 0) == 0 && e.is_directory(ec) &&
+        std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      ++n;
+    }
+  });
+  return n;
 }
 
 }  // namespace
@@ -72,7 +91,11 @@ nlohmann::json disk_report(const TrainConfig& cfg, int64_t offload_bytes, int64_
   if (offload_dir.empty()) offload_dir = cfg.run_dir + "/offload";  // the trainer's default
   const fs::path ckpt_dir = fs::path(cfg.run_dir) / "checkpoints";
   const fs::path off_fs = existing_ancestor(offload_dir), ckpt_fs = existing_ancestor(ckpt_dir);
-  const int64_t copies = std::min<int64_t>(checkpoint_saves(cfg), cfg.keep_checkpoints + 1);
+  // The newest train.keep_checkpoints stay, and one more until a save's rotation: at most
+  // keep + 1 at once, of which `present` already take their space.
+  const int64_t saves = checkpoint_saves(cfg), present = committed_checkpoints(ckpt_dir);
+  const int64_t copies =
+      saves == 0 ? 0 : std::max<int64_t>(1, std::min<int64_t>(present + saves, cfg.keep_checkpoints + 1) - present);
   nlohmann::json d;
   d["offload_path"] = offload_dir;
   d["offload_bytes"] = offload_bytes;
@@ -80,7 +103,8 @@ nlohmann::json disk_report(const TrainConfig& cfg, int64_t offload_bytes, int64_
   d["offload_available_bytes"] = available_bytes(off_fs);
   d["checkpoint_path"] = ckpt_dir.string();
   d["checkpoint_bytes"] = checkpoint_bytes;
-  d["checkpoint_saves"] = checkpoint_saves(cfg);
+  d["checkpoint_saves"] = saves;
+  d["checkpoints_present"] = present;
   d["checkpoints_at_once"] = copies;
   d["checkpoint_available_bytes"] = available_bytes(ckpt_fs);
   d["same_filesystem"] = device_of(off_fs) == device_of(ckpt_fs);
@@ -110,11 +134,12 @@ void check_disk(const TrainConfig& cfg, const nlohmann::json& report) {
   const int64_t ckpt_room = same ? off_avail - std::max<int64_t>(off, 0) : ckpt_avail;
   if (ckpt > 0 && ckpt > ckpt_room) {
     throw DiskPreflightError(
-        cfg.source + ": disk pre-flight: this node's ranks will hold up to " +
+        cfg.source + ": disk pre-flight: this node's ranks will add up to " +
         std::to_string(d["checkpoints_at_once"].get<int64_t>()) + " checkpoint(s) of " +
-        gb(d["checkpoint_bytes"].get<int64_t>()) + " at once under '" + d["checkpoint_path"].get<std::string>() +
+        gb(d["checkpoint_bytes"].get<int64_t>()) + " under '" + d["checkpoint_path"].get<std::string>() +
         "' (the run saves " + std::to_string(d["checkpoint_saves"].get<int64_t>()) + ", keeps the newest " +
-        std::to_string(cfg.keep_checkpoints) + " and holds one more while a save commits), " + gb(ckpt) +
+        std::to_string(cfg.keep_checkpoints) + " with the " + std::to_string(d.value("checkpoints_present", int64_t{0})) +
+        " there now, and holds one more while a save commits), " + gb(ckpt) +
         " in all, but only " + gb(ckpt_room) +
         " are free there" + (same && off > 0 ? " once the offload files (" + gb(off) + ") are written" : "") + ". " +
         ckpt_keys + skip);

@@ -74,8 +74,10 @@ void check_memory(const TrainConfig& cfg, const nlohmann::json& report);
 /// offload files (bytes), with offload_bytes_present of them already there (this run's
 /// files of an earlier start, which the store truncates and reserves again);
 /// `checkpoint_bytes`, one checkpoint (master shards, optimizer state, EMA; the HDF5
-/// metadata and buffers are not counted); checkpoints_at_once, min(saves in the run,
-/// train.keep_checkpoints + 1); the free bytes of each folder's filesystem (statvfs of its
+/// metadata and buffers are not counted); checkpoints_present, the committed checkpoints
+/// already in that folder (the run's saves rotate them out); checkpoints_at_once, the
+/// checkpoints' worth of new space the run needs at its peak: 0 without saves, else
+/// max(1, min(present + saves, train.keep_checkpoints + 1) - present); the free bytes of each folder's filesystem (statvfs of its
 /// nearest existing ancestor; -1 if unknown) and whether the two share one. A checkpoint
 /// folder on a filesystem shared between nodes holds every node's files: this counts one
 /// node's.
