@@ -95,7 +95,8 @@ struct ShardingConfig {
   /// compute-dtype elements per unit per rank between steps (MemoryStats::
   /// secondary_param_bytes). 0 means one group per node (the launcher's local ranks). The
   /// group itself is built by the caller (ShardedModel::set_secondary_group); this field
-  /// only sizes the memory pre-flight.
+  /// only sizes the memory pre-flight. Where the node-shared gather applies (one host), it
+  /// serves the gathers first; only its fallbacks gather over the world or the group.
   int hpz_partition_size = 1;
 };
 
