@@ -145,6 +145,16 @@ void load_local(const std::string& dir, TrainCounters& counters, const std::vect
 
 }  // namespace
 
+int64_t committed_checkpoint_count(const std::string& folder) {
+  std::error_code ec;
+  int64_t n = 0;
+  if (!fs::is_directory(folder, ec)) return 0;
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
+    if (e.is_directory(ec) && committed_step(e.path().filename().string()) >= 0) ++n;
+  }
+  return n;
+}
+
 std::string resolve_checkpoint_dir(const std::string& path, const std::string& what) {
   if (fs::exists(path + "/" + ckpt::kIndexFile) || fs::exists(path + "/" + ckpt::rank_file_name(0))) return path;
   for (const std::string& folder : {path, path + "/checkpoints"}) {

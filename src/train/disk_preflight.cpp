@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <string>
 #include <system_error>
 
+#include "shardgan/checkpoint/checkpoint.h"
 #include "shardgan/train/preflight.h"
 
 namespace shardgan {
@@ -38,23 +38,18 @@ dev_t device_of(const fs::path& existing) {
   return ::stat(existing.c_str(), &st) == 0 ? st.st_dev : dev_t(-1);
 }
 
-// Calls fn(entry, file name) for each entry of `dir`; nothing when it is not a folder.
-void for_each_entry(const fs::path& dir, const std::function<void(const fs::directory_entry&, const std::string&)>& fn) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return;
-  for (const auto& e : fs::directory_iterator(dir, ec)) fn(e, e.path().filename().string());
-}
-
 // Bytes of this run's offload files already in `dir` (a resumed or restarted run): the store
 // truncates and reserves them again, so their space counts as free.
 int64_t existing_offload_bytes(const fs::path& dir) {
+  std::error_code ec;
   int64_t n = 0;
-  for_each_entry(dir, [&](const fs::directory_entry& e, const std::string& name) {
-    std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
     const bool ours = (name.rfind("generator.rank", 0) == 0 || name.rfind("discriminator.rank", 0) == 0) &&
                       e.path().extension() == ".offload";
     if (ours && e.is_regular_file(ec)) n += static_cast<int64_t>(e.file_size(ec));
-  });
+  }
   return n;
 }
 
@@ -62,19 +57,6 @@ std::string gb(int64_t b) {
   char s[32];
   std::snprintf(s, sizeof(s), "%.2f GB", static_cast<double>(b) / 1e9);
   return s;
-}
-
-// Committed checkpoints already in `dir` (step-<digits>): the run's saves rotate them out.
-int64_t committed_checkpoints(const fs::path& dir) {
-  int64_t n = 0;
-  for_each_entry(dir, [&](const fs::directory_entry& e, const std::string& name) {
-    std::error_code ec;
-    if (name.size() > 5 && name.rfind("step-", 0) == 0 && e.is_directory(ec) &&
-        std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      ++n;
-    }
-  });
-  return n;
 }
 
 }  // namespace
@@ -93,7 +75,7 @@ nlohmann::json disk_report(const TrainConfig& cfg, int64_t offload_bytes, int64_
   const fs::path off_fs = existing_ancestor(offload_dir), ckpt_fs = existing_ancestor(ckpt_dir);
   // The newest train.keep_checkpoints stay, and one more until a save's rotation: at most
   // keep + 1 at once, of which `present` already take their space.
-  const int64_t saves = checkpoint_saves(cfg), present = committed_checkpoints(ckpt_dir);
+  const int64_t saves = checkpoint_saves(cfg), present = committed_checkpoint_count(ckpt_dir.string());
   const int64_t copies =
       saves == 0 ? 0 : std::max<int64_t>(1, std::min<int64_t>(present + saves, cfg.keep_checkpoints + 1) - present);
   nlohmann::json d;

@@ -9,7 +9,6 @@
 
 #include <torch/torch.h>
 
-#include "shardgan/comm/hybrid_communicator.h"
 #include "shardgan/models/family.h"
 #include "shardgan/optim/factory.h"
 #include "shardgan/sharding/memory_estimate.h"
@@ -23,7 +22,7 @@ namespace {
 int dtype_bytes(at::ScalarType t) { return static_cast<int>(c10::elementSize(t)); }
 
 ModelMemorySpec spec_for(const TrainConfig& cfg, const ModelSpec& model, const ShardingConfig& sc,
-                         const OptimizerConfig& oc, bool ema, int world_size) {
+                         const OptimizerConfig& oc, bool ema, int world_size, int local_ranks) {
   ModelMemorySpec s;
   s.unit_numels = unit_numels(model);
   s.world_size = world_size;
@@ -40,9 +39,9 @@ ModelMemorySpec spec_for(const TrainConfig& cfg, const ModelSpec& model, const S
     s.offload_grads_to_disk = oc.offload.gradient == OffloadDevice::kDisk;
   }
   s.reshard_after_forward = sc.reshard_after_forward;
-  // hpZ: auto is the launcher's ranks per node (none known: counted as off). A size that
-  // does not divide the world is refused when the trainer builds the group.
-  int k = sc.hpz_partition_size == 0 ? launcher_local_rank_and_size().second : sc.hpz_partition_size;
+  // hpZ: auto is the ranks on this node, as for HSDP's auto below. A size that does not
+  // divide the world is refused when the trainer builds the group.
+  const int k = sc.hpz_partition_size == 0 ? local_ranks : sc.hpz_partition_size;
   s.hpz_partition_size = k > 1 && world_size % k == 0 ? k : 1;
   // A frozen D is released unit by unit in the G step's backward (input gradients), so it
   // is gathered like a trained model.
@@ -114,9 +113,9 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   const bool split = cfg.placement == "split" && world_size >= 2;
   const int k = split ? split_generator_ranks(cfg, world_size) : 0;
   ModelMemorySpec g = spec_for(cfg, cfg.family->generator(comm), cfg.g_sharding, cfg.g_optim, cfg.ema_enabled,
-                               split ? std::max(k, 1) : shard_ways(cfg.g_replicate_degree));
+                               split ? std::max(k, 1) : shard_ways(cfg.g_replicate_degree), local_ranks);
   ModelMemorySpec d = spec_for(cfg, cfg.family->discriminator(comm), cfg.d_sharding, cfg.d_optim, false,
-                               split ? std::max(world_size - k, 1) : shard_ways(cfg.d_replicate_degree));
+                               split ? std::max(world_size - k, 1) : shard_ways(cfg.d_replicate_degree), local_ranks);
   auto ge = estimate_all_stages(g), de = estimate_all_stages(d);
   auto sum = [](const std::vector<int64_t>& v) {
     int64_t n = 0;
@@ -171,21 +170,18 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
                                            {"discriminator", disk_bytes(de[cfg.d_sharding.stage], cfg.d_optim)}};
   // The node's memory is read once, before the probe: the ranks' probes are transient.
   const HostMemory host = read_host_memory();
-  {
-    // The disk: every rank of this node writes its offload files and checkpoint shards (under
-    // split placement, each rank one model's).
-    const ModelMemoryEstimate& eg = ge[cfg.g_sharding.stage];
-    const ModelMemoryEstimate& ed = de[cfg.d_sharding.stage];
-    const int64_t gk = split ? std::min<int64_t>(k, local_ranks) : local_ranks;
-    const int64_t dk = split ? std::max<int64_t>(local_ranks - gk, 0) : local_ranks;
-    j["disk"] = disk_report(cfg, disk_bytes(eg, cfg.g_optim) * gk + disk_bytes(ed, cfg.d_optim) * dk,
-                            ckpt_bytes(eg, g) * gk + ckpt_bytes(ed, d) * dk);
-  }
+  const ModelMemoryEstimate& eg = ge[cfg.g_sharding.stage];
+  const ModelMemoryEstimate& ed = de[cfg.d_sharding.stage];
+  // This node's ranks holding G and holding D: every one holds both, except under split
+  // placement, where G's K ranks come first.
+  const int64_t k_on_node = split ? std::min<int64_t>(k, local_ranks) : local_ranks;
+  const int64_t d_on_node = split ? std::max<int64_t>(local_ranks - k_on_node, 0) : local_ranks;
+  // The disk: every rank of this node writes its offload files and checkpoint shards.
+  j["disk"] = disk_report(cfg, disk_bytes(eg, cfg.g_optim) * k_on_node + disk_bytes(ed, cfg.d_optim) * d_on_node,
+                          ckpt_bytes(eg, g) * k_on_node + ckpt_bytes(ed, d) * d_on_node);
   if (split) {
     // Each rank holds one model's state and transient buffers (and D's ranks the data):
     // every rank of a group needs the same, and the node holds both groups' ranks.
-    const ModelMemoryEstimate& eg = ge[cfg.g_sharding.stage];
-    const ModelMemoryEstimate& ed = de[cfg.d_sharding.stage];
     // checkpoint.async: a rank snapshots only the model it holds (in the rank for copy,
     // outside it, on the node, for fork).
     const int64_t g_snap = cfg.checkpoint_async ? ckpt_bytes(eg, g) : 0, d_snap = cfg.checkpoint_async ? ckpt_bytes(ed, d) : 0;
@@ -193,7 +189,6 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     const int64_t g_rank = eg.peak_bytes() + (copy ? g_snap : 0),
                   d_rank = ed.peak_bytes() + data_bytes(cfg, std::max(world_size - k, 1)) + (copy ? d_snap : 0);
     const int64_t g_out = copy ? 0 : g_snap, d_out = copy ? 0 : d_snap;
-    const int64_t k_on_node = std::min<int64_t>(k, local_ranks), d_on_node = std::max<int64_t>(local_ranks - k_on_node, 0);
     const int64_t node = (with_margin(g_rank) + g_out) * k_on_node + (with_margin(d_rank) + d_out) * d_on_node;
     j["split"] = {{"generator_ranks", k},
                   {"discriminator_ranks", world_size - k},

@@ -22,6 +22,7 @@
 #include "shardgan/optim/offloaded_adam.h"
 #include "shardgan/sharding/deferred.h"
 #include "shardgan/train/inference.h"
+#include "train/model_groups.h"
 #include "shardgan/train/plots.h"
 #include "shardgan/train/preemption.h"
 #include "shardgan/train/run_summary.h"
@@ -92,10 +93,10 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   // SyncBatchNorm and the data stay on the world communicator (split: the group's); a
   // model shards over its own (the replica group's under HSDP, the group's under split).
   Communicator& batch_comm = group_comm_ ? *group_comm_ : comm_;
-  g_comm_ = model_communicator(cfg_.g_replicate_degree, "generator");
-  d_comm_ = model_communicator(cfg_.d_replicate_degree, "discriminator");
-  g_hpz_ = secondary_group(cfg_.g_sharding.hpz_partition_size, "generator");
-  d_hpz_ = secondary_group(cfg_.d_sharding.hpz_partition_size, "discriminator");
+  g_comm_ = hsdp_communicator(comm_, cfg_.g_replicate_degree, "generator", cfg_.source);
+  d_comm_ = hsdp_communicator(comm_, cfg_.d_replicate_degree, "discriminator", cfg_.source);
+  g_hpz_ = hpz_secondary_group(comm_, cfg_.g_sharding.hpz_partition_size, "generator", cfg_.source);
+  d_hpz_ = hpz_secondary_group(comm_, cfg_.d_sharding.hpz_partition_size, "discriminator", cfg_.source);
   for (OptimizerConfig* oc : {&cfg_.g_optim, &cfg_.d_optim}) {
     if (oc->offload.optimizer != OffloadDevice::kDisk || !oc->offload.path.empty()) continue;
     oc->offload.path = cfg_.run_dir + "/offload";  // the default; an explicit path must exist
@@ -208,52 +209,6 @@ std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> Trai
   populate_sharded_model(*model, spec, seed, cfg_.model_dtype, cfg_.compute_device,
                          [&](ShardedUnit& u) { opt->adopt_unit(u); });
   return {std::move(model), std::move(opt)};
-}
-
-std::unique_ptr<Communicator> Trainer::model_communicator(int replicate_degree, const std::string& who) {
-  if (replicate_degree == 1) return nullptr;
-  const std::string key = "sharding." + who + ".replicate_degree";
-  HsdpLayout l;
-  try {
-    l = hsdp_layout(comm_, replicate_degree, launcher_local_rank_and_size(), key);
-  } catch (const std::invalid_argument& e) {
-    throw ConfigError(cfg_.source + ": " + e.what());
-  }
-  if (comm_.rank() == 0) {
-    spdlog::info("{}: hybrid sharding, {} replica groups of {} ranks ({})", who, l.replicate_degree, l.group_size,
-                 l.by_node ? "one per node" : "blocks of consecutive ranks");
-  }
-  if (l.replicate_degree == 1) return nullptr;
-  return make_hybrid_communicator(comm_, l);
-}
-
-std::unique_ptr<Communicator> Trainer::secondary_group(int partition_size, const std::string& who) {
-  if (partition_size == 1) return nullptr;
-  const std::string key = "sharding." + who + ".hpz_partition_size";
-  const int n = comm_.world_size();
-  if (partition_size > 1 && n % partition_size != 0) {
-    throw ConfigError(cfg_.source + ": key '" + key + "' is " + std::to_string(partition_size) +
-                      ", which does not divide the world size " + std::to_string(n) +
-                      " (each secondary group holds that many consecutive ranks; use a divisor, e.g. the ranks per "
-                      "node, or 1 for off)");
-  }
-  HsdpLayout l;
-  try {
-    l = hsdp_layout(comm_, partition_size == 0 ? 0 : n / partition_size, launcher_local_rank_and_size(), key);
-  } catch (const std::invalid_argument&) {
-    throw ConfigError(cfg_.source + ": key '" + key + "' is auto (one secondary group per node), but the "
-                      "launcher's local ranks do not show equal blocks of consecutive ranks per node; launch with "
-                      "mpirun --map-by slot or srun --distribution=block, or set it to the ranks per node");
-  }
-  if (l.group_size == 1) {  // auto with one rank per node: each rank would keep whole units
-    if (comm_.rank() == 0) spdlog::info("{}: hpZ off: {} is auto and every node runs one rank", who, key);
-    return nullptr;
-  }
-  if (comm_.rank() == 0) {
-    spdlog::info("{}: hpZ, secondary groups of {} ranks ({}): gathers after a unit's first one since its last "
-                 "update stay in the group", who, l.group_size, l.by_node ? "one per node" : "blocks of consecutive ranks");
-  }
-  return comm_.split(l.group, l.group_rank);
 }
 
 std::array<int64_t, 4> Trainer::comm_bytes() {

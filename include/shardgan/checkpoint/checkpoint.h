@@ -87,6 +87,11 @@ std::string save_checkpoint(const std::string& run_dir, const TrainCounters& cou
 void load_checkpoint(const std::string& ckpt_dir, TrainCounters& counters,
                      const std::vector<ModelAndOptimizer>& models, Communicator& comm);
 
+/// Local. The committed checkpoints in checkpoints folder `folder` (step-<digits>
+/// directories, not interrupted *.tmp saves): those save_checkpoint's rotation counts
+/// against `keep_last`. 0 when `folder` is not a directory; throws nothing.
+int64_t committed_checkpoint_count(const std::string& folder);
+
 /// Local. Waits until this process's background deletion of old checkpoints (started by
 /// the last save_checkpoint on rank 0) has finished; returns at once if there is none.
 /// The benchmark calls it so that a timed load does not share the disk with a deletion.

@@ -147,9 +147,6 @@ class Trainer {
   /// The in-RAM sources (fashion-mnist, synthetic): images_, labels_ and the sampler.
   void load_images(const ImageShape& shape, int64_t classes);
 
-  /// The communicator a model shards over: `comm` itself, or the HSDP one built for
-  /// `replicate_degree` (R = 1: none, `comm` is used).
-  std::unique_ptr<Communicator> model_communicator(int replicate_degree, const std::string& who);
   /// Builds a model of `spec` on `comm` and its optimizer. With offload.param the store is
   /// made first and each unit's master shard moves into it as the unit is built.
   std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> build_model_and_optimizer(
@@ -165,10 +162,6 @@ class Trainer {
   /// models' shard groups and their replica groups (those two only under HSDP), and the
   /// hpZ secondary groups.
   std::array<int64_t, 4> comm_bytes();
-  /// sharding.<model>.hpz_partition_size K (0: one group per node): collective over comm_
-  /// (a split) unless K is 1 (nullptr). This rank's secondary group; ConfigError naming the
-  /// key when K does not divide the world size or the nodes are not uniform.
-  std::unique_ptr<Communicator> secondary_group(int partition_size, const std::string& who);
 
   TrainConfig cfg_;
   Communicator& comm_;
