@@ -73,6 +73,10 @@ shardgan_mpi_test(test_node_shared_gather 120 2 3)
 # train.update: simultaneous (ParaGAN) against a plain-autograd reference of its equations.
 shardgan_test(test_simultaneous_update)
 shardgan_mpi_filtered(simultaneous_update test_simultaneous_update "*" 300 1 2 4)
+# train.aux_class_weight (AC-GAN) against a plain-autograd reference of its losses, on every
+# path of the objective that computes one of them.
+shardgan_test(test_aux_class)
+shardgan_mpi_filtered(aux_class test_aux_class "*" 300 1 2 4)
 add_test(NAME simultaneous_update_train
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/simultaneous_train_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})

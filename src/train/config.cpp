@@ -414,6 +414,17 @@ TrainConfig read_config(Reader& r, const std::string& source) {
           "paired needs an image-to-image model (model.arch: pix2pix)");
   require(c.data_source != "paired" || c.family->condition_channels() == c.family->image_shape().channels, r,
           "model.in_channels", "must equal model.channels with data.source paired (A and B halves of one image)");
+  c.aux_class_weight = r.get<double>("train.aux_class_weight", c.aux_class_weight,
+      "AC-GAN: weight of the cross-entropy of D's class head, on real images in D's loss and on G's images "
+      "in G's loss (0: off)");
+  require(c.aux_class_weight >= 0 && std::isfinite(c.aux_class_weight), r, "train.aux_class_weight", "must be >= 0");
+  require(c.aux_class_weight == 0 || c.family->discriminator_classifies(), r, "train.aux_class_weight",
+          "needs a discriminator with a class head (model.arch biggan with model.d_class_head: true); set it to 0");
+  require(!c.family->discriminator_classifies() || c.aux_class_weight > 0, r, "model.d_class_head",
+          "adds a class head to D that only train.aux_class_weight > 0 trains: set that weight, or remove the head");
+  require(c.aux_class_weight == 0 || c.placement == "shared", r, "train.aux_class_weight",
+          "needs train.placement: shared (split placement sends D's side only the adversarial loss's image "
+          "gradients); set it to 0");
   require(!paired || c.placement == "shared", r, "train.placement",
           "must be shared for an image-to-image model (model.arch pix2pix): its D scores G's output beside the "
           "input image A, which only the data's ranks hold");

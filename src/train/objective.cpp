@@ -33,12 +33,38 @@ GanObjective::GanObjective(std::string loss, int64_t d_steps, int64_t micro_batc
 }
 
 void GanObjective::set_paired(bool on, double l1_weight, double adversarial_weight) {
+  if (on && aux_class_weight_ > 0) throw std::invalid_argument("the auxiliary class loss does not take paired data");
   if (on && simultaneous_) throw std::invalid_argument("the simultaneous update does not take paired data");
   if (on && split_) throw std::invalid_argument("split placement does not take paired data");
   paired_ = on;
   l1_weight_ = l1_weight;
   adversarial_weight_ = adversarial_weight;
 }
+
+void GanObjective::set_aux_class_weight(double w) {
+  if (!(w >= 0) || !std::isfinite(w)) throw std::invalid_argument("aux_class_weight must be a finite value >= 0");
+  if (w > 0 && split_) throw std::invalid_argument("the auxiliary class loss does not run under split placement");
+  if (w > 0 && paired_) throw std::invalid_argument("the auxiliary class loss does not take paired data");
+  aux_class_weight_ = w;
+}
+
+at::Tensor GanObjective::class_loss(const TensorList& d_out, const at::Tensor& y, at::ScalarType md, int64_t start,
+                                    int64_t n) const {
+  if (aux_class_weight_ == 0) return {};
+  if (d_out.size() < 2 || !d_out[1].defined()) {
+    throw std::invalid_argument("train.aux_class_weight needs a D that returns class logits (model.d_class_head: true)");
+  }
+  if (!y.defined()) throw std::invalid_argument("train.aux_class_weight needs class labels (a conditional model)");
+  const at::Tensor c = n < 0 ? d_out[1] : d_out[1].narrow(0, start, n);
+  return F::cross_entropy(c.to(md), y.to(c.device()));
+}
+
+namespace {
+// A class term for the host stats: the detached value, or 0 when the term is off.
+at::Tensor or_zero(const at::Tensor& ce, const at::Tensor& like) {
+  return ce.defined() ? ce.detach().to(like.device(), like.scalar_type()) : torch::zeros({}, like.options());
+}
+}  // namespace
 
 at::Tensor GanObjective::d_loss_real(const at::Tensor& real) const {
   if (loss_ == "least_squares") return (real - 1.0).pow(2).mean();
@@ -60,7 +86,7 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
   if (split_) return split_step(g, d, in);
   // loss_d, loss_g, D(x), D(G(z)) on the host, as the engine's other scalars: the world's
   // all-reduce of host tensors runs over MPI, also beside NCCL (losses on a GPU are copied).
-  at::Tensor stats = torch::zeros({5}, torch::kDouble);
+  at::Tensor stats = torch::zeros({7}, torch::kDouble);
   StepMetrics r;
   bool g_loss_finite = true;
   auto update_g = [&] {
@@ -116,6 +142,8 @@ StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs&
   r.d_real = stats[2].item<double>();
   r.d_fake = stats[3].item<double>();
   r.loss_l1 = stats[4].item<double>();
+  r.class_real = stats[5].item<double>();
+  r.class_fake = stats[6].item<double>();
   return r;
 }
 
@@ -152,18 +180,22 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
     // more reduce-scatter of D per D step (stages 2-3). The joint pass has neither cost.
     const at::ScalarType md = real.at(0).scalar_type();
     const bool r1_due = r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
-    at::Tensor d_real, d_fake, loss_real, loss_fake;
+    at::Tensor d_real, d_fake, loss_real, loss_fake, class_ce;
     if (d_joint_pass_ && !r1_due) {
       d.model->set_gradient_sync(j == k - 1);
-      std::tie(d_real, d_fake) = d_joint_pass(d, real, fake, y_fake, md);
+      auto [rp, fake_logits] = d_joint_pass(d, real, fake, y_fake, md);
+      d_real = rp.logits;
+      d_fake = fake_logits;
+      class_ce = rp.class_ce;
       loss_real = d_loss_real(d_real) / k;
       loss_fake = d_loss_fake(d_fake) / k;
     } else {
       d.model->set_gradient_sync(false);
-      auto [logits, r1] = d_real_pass(d, real, md);
-      d_real = logits;
+      RealPass rp = d_real_pass(d, real, md);
+      d_real = rp.logits;
+      class_ce = rp.class_ce;
       loss_real = d_loss_real(d_real) / k;
-      r.r1 += r1 / d_steps_;
+      r.r1 += rp.r1 / d_steps_;
       d.model->set_gradient_sync(j == k - 1);
       {
         // BigGAN-PyTorch's D sees real and fake in one forward, so spectral norm advances
@@ -178,11 +210,12 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
     // and one wait on a GPU).
     const at::Tensor v = host(at::stack({loss_real.detach() + loss_fake.detach(),
                                          torch::sigmoid(d_real.detach()).mean(),
-                                         torch::sigmoid(d_fake.detach()).mean()}));
-    loss_finite = loss_finite && std::isfinite(v[0].item<double>());
+                                         torch::sigmoid(d_fake.detach()).mean(), or_zero(class_ce, loss_real)}));
+    loss_finite = loss_finite && std::isfinite(v[0].item<double>()) && std::isfinite(v[3].item<double>());
     stats[0] += v[0] / d_steps_;
     stats[2] += v[1] / (k * d_steps_);
     stats[3] += v[2] / (k * d_steps_);
+    stats[5] += v[3] / (k * d_steps_);
   }
   double norm = 0;
   bool nonfinite = false;
@@ -216,34 +249,46 @@ void GanObjective::d_update_sharing_forward(TrainedModel d, DynamicLossScaler* g
     at::Tensor xs = (joint ? torch::cat({x.to(real.at(0).scalar_type()), real.at(0).to(x.device())}) : x)
                         .requires_grad_(true);
     at::Tensor ys = !y.defined() ? y : joint ? torch::cat({y.to(x.device()), real.at(1).to(x.device())}) : y;
-    at::Tensor logits = d.model->forward(TensorList{xs, ys}).at(0).to(md);
+    const TensorList d_out = d.model->forward(TensorList{xs, ys});
+    at::Tensor logits = d_out.at(0).to(md);
     at::Tensor d_fake = logits.narrow(0, 0, b).reshape({-1});
     at::Tensor lg = g_loss(d_fake) / k;
-    at::Tensor gx = torch::autograd::grad({g_scaler->scale_loss(lg)}, {xs}, {}, /*retain_graph=*/true)[0];
+    // AC-GAN: G's images should be classified as the labels they were made for.
+    const at::Tensor class_fake = class_loss(d_out, y, md, 0, b);
+    const at::Tensor lg_all = class_fake.defined() ? lg + class_fake * (aux_class_weight_ / k) : lg;
+    at::Tensor gx = torch::autograd::grad({g_scaler->scale_loss(lg_all)}, {xs}, {}, /*retain_graph=*/true)[0];
     image_grad(j, joint ? gx.narrow(0, 0, b) : gx);
-    at::Tensor loss_fake = d_loss_fake(d_fake) / k, loss_real, d_real;
+    at::Tensor loss_fake = d_loss_fake(d_fake) / k, loss_real, d_real, class_real;
     if (joint) {
-      d_real = logits.narrow(0, b, logits.size(0) - b).reshape({-1});
+      const int64_t n_real = logits.size(0) - b;
+      d_real = logits.narrow(0, b, n_real).reshape({-1});
       loss_real = d_loss_real(d_real) / k;
-      d.scaler->scale_loss(loss_real + loss_fake).backward();
+      class_real = class_loss(d_out, real.at(1), md, b, n_real);
+      at::Tensor loss = loss_real + loss_fake;
+      if (class_real.defined()) loss = loss + class_real * (aux_class_weight_ / k);
+      d.scaler->scale_loss(loss).backward();
       d.model->end_higher_order();
     } else {
       d.scaler->scale_loss(loss_fake).backward();
       d.model->end_higher_order();
       d.model->set_gradient_sync(j == k - 1);
-      auto [real_logits, r1] = d_real_pass(d, real, md);
-      d_real = real_logits;
+      RealPass rp = d_real_pass(d, real, md);
+      d_real = rp.logits;
+      class_real = rp.class_ce;
       loss_real = d_loss_real(d_real) / k;
-      r.r1 += r1 / d_steps_;
+      r.r1 += rp.r1 / d_steps_;
     }
     const at::Tensor v = host(at::stack({loss_real.detach() + loss_fake.detach(), torch::sigmoid(d_real.detach()).mean(),
-                                         torch::sigmoid(d_fake.detach()).mean(), lg.detach()}));
-    loss_finite = loss_finite && std::isfinite(v[0].item<double>());
-    g_loss_finite = g_loss_finite && std::isfinite(v[3].item<double>());
+                                         torch::sigmoid(d_fake.detach()).mean(), lg.detach(),
+                                         or_zero(class_real, lg), or_zero(class_fake, lg)}));
+    loss_finite = loss_finite && std::isfinite(v[0].item<double>()) && std::isfinite(v[4].item<double>());
+    g_loss_finite = g_loss_finite && std::isfinite(v[3].item<double>()) && std::isfinite(v[5].item<double>());
     stats[0] += v[0] / d_steps_;
     stats[1] += v[3];
     stats[2] += v[1] / (k * d_steps_);
     stats[3] += v[2] / (k * d_steps_);
+    stats[5] += v[4] / (k * d_steps_);
+    stats[6] += v[5] / k;
   }
   double norm = 0;
   bool nonfinite = false;
@@ -274,19 +319,23 @@ bool GanObjective::g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, 
     }
     at::Tensor fake = g.model->forward(TensorList{z, y}).at(0);
     if (keep) keep->push_back({fake.detach(), y});
-    at::Tensor out = d.model->forward(TensorList{fake, y}).at(0).reshape({-1});
+    const TensorList d_out = d.model->forward(TensorList{fake, y});
+    at::Tensor out = d_out.at(0).reshape({-1});
     // The loss in the model dtype: z's when it holds the latents, the target's when paired
     // (pix2pix's z holds int64 dropout seeds).
     const at::ScalarType md = paired_ ? target.scalar_type() : z.scalar_type();
     at::Tensor loss = g_loss(out.to(md)) / k;
     at::Tensor l1;
     if (paired_) l1 = (fake.to(md) - target.to(fake.device(), md)).abs().mean() / k;
-    g.scaler->scale_loss(l1.defined() ? loss * adversarial_weight_ + l1 * l1_weight_ : loss).backward();
-    const at::Tensor v = host(l1.defined() ? at::stack({loss.detach(), l1.detach().to(loss.device())})
-                                           : loss.detach().reshape({1}));
+    const at::Tensor class_fake = paired_ ? at::Tensor() : class_loss(d_out, y, md);  // AC-GAN
+    at::Tensor total = l1.defined() ? loss * adversarial_weight_ + l1 * l1_weight_ : loss;
+    if (class_fake.defined()) total = total + class_fake * (aux_class_weight_ / k);
+    g.scaler->scale_loss(total).backward();
+    const at::Tensor v = host(at::stack({loss.detach(), or_zero(l1, loss), or_zero(class_fake, loss) / k}));
     g_loss_finite = g_loss_finite && std::isfinite(v.sum().item<double>());
     stats[1] += v[0];
     if (paired_) stats[4] += v[1];
+    stats[6] += v[2];
   }
   d.model->set_requires_grad(true);
   return g_loss_finite;
@@ -312,31 +361,39 @@ bool grads_finite(ShardedModel& m) {
 
 }  // namespace
 
-std::pair<at::Tensor, double> GanObjective::d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md) {
+GanObjective::RealPass GanObjective::d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md) {
   const int64_t k = micro_;
   const bool r1 = r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
+  // D's loss on real images, with AC-GAN's class term when on.
+  auto real_loss = [&](const TensorList& out, const at::Tensor& logits, at::Tensor& ce) {
+    ce = class_loss(out, real.at(1), md);
+    return ce.defined() ? d_loss_real(logits) + ce * aux_class_weight_ : d_loss_real(logits);
+  };
+  at::Tensor ce;
   if (!r1) {
-    at::Tensor logits = d.model->forward(TensorList{real.at(0), real.at(1)}).at(0).reshape({-1}).to(md);
-    d.scaler->scale_loss(d_loss_real(logits) / k).backward();
-    return {logits.detach(), 0.0};
+    const TensorList out = d.model->forward(TensorList{real.at(0), real.at(1)});
+    at::Tensor logits = out.at(0).reshape({-1}).to(md);
+    d.scaler->scale_loss(real_loss(out, logits, ce) / k).backward();
+    return {logits.detach(), 0.0, ce.defined() ? ce.detach() : ce};
   }
   // R1: the gradient of D's logits with respect to the real images, kept in the graph
   // (create_graph), so that the penalty's backward differentiates it again with respect
   // to D's parameters. D stays gathered from the first forward to the second backward.
   d.model->begin_higher_order();
   at::Tensor x = real.at(0).detach().requires_grad_(true);
-  at::Tensor logits = d.model->forward(TensorList{x, real.at(1)}).at(0).reshape({-1}).to(md);
+  const TensorList out = d.model->forward(TensorList{x, real.at(1)});
+  at::Tensor logits = out.at(0).reshape({-1}).to(md);
   at::Tensor gx = torch::autograd::grad({logits.sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
   // Per-sample squared norm, averaged over the batch; local means average over ranks.
   at::Tensor penalty = gx.pow(2).flatten(1).sum(1).mean() * (0.5 * r1_gamma_);
-  d.scaler->scale_loss((d_loss_real(logits) + penalty * static_cast<double>(r1_every_)) / k).backward();
+  d.scaler->scale_loss((real_loss(out, logits, ce) + penalty * static_cast<double>(r1_every_)) / k).backward();
   d.model->end_higher_order();
   at::Tensor p = penalty.detach().to(at::kDouble).reshape({1});
   update_comm().all_reduce(p, ReduceOp::kAvg);
-  return {logits.detach(), p.item<double>() / k};
+  return {logits.detach(), p.item<double>() / k, ce.defined() ? ce.detach() : ce};
 }
 
-std::pair<at::Tensor, at::Tensor> GanObjective::d_joint_pass(TrainedModel d, const TensorList& real,
+std::pair<GanObjective::RealPass, at::Tensor> GanObjective::d_joint_pass(TrainedModel d, const TensorList& real,
                                                            const at::Tensor& fake, const at::Tensor& y_fake,
                                                            at::ScalarType md) {
   const int64_t k = micro_;
@@ -349,11 +406,16 @@ std::pair<at::Tensor, at::Tensor> GanObjective::d_joint_pass(TrainedModel d, con
   at::Tensor xs = torch::cat({fake.to(x.scalar_type()), x.to(dev)});
   at::Tensor ys = y_fake.defined() ? torch::cat({y_fake.to(dev), real.at(1).to(dev)}) : at::Tensor();
   // Split by sample first: a PatchGAN has several logits per sample.
-  at::Tensor logits = d.model->forward(TensorList{xs, ys}).at(0).to(md);
+  const TensorList out = d.model->forward(TensorList{xs, ys});
+  at::Tensor logits = out.at(0).to(md);
+  const int64_t n_real = logits.size(0) - b_fake;
   at::Tensor d_fake = logits.narrow(0, 0, b_fake).reshape({-1});
-  at::Tensor d_real = logits.narrow(0, b_fake, logits.size(0) - b_fake).reshape({-1});
-  d.scaler->scale_loss((d_loss_real(d_real) + d_loss_fake(d_fake)) / k).backward();
-  return {d_real.detach(), d_fake.detach()};
+  at::Tensor d_real = logits.narrow(0, b_fake, n_real).reshape({-1});
+  at::Tensor loss = d_loss_real(d_real) + d_loss_fake(d_fake);
+  const at::Tensor ce = class_loss(out, real.at(1), md, b_fake, n_real);  // AC-GAN, real half
+  if (ce.defined()) loss = loss + ce * aux_class_weight_;
+  d.scaler->scale_loss(loss / k).backward();
+  return {RealPass{d_real.detach(), 0.0, ce.defined() ? ce.detach() : ce}, d_fake.detach()};
 }
 
 bool GanObjective::finish_update(TrainedModel m, double& norm, int64_t step_index, bool loss_finite,

@@ -139,6 +139,10 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
                  "between the groups", m.step, m.busy_g_s, m.idle_g_s, m.busy_d_s, m.idle_d_s, m.bytes_between_groups / 1e6);
   }
   if (cfg_.r1_gamma > 0) j["r1"] = m.r1;
+  if (cfg_.aux_class_weight > 0) {
+    j["class_real"] = m.class_real;  // AC-GAN: D's class head on real images and on G's
+    j["class_fake"] = m.class_fake;
+  }
   if (cfg_.family && cfg_.family->condition_channels() > 0) j["loss_l1"] = m.loss_l1;
   if (m.device_mem_used_bytes >= 0) j["device_mem_used_bytes"] = m.device_mem_used_bytes;
   if (m.device_mem_peak_allocated_bytes >= 0) j["device_mem_peak_allocated_bytes"] = m.device_mem_peak_allocated_bytes;

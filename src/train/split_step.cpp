@@ -31,6 +31,7 @@ enum Slot : int64_t {
 
 void GanObjective::set_split(SplitPlacement* p) {
   if (p && paired_) throw std::invalid_argument("split placement does not take paired data");
+  if (p && aux_class_weight_ > 0) throw std::invalid_argument("the auxiliary class loss does not run under split placement");
   split_ = p;
 }
 

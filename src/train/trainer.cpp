@@ -127,6 +127,7 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   objective_->set_shared_d_forward(cfg_.shared_d_forward);
   objective_->set_paired(family_.condition_channels() > 0, cfg_.l1_weight, cfg_.adversarial_weight);
   if (split_) objective_->set_split(split_.get());
+  objective_->set_aux_class_weight(cfg_.aux_class_weight);
   if (cfg_.preempt_grace_s > 0) {
     g_->set_unit_hook([this] { grace_vote(); });
     d_->set_unit_hook([this] { grace_vote(); });

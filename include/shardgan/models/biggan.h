@@ -26,6 +26,8 @@
 /// resolution group whose output resolution is d_attn, "out" ({h, y} -> {logits [B]}).
 /// D_k = d_ch * d_ch_mult[k]; groups go 32 -> 16 -> 8 -> 4 then one more group at 4x4 for
 /// the default 32x32 (BigGAN-PyTorch's D ends with a non-downsampling block as well).
+/// With model.d_class_head "out" also returns AC-GAN's class logits: {h, y} -> {logits [B],
+/// class logits [B, n_classes]}.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -72,6 +74,12 @@ struct BigGanConfig {
   /// as BigGAN-PyTorch's upsample-then-convolve, with a different rounding; checkpoints
   /// are the same either way.
   bool fused_upsample = false;
+  /// model.d_class_head: D's "out" unit also has AC-GAN's auxiliary classifier (Odena et
+  /// al. 2017, Sec. 3), an SN linear layer from D's pooled features to n_classes logits,
+  /// beside the projection (ModelFamily::discriminator_classifies; the objective's
+  /// train.aux_class_weight trains it). Adds d_ch * d_ch_mult.back() * n_classes +
+  /// n_classes parameters to D; a checkpoint of a D without it does not load into one with it.
+  bool d_class_head = false;
 };
 
 class BigGanFamily : public ModelFamily {
@@ -84,10 +92,12 @@ class BigGanFamily : public ModelFamily {
   /// mode is a collective (SyncBatchNorm), so all ranks run it together.
   ModelSpec generator(Communicator& comm) const override;
   /// D's units and program. D.forward({x [B, channels, S, S], y int64 [B]}) -> {logits
-  /// [B]}. Local apart from the sharding layer's own collectives.
+  /// [B]}, and with d_class_head {logits [B], class logits [B, n_classes]}, x's dtype.
+  /// Local apart from the sharding layer's own collectives.
   ModelSpec discriminator(Communicator& comm) const override;
   ImageShape image_shape() const override;
   int64_t num_classes() const override { return cfg_.n_classes; }
+  bool discriminator_classifies() const override { return cfg_.d_class_head; }
   /// randn [n, z_dim] in `dtype` from `gen` (local).
   at::Tensor sample_latents(int64_t n, at::Generator& gen, at::ScalarType dtype) const override;
   const BigGanConfig& config() const { return cfg_; }
@@ -104,7 +114,8 @@ class BigGanFamily : public ModelFamily {
 std::unique_ptr<ModelFamily> make_biggan_family(const BigGanConfig& cfg);
 
 /// Reads model.{ch, d_ch, g_ch_mult, d_ch_mult, g_blocks_per_res, d_blocks_per_res, g_attn,
-/// d_attn, z_dim, shared_dim, n_classes, channels, init} (defaults in BigGanConfig) and
+/// d_attn, z_dim, shared_dim, n_classes, channels, init, channels_last, fused_upsample,
+/// d_class_head} (defaults in BigGanConfig) and
 /// validates them: each bad value is a ConfigError naming its key (z_dim not divisible by
 /// the number of latent chunks names both).
 std::unique_ptr<ModelFamily> make_biggan_family(ConfigReader& r);

@@ -53,6 +53,10 @@ class ModelFamily {
   /// family whose G starts from latents (and labels) alone. Then the real batch pairs each
   /// image B with its A, G's y is A, and the trainer's L1 term compares G(A) with B.
   virtual int64_t condition_channels() const { return 0; }
+  /// Whether D's forward returns a second output, class logits [B, num_classes()] from an
+  /// auxiliary classifier (AC-GAN, Odena et al. 2017), after its logits: what
+  /// train.aux_class_weight trains. False for a family without one.
+  virtual bool discriminator_classifies() const { return false; }
   /// Local. `n` latents for G ([n, ...], `dtype`) drawn from `gen`.
   virtual at::Tensor sample_latents(int64_t n, at::Generator& gen, at::ScalarType dtype) const = 0;
   /// Local. `n` labels (int64 [n], uniform over the classes) drawn from `gen`; undefined

@@ -39,6 +39,10 @@ struct StepMetrics {
   int64_t nonfinite_steps = 0;  ///< steps of this run so far with such a skip (the trainer's count)
   double loss_scale_d = 1, loss_scale_g = 1;  ///< current loss scales (1 unless float16)
   double r1 = 0;  ///< R1 penalty (gamma/2) E||grad_x D(x)||^2 of this step's D updates (0 if none ran)
+  /// GanObjective::set_aux_class_weight (0 otherwise): the cross-entropy of D's class head
+  /// on the real images (mean over the D updates) and on G's images in G's pass, before
+  /// the weight.
+  double class_real = 0, class_fake = 0;
   /// Where rank 0's step time went (seconds, G and D summed): collectives started or
   /// waited for, master shards read from the offload tier for all-gathers, optimizer
   /// updates, and of those the offload tier's I/O. The rest is forward/backward compute.
@@ -142,6 +146,16 @@ class GanObjective {
   /// price of the saved forward. With set_d_joint_pass the real images join that forward
   /// (one D forward per micro-batch in all). Local; call it alike on every rank.
   void set_shared_d_forward(bool on) { shared_d_forward_ = on; }
+  /// AC-GAN's auxiliary classification loss (Odena et al. 2017, Sec. 3, Eq. 2-3), for a D
+  /// whose forward returns class logits [B, n_classes] after its logits
+  /// (ModelFamily::discriminator_classifies): D's loss adds `w` times the cross-entropy of
+  /// its class logits on the real images against their labels, G's loss `w` times the
+  /// cross-entropy on G's images against the labels they were generated for. Unlike Odena
+  /// et al., D's classifier does not train on G's images: it learns the classes from the
+  /// data alone, and G is asked to match them. 0 turns it off. Throws
+  /// std::invalid_argument for w < 0, and with set_split or set_paired. Local; call it
+  /// alike on every rank.
+  void set_aux_class_weight(double w);
   /// train.placement split (split_placement.h): this rank holds one of the models, and
   /// step() runs that model's side (the other TrainedModel is never touched: its members
   /// may be null). Both update rules give the shared placement's updates: G's side makes
@@ -193,6 +207,13 @@ class GanObjective {
                                 const std::function<void(int64_t, const at::Tensor&)>& image_grad, StepMetrics& r,
                                 at::Tensor& stats, bool& g_loss_finite);
   bool shared_d_forward_ = false;
+  /// set_aux_class_weight: the mean cross-entropy of D's class logits (`d_out`[1], rows
+  /// [start, start + n), all when n < 0) against labels `y`, in `md`, before the weight;
+  /// undefined when the weight is 0. Throws std::invalid_argument when D returned no class
+  /// logits or `y` is undefined.
+  at::Tensor class_loss(const TensorList& d_out, const at::Tensor& y, at::ScalarType md, int64_t start = 0,
+                        int64_t n = -1) const;
+  double aux_class_weight_ = 0;
   /// set_split: one side of a split step (split_step.cpp).
   StepMetrics split_step(TrainedModel g, TrainedModel d, const StepInputs& in);
   void split_g_side(TrainedModel g, const StepInputs& in, StepMetrics& r);
@@ -216,14 +237,23 @@ class GanObjective {
   /// found a NaN or Inf. `loss_finite`: this rank's losses of the update were finite.
   bool finish_update(TrainedModel m, double& norm, int64_t step_index, bool loss_finite, bool& nonfinite);
 
-  /// D's real-image loss of one micro-batch (divided by k), with the R1 penalty when due;
-  /// runs the backward. Returns {D's logits [B] (detached), the penalty (0 if not due)}.
-  std::pair<at::Tensor, double> d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md);
+  /// What a D pass over real images gives back: D's logits [B] (detached, `md`), the R1
+  /// penalty (0 if not due), and the class term of set_aux_class_weight before its weight
+  /// (detached scalar; undefined when off).
+  struct RealPass {
+    at::Tensor logits;
+    double r1 = 0;
+    at::Tensor class_ce;
+  };
+  /// D's real-image loss of one micro-batch (divided by k), with the R1 penalty when due
+  /// and the class term when on; runs the backward.
+  RealPass d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md);
 
-  /// One micro-batch's D forward and backward on cat([fake, real]) (labels alike).
-  /// Returns {real logits [B], fake logits [B]}, detached, in `md`.
-  std::pair<at::Tensor, at::Tensor> d_joint_pass(TrainedModel d, const TensorList& real, const at::Tensor& fake,
-                                                 const at::Tensor& y_fake, at::ScalarType md);
+  /// One micro-batch's D forward and backward on cat([fake, real]) (labels alike), with the
+  /// class term on the real half when on. Returns the real half's RealPass and the fake
+  /// logits [B], detached, in `md`.
+  std::pair<RealPass, at::Tensor> d_joint_pass(TrainedModel d, const TensorList& real, const at::Tensor& fake,
+                                               const at::Tensor& y_fake, at::ScalarType md);
 
   bool d_joint_pass_ = false;
   std::string loss_;

@@ -212,9 +212,10 @@ ModelSpec BigGanFamily::discriminator(Communicator& /*comm*/) const {
     }
   }
   const int64_t d_last = in, n_classes = c.n_classes;
+  const bool class_head = c.d_class_head;
   spec.units.push_back(unit<biggan::DOut>(
-      "out", scheme, [=] { return biggan::DOut(d_last, n_classes); },
-      [](biggan::DOut& m, const TensorList& x) { return TensorList{m->forward(x[0], x[1])}; }));
+      "out", scheme, [=] { return biggan::DOut(d_last, n_classes, class_head); },
+      [](biggan::DOut& m, const TensorList& x) { return m->forward(x[0], x[1]); }));
 
   spec.program = [order](ShardedModel& model, const TensorList& in) -> TensorList {
     if (in.size() < 2 || !in[0].defined() || !in[1].defined()) {
@@ -222,7 +223,7 @@ ModelSpec BigGanFamily::discriminator(Communicator& /*comm*/) const {
     }
     at::Tensor h = in[0];
     for (const auto& name : order) h = model.unit(name).forward(TensorList{h})[0];
-    return {model.unit("out").forward(TensorList{h, in[1]})[0]};
+    return model.unit("out").forward(TensorList{h, in[1]});  // {logits} or {logits, class logits}
   };
   return spec;
 }
@@ -256,6 +257,8 @@ std::unique_ptr<ModelFamily> make_biggan_family(ConfigReader& r) {
       "BigGAN: compute activations in channels-last memory format (less transient memory on the CPU)");
   c.fused_upsample = r.get<bool>("model.fused_upsample", c.fused_upsample,
       "BigGAN: up-blocks convolve the low-resolution input instead of the upsampled one (less memory)");
+  c.d_class_head = r.get<bool>("model.d_class_head", c.d_class_head,
+      "BigGAN: D also has AC-GAN's auxiliary classifier head (trained by train.aux_class_weight)");
   validate(c, [&r](bool ok, const std::string& key, const std::string& what) {
     r.require(ok, key, what);
   });

@@ -360,17 +360,20 @@ at::Tensor GOutImpl::forward(const at::Tensor& x) {
   return at::tanh(conv->forward(at::relu(h)));
 }
 
-DOutImpl::DOutImpl(int64_t ch, int64_t n_classes) {
+DOutImpl::DOutImpl(int64_t ch, int64_t n_classes, bool class_head) {
   linear = register_module("linear", SNLinear(ch, 1));
   embed = register_module("embed", SNEmbedding(n_classes, ch));
+  if (class_head) classes = register_module("classes", SNLinear(ch, n_classes));
 }
 
-at::Tensor DOutImpl::forward(const at::Tensor& x, const at::Tensor& y) {
+std::vector<at::Tensor> DOutImpl::forward(const at::Tensor& x, const at::Tensor& y) {
   TORCH_CHECK(y.defined() && y.dim() == 1 && y.size(0) == x.size(0),
               "DOut: expected labels [", x.size(0), "]");
   at::Tensor h = at::relu(x).sum({2, 3});                         // [B, ch]
   at::Tensor out = linear->forward(h).squeeze(1);                 // [B]
-  return out + (embed->forward(y) * h).sum(1);
+  out = out + (embed->forward(y) * h).sum(1);
+  if (!classes) return {out};
+  return {out, classes->forward(h)};                              // [B], [B, n_classes]
 }
 
 void init_weights(torch::nn::Module& m, Init scheme) {

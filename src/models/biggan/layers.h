@@ -223,13 +223,17 @@ TORCH_MODULE(GOut);
 /// D's output layer with projection (Miyato & Koyama 2018; BigGAN-PyTorch D.forward):
 /// h = sum_{H,W} relu(x); logits = linear(h) + sum(embed(y) * h, dim 1), linear an
 /// SNLinear ch -> 1 with bias, embed an SNEmbedding n_classes -> ch.
-/// forward(x [B, ch, H, W], y int64 [B]) -> logits [B], x's dtype. Local.
+/// forward(x [B, ch, H, W], y int64 [B]) -> {logits [B]}, x's dtype. Local.
+/// With `class_head`, also AC-GAN's auxiliary classifier (Odena et al. 2017): `classes`,
+/// an SNLinear ch -> n_classes with bias on the same h, and forward returns {logits [B],
+/// class logits [B, n_classes]}.
 class DOutImpl : public torch::nn::Module {
  public:
-  DOutImpl(int64_t ch, int64_t n_classes);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& y);
+  DOutImpl(int64_t ch, int64_t n_classes, bool class_head = false);
+  std::vector<at::Tensor> forward(const at::Tensor& x, const at::Tensor& y);
   SNLinear linear{nullptr};
   SNEmbedding embed{nullptr};
+  SNLinear classes{nullptr};  ///< null without the class head
 };
 TORCH_MODULE(DOut);
 
