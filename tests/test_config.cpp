@@ -125,6 +125,17 @@ TEST(Config, BadValuesAreNamed) {
   EXPECT_NE(tr.find("eval.truncation"), std::string::npos) << tr;
   EXPECT_NE(tr.find("pix2pix"), std::string::npos) << tr;
   EXPECT_EQ(parse_config("model: {arch: biggan}\neval: {truncation: 1.5}\n", "t.yaml", {}).eval_truncation, 1.5);
+  // train.aux_class_weight (AC-GAN) needs a D with a class head, and the head needs the weight.
+  const std::string aux = error_of("train: {aux_class_weight: 1.0}\n");  // DCGAN: no head
+  EXPECT_NE(aux.find("train.aux_class_weight"), std::string::npos) << aux;
+  EXPECT_NE(aux.find("model.d_class_head"), std::string::npos) << aux;
+  const std::string head = error_of("model: {arch: biggan, d_class_head: true}\n");
+  EXPECT_NE(head.find("model.d_class_head"), std::string::npos) << head;
+  EXPECT_NE(head.find("train.aux_class_weight"), std::string::npos) << head;
+  EXPECT_NE(error_of("model: {arch: biggan, d_class_head: true}\ntrain: {aux_class_weight: -1}\n")
+                .find("train.aux_class_weight"), std::string::npos);
+  EXPECT_EQ(parse_config("model: {arch: biggan, d_class_head: true}\ntrain: {aux_class_weight: 0.5}\n", "t.yaml", {})
+                .aux_class_weight, 0.5);
   EXPECT_NE(error_of("", {"train.steps"}).find("expected key=value"), std::string::npos);
   EXPECT_NE(error_of("train: [1, 2]\n").find("'train'"), std::string::npos);
 }

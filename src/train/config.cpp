@@ -422,9 +422,6 @@ TrainConfig read_config(Reader& r, const std::string& source) {
           "needs a discriminator with a class head (model.arch biggan with model.d_class_head: true); set it to 0");
   require(!c.family->discriminator_classifies() || c.aux_class_weight > 0, r, "model.d_class_head",
           "adds a class head to D that only train.aux_class_weight > 0 trains: set that weight, or remove the head");
-  require(c.aux_class_weight == 0 || c.placement == "shared", r, "train.aux_class_weight",
-          "needs train.placement: shared (split placement sends D's side only the adversarial loss's image "
-          "gradients); set it to 0");
   require(!paired || c.placement == "shared", r, "train.placement",
           "must be shared for an image-to-image model (model.arch pix2pix): its D scores G's output beside the "
           "input image A, which only the data's ranks hold");

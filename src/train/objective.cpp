@@ -43,7 +43,6 @@ void GanObjective::set_paired(bool on, double l1_weight, double adversarial_weig
 
 void GanObjective::set_aux_class_weight(double w) {
   if (!(w >= 0) || !std::isfinite(w)) throw std::invalid_argument("aux_class_weight must be a finite value >= 0");
-  if (w > 0 && split_) throw std::invalid_argument("the auxiliary class loss does not run under split placement");
   if (w > 0 && paired_) throw std::invalid_argument("the auxiliary class loss does not take paired data");
   aux_class_weight_ = w;
 }

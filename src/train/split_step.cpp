@@ -23,7 +23,7 @@ at::Tensor host(const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); }
 // The split step's closing all-reduce: each group's figures, divided by its size, in
 // separate slots, so that one sum over the world gives every rank both groups' averages.
 enum Slot : int64_t {
-  kLossD, kLossG, kDReal, kDFake, kLossL1,  // as the shared step's stats
+  kLossD, kLossG, kDReal, kDFake, kLossL1, kClassReal, kClassFake,  // as the shared step's stats
   kSkippedD, kSkippedG, kNonfiniteD, kNonfiniteG, kNormD, kNormG, kR1,
   kIdleG, kIdleD, kBusyG, kBusyD, kBytes, kSlots
 };
@@ -31,7 +31,6 @@ enum Slot : int64_t {
 
 void GanObjective::set_split(SplitPlacement* p) {
   if (p && paired_) throw std::invalid_argument("split placement does not take paired data");
-  if (p && aux_class_weight_ > 0) throw std::invalid_argument("the auxiliary class loss does not run under split placement");
   split_ = p;
 }
 
@@ -56,7 +55,7 @@ StepMetrics GanObjective::split_step(TrainedModel g, TrainedModel d, const StepI
     put(kNonfiniteG, r.nonfinite_g);
     put(kNormG, r.grad_norm_g);
   } else {
-    stats.narrow(0, 0, kLossL1 + 1).div_(n);
+    stats.narrow(0, 0, kClassFake + 1).div_(n);
     put(kSkippedD, r.skipped_d);
     put(kNonfiniteD, r.nonfinite_d);
     put(kNormD, r.grad_norm_d);
@@ -76,6 +75,8 @@ StepMetrics GanObjective::split_step(TrainedModel g, TrainedModel d, const StepI
   r.d_real = stats[kDReal].item<double>();
   r.d_fake = stats[kDFake].item<double>();
   r.loss_l1 = 0;
+  r.class_real = stats[kClassReal].item<double>();
+  r.class_fake = stats[kClassFake].item<double>();
   r.skipped_d = stats[kSkippedD].item<double>() > 0.5;
   r.skipped_g = stats[kSkippedG].item<double>() > 0.5;
   r.nonfinite_d = stats[kNonfiniteD].item<double>() > 0.5;
@@ -146,10 +147,13 @@ GanObjective::MicroFakes GanObjective::split_d_score(TrainedModel d, const StepI
   at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
   at::Tensor x = split_->images_to_d(at::Tensor());
   x.requires_grad_(true);
-  at::Tensor out = d.model->forward(TensorList{x, y}).at(0).reshape({-1});
-  at::Tensor loss = g_loss(out.to(lat[0].scalar_type())) / k;
-  loss.backward();
-  stats[1] += host(loss.detach().reshape({1}))[0];  // summed over micro-batches, as the shared g_pass
+  const TensorList d_out = d.model->forward(TensorList{x, y});
+  const at::ScalarType md = lat[0].scalar_type();
+  at::Tensor loss = g_loss(d_out.at(0).reshape({-1}).to(md)) / k;
+  const at::Tensor class_fake = class_loss(d_out, y, md);  // AC-GAN, as the shared g_pass
+  (class_fake.defined() ? loss + class_fake * (aux_class_weight_ / k) : loss).backward();
+  stats[kLossG] += host(loss.detach().reshape({1}))[0];  // summed over micro-batches, as the shared g_pass
+  if (class_fake.defined()) stats[kClassFake] += host(class_fake.detach().reshape({1}))[0] / k;
   split_->grads_to_g(x.grad());
   return {x.detach(), y};
 }

@@ -107,8 +107,8 @@ struct TrainConfig {
   /// train.aux_class_weight: AC-GAN's auxiliary classification loss (GanObjective::
   /// set_aux_class_weight): the weight of the cross-entropy of D's class head, on real
   /// images in D's loss and on G's images in G's loss. Needs a D with a class head
-  /// (ModelFamily::discriminator_classifies, BigGAN's model.d_class_head) and shared
-  /// placement; 0 (off) otherwise.
+  /// (ModelFamily::discriminator_classifies, BigGAN's model.d_class_head); 0 (off)
+  /// otherwise.
   double aux_class_weight = 0;
   bool skip_memory_check = false; ///< train.skip_memory_check: skip the memory pre-flight
   bool skip_disk_check = false;   ///< train.skip_disk_check: skip the disk pre-flight (check_disk)

@@ -152,8 +152,9 @@ class GanObjective {
   /// its class logits on the real images against their labels, G's loss `w` times the
   /// cross-entropy on G's images against the labels they were generated for. Unlike Odena
   /// et al., D's classifier does not train on G's images: it learns the classes from the
-  /// data alone, and G is asked to match them. 0 turns it off. Throws
-  /// std::invalid_argument for w < 0, and with set_split or set_paired. Local; call it
+  /// data alone, and G is asked to match them. Under set_split D's side adds G's term to
+  /// the loss whose image gradient it returns. 0 turns it off. Throws
+  /// std::invalid_argument for w < 0, and with set_paired. Local; call it
   /// alike on every rank.
   void set_aux_class_weight(double w);
   /// train.placement split (split_placement.h): this rank holds one of the models, and
