@@ -4,7 +4,8 @@
 #     update, every tensor of the checkpoint (G, D, Adam's moments, the EMA, SyncBatchNorm
 #     and spectral-norm buffers) within 1e-9 of the largest value of its kind
 #     (ckpt_close.py) after 4 steps of the tiny conditional BigGAN (d_steps 2, 2
-#     micro-batches, R1, EMA; G on 1 or 2 ranks, D on 1-3).
+#     micro-batches, R1, EMA, the shipped config's AC-GAN class loss; G on 1 or 2 ranks,
+#     D on 1-3).
 #   - The bytes between the groups per step equal the formula (images x batch x transfers
 #     x dtype bytes); each group's idle time is logged.
 #   - A split run resumed from its step-2 checkpoint equals the straight run bit for bit;
