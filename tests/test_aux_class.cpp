@@ -27,6 +27,7 @@
 #include "shardgan/optim/loss_scaler.h"
 #include "shardgan/sharding/deferred.h"
 #include "shardgan/train/objective.h"
+#include "float64_gan_reference.h"
 #include "test_util.h"
 #include "tiny_biggan.h"
 
@@ -34,7 +35,8 @@ using namespace shardgan;
 
 namespace {
 
-using Named = std::vector<std::pair<std::string, at::Tensor>>;
+using test_util::Named;
+using Data = test_util::StepData;
 namespace F = torch::nn::functional;
 constexpr int kSteps = 5;
 constexpr int64_t kMicro = 2;
@@ -49,19 +51,7 @@ BigGanConfig with_head() {
   return c;
 }
 
-struct Data {
-  int64_t global = 0;
-  at::Tensor x, y;
-};
-
-Data make_data() {
-  Data d;
-  d.global = 4 * 4 * kMicro;  // 4 images per rank at the largest world size (4)
-  torch::manual_seed(3);
-  d.x = torch::randn({kSteps, d.global, 1, 32, 32}, torch::kDouble).tanh();
-  d.y = torch::randint(0, 3, {kSteps, d.global}, torch::kLong);
-  return d;
-}
+Data make_data() { return test_util::make_step_data(kSteps, kMicro); }
 
 struct Trained {
   Named g_init, d_init, g, d;
@@ -130,23 +120,10 @@ Trained reference(const Data& data, RefOptions o) {
   r.d_init = d->gather_full_parameters();
   g->begin_higher_order();
   d->begin_higher_order();
-  auto params = [](ShardedModel& m) {
-    std::vector<at::Tensor> out;
-    for (auto& u : m.units()) {
-      for (auto& s : u->slots()) out.push_back(s.param);
-    }
-    return out;
-  };
-  const std::vector<at::Tensor> gp = params(*g), dp = params(*d);
+  const std::vector<at::Tensor> gp = test_util::unit_params(*g), dp = test_util::unit_params(*d);
   auto gen = at::detail::createCPUGenerator(5);
   const int64_t m = data.global / kMicro;
-  auto add = [](std::vector<at::Tensor>& acc, const std::vector<at::Tensor>& gr) {
-    if (acc.empty()) {
-      acc = gr;
-    } else {
-      for (size_t i = 0; i < acc.size(); ++i) acc[i] = acc[i] + gr[i];
-    }
-  };
+  const auto add = test_util::accumulate;
   auto apply = [](const std::vector<at::Tensor>& p, const std::vector<at::Tensor>& gr) {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < p.size(); ++i) p[i].sub_(kLr * gr[i]);
@@ -207,15 +184,7 @@ Trained reference(const Data& data, RefOptions o) {
   return r;
 }
 
-// The largest |a - b| over every parameter, as a fraction of the largest change from init.
-double worst(const Named& init, const Named& ref, const Named& got) {
-  double largest = 0, diff = 0;
-  for (size_t i = 0; i < init.size(); ++i) {
-    largest = std::max(largest, (ref[i].second - init[i].second).abs().max().item<double>());
-    diff = std::max(diff, (got[i].second - ref[i].second).abs().max().item<double>());
-  }
-  return largest > 0 ? diff / largest : 1.0;
-}
+const auto worst = test_util::worst_relative;
 
 void expect_match(const char* what, const Trained& ref, const Trained& got) {
   ASSERT_EQ(got.g.size(), ref.g.size());

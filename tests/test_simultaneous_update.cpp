@@ -34,6 +34,7 @@
 #include "shardgan/optim/loss_scaler.h"
 #include "shardgan/sharding/deferred.h"
 #include "shardgan/train/objective.h"
+#include "float64_gan_reference.h"
 #include "test_util.h"
 #include "tiny_biggan.h"
 
@@ -41,24 +42,13 @@ using namespace shardgan;
 
 namespace {
 
-using Named = std::vector<std::pair<std::string, at::Tensor>>;
+using test_util::Named;
+using Data = test_util::StepData;
 constexpr int kSteps = 5;
 constexpr int64_t kMicro = 2;
 constexpr double kLr = 0.1;
 
-struct Data {
-  int64_t global = 0;
-  at::Tensor x, y;
-};
-
-Data make_data() {
-  Data d;
-  d.global = 4 * 4 * kMicro;  // 4 images per rank at the largest world size (4)
-  torch::manual_seed(3);
-  d.x = torch::randn({kSteps, d.global, 1, 32, 32}, torch::kDouble).tanh();
-  d.y = torch::randint(0, 3, {kSteps, d.global}, torch::kLong);
-  return d;
-}
+Data make_data() { return test_util::make_step_data(kSteps, kMicro); }
 
 struct Trained {
   Named g_init, d_init, g, d;
@@ -112,27 +102,14 @@ Trained reference(const Data& data, bool g_against_next_d = false) {
   r.d_init = d->gather_full_parameters();
   g->begin_higher_order();  // every unit gathered, run as a plain module
   d->begin_higher_order();
-  auto params = [](ShardedModel& m) {
-    std::vector<at::Tensor> out;
-    for (auto& u : m.units()) {
-      for (auto& s : u->slots()) out.push_back(s.param);
-    }
-    return out;
-  };
-  const std::vector<at::Tensor> gp = params(*g), dp = params(*d);
+  const std::vector<at::Tensor> gp = test_util::unit_params(*g), dp = test_util::unit_params(*d);
   auto gen = at::detail::createCPUGenerator(5);
   const int64_t m = data.global / kMicro;  // one global micro-batch
   PowerIterationPause paused;
   for (int t = 0; t < kSteps; ++t) {
     const at::Tensor z = fam.sample_latents(data.global, gen, at::kDouble);
     std::vector<at::Tensor> g_grad, d_grad;
-    auto add = [](std::vector<at::Tensor>& acc, const std::vector<at::Tensor>& gr) {
-      if (acc.empty()) {
-        acc = gr;
-      } else {
-        for (size_t i = 0; i < acc.size(); ++i) acc[i] = acc[i] + gr[i];
-      }
-    };
+    const auto add = test_util::accumulate;
     auto g_part = [&](int64_t j) {  // L_G(G_t, D): G's gradient only
       const at::Tensor zj = z.narrow(0, j * m, m), yj = data.y[t].narrow(0, j * m, m);
       const at::Tensor lg = -d->forward(TensorList{g->forward(TensorList{zj, yj}).at(0), yj}).at(0).mean() / kMicro;
@@ -168,15 +145,7 @@ Trained reference(const Data& data, bool g_against_next_d = false) {
   return r;
 }
 
-// The largest |a - b| over every parameter, as a fraction of the largest change from init.
-double worst(const Named& init, const Named& ref, const Named& got) {
-  double largest = 0, diff = 0;
-  for (size_t i = 0; i < init.size(); ++i) {
-    largest = std::max(largest, (ref[i].second - init[i].second).abs().max().item<double>());
-    diff = std::max(diff, (got[i].second - ref[i].second).abs().max().item<double>());
-  }
-  return largest > 0 ? diff / largest : 1.0;
-}
+const auto worst = test_util::worst_relative;
 
 class SimultaneousUpdate : public ::testing::TestWithParam<int> {};
 
