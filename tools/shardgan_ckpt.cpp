@@ -162,17 +162,10 @@ int cmd_fid(ckpt::CheckpointReader& rd, bool ema, int64_t n, const std::string& 
   }
   const EvalResult r = evaluator.evaluate(*g, identity, truncation);
   nlohmann::json j = {{"checkpoint", rd.dir()}, {"step", rd.manifest().step}, {"ema", ema},
-                      {"fid", r.fid}, {"samples", r.samples}, {"classifier", cfg.eval_classifier},
-                      {"time_s", r.time_s}};
+                      {"samples", r.samples}, {"classifier", cfg.eval_classifier}, {"time_s", r.time_s}};
+  put_scores(j, r);  // the trainer's evaluation keys
   if (r.truncation > 0) j["truncation"] = r.truncation;
   if (identity) j["identity"] = true;
-  if (r.class_acc >= 0) j["class_acc"] = r.class_acc;
-  if (r.l1 >= 0) {
-    j["l1"] = r.l1;
-    j["psnr"] = r.psnr;
-    j["ssim"] = r.ssim;
-  }
-  j["class_fractions"] = r.class_fractions;
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -19,6 +20,18 @@
 #include "shardgan/train/inference.h"
 
 namespace shardgan {
+
+void put_scores(nlohmann::json& j, const EvalResult& r, const std::string& suffix) {
+  j["fid" + suffix] = r.fid;
+  if (r.class_acc >= 0) j["class_acc" + suffix] = r.class_acc;
+  if (r.l1 >= 0) {
+    j["l1" + suffix] = r.l1;
+    j["psnr" + suffix] = r.psnr;
+    j["ssim" + suffix] = r.ssim;
+  }
+  j["class_fractions" + suffix] = r.class_fractions;
+}
+
 namespace {
 
 constexpr int64_t kChunk = 64;  // generated images per rank per G forward

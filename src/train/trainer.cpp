@@ -573,14 +573,7 @@ nlohmann::json Trainer::evaluate() {
   // "_ema" for its EMA, then "_trunc" for the same model on truncated latents.
   auto record = [&](const std::string& suffix, double truncation) {
     const EvalResult r = evaluator_->evaluate(*g_, false, truncation);
-    j["fid" + suffix] = r.fid;
-    if (r.class_acc >= 0) j["class_acc" + suffix] = r.class_acc;
-    if (r.l1 >= 0) {
-      j["l1" + suffix] = r.l1;
-      j["psnr" + suffix] = r.psnr;
-      j["ssim" + suffix] = r.ssim;
-    }
-    j["class_fractions" + suffix] = r.class_fractions;
+    put_scores(j, r, suffix);
     j["eval_samples"] = r.samples;
     time_s += r.time_s;
   };

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <ATen/core/Generator.h>
+#include <nlohmann/json_fwd.hpp>
 
 namespace shardgan {
 
@@ -32,6 +33,11 @@ struct EvalResult {
   double l1 = -1, psnr = -1, ssim = -1;
   double time_s = 0;         ///< wall time of the evaluation on this rank (seconds)
 };
+
+/// Writes `r`'s scores into `j` under the keys of metrics.jsonl's evaluation records, each
+/// followed by `suffix` ("" for G, "_ema", "_trunc", "_ema_trunc"): fid, class_acc (when
+/// conditional), l1, psnr and ssim (image-to-image), class_fractions. Local.
+void put_scores(nlohmann::json& j, const EvalResult& r, const std::string& suffix = "");
 
 class Evaluator {
  public:
