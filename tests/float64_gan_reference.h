@@ -1,16 +1,28 @@
 #pragma once
 // Pieces shared by the float64 plain-autograd references of the GAN objective
-// (test_simultaneous_update.cpp, test_aux_class.cpp): the step data, the parameters of a
-// model run as plain modules, gradient accumulation, and the relative distance of two runs.
+// (test_simultaneous_update.cpp, test_aux_class.cpp): the step data, the objective's run
+// on sharded models with SGD, the reference's models run as plain modules on this rank
+// alone, gradient accumulation, and the relative distance of two runs.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <mpi.h>
 #include <torch/torch.h>
 
+#include "shardgan/comm/mpi_communicator.h"
+#include "shardgan/models/biggan.h"
+#include "shardgan/nn/power_iteration.h"
+#include "shardgan/optim/factory.h"
+#include "shardgan/optim/loss_scaler.h"
+#include "shardgan/sharding/deferred.h"
 #include "shardgan/sharding/sharded_model.h"
+#include "shardgan/train/objective.h"
+#include "test_util.h"
 
 namespace shardgan::test_util {
 
@@ -60,5 +72,78 @@ inline double worst_relative(const Named& init, const Named& ref, const Named& g
   }
   return largest > 0 ? diff / largest : 1.0;
 }
+
+/// Full parameters of G and D before and after a run.
+struct TrainedParams {
+  Named g_init, d_init, g, d;
+};
+
+/// The objective under test: G and D of `cfg` built on `comm` at ZeRO `stage` (float64,
+/// seeds 11 and 12), plain SGD at `lr`, and data.x.size(0) steps of the objective that
+/// `make` returns (spectral norm paused). Each step's real micro-batch j is this rank's
+/// slice of data's micro-batch j; the latents are drawn from one generator seeded 5 with
+/// data.y's labels. `on_step` sees each step's metrics. Collective.
+inline TrainedParams run_objective(MpiCommunicator& comm, const BigGanConfig& cfg, int stage, const StepData& data,
+                                   int64_t micro, double lr, const std::function<std::unique_ptr<GanObjective>()>& make,
+                                   const std::function<void(const StepMetrics&)>& on_step = {}) {
+  BigGanFamily fam(cfg);
+  ShardingConfig sc = sharding(stage);
+  auto g = build_sharded_model(fam.generator(comm), comm, sc, 11, at::kDouble);
+  auto d = build_sharded_model(fam.discriminator(comm), comm, sc, 12, at::kDouble);
+  OptimizerConfig sgd;
+  sgd.type = OptimizerType::kSgd;
+  sgd.lr = lr;
+  auto og = make_optimizer(*g, sgd);
+  auto od = make_optimizer(*d, sgd);
+  DynamicLossScaler sg(LossScalerConfig{}, at::kDouble), sd(LossScalerConfig{}, at::kDouble);
+  const std::unique_ptr<GanObjective> obj = make();
+  const int64_t w = comm.world_size(), per = data.global / micro / w;
+  auto gen = at::detail::createCPUGenerator(5);
+  int64_t t = 0;
+  StepInputs in;
+  in.local = [&](const at::Tensor& a, int64_t j) { return a.narrow(0, (j * w + comm.rank()) * per, per); };
+  in.real = [&](int64_t j) { return TensorList{in.local(data.x[t], j), in.local(data.y[t], j)}; };
+  in.latents = [&] { return TensorList{fam.sample_latents(data.global, gen, at::kDouble), data.y[t]}; };
+  TrainedParams r;
+  r.g_init = g->gather_full_parameters();
+  r.d_init = d->gather_full_parameters();
+  PowerIterationPause paused;
+  for (t = 0; t < data.x.size(0); ++t) {
+    const StepMetrics m = obj->step({g.get(), og.get(), &sg}, {d.get(), od.get(), &sd}, in);
+    if (on_step) on_step(m);
+  }
+  r.g = g->gather_full_parameters();
+  r.d = d->gather_full_parameters();
+  return r;
+}
+
+/// The reference's models: G and D of `cfg` built as run_objective builds them, on this
+/// rank alone (MPI_COMM_SELF, stage 0), every unit gathered and run as a plain module
+/// (ShardedModel::begin_higher_order); `gp` and `dp` their parameters (unit_params).
+struct PlainGan {
+  explicit PlainGan(const BigGanConfig& cfg)
+      : fam(cfg),
+        g(build_sharded_model(fam.generator(self), self, sharding(0), 11, at::kDouble)),
+        d(build_sharded_model(fam.discriminator(self), self, sharding(0), 12, at::kDouble)) {
+    init.g_init = g->gather_full_parameters();
+    init.d_init = d->gather_full_parameters();
+    g->begin_higher_order();
+    d->begin_higher_order();
+    gp = unit_params(*g);
+    dp = unit_params(*d);
+  }
+  /// The initial parameters and the ones now.
+  TrainedParams result() const {
+    TrainedParams r = init;
+    r.g = g->gather_full_parameters();
+    r.d = d->gather_full_parameters();
+    return r;
+  }
+  MpiCommunicator self{MPI_COMM_SELF, 60.0};
+  BigGanFamily fam;
+  std::unique_ptr<ShardedModel> g, d;
+  std::vector<at::Tensor> gp, dp;
+  TrainedParams init;
+};
 
 }  // namespace shardgan::test_util

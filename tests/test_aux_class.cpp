@@ -23,9 +23,6 @@
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/models/biggan.h"
 #include "shardgan/nn/power_iteration.h"
-#include "shardgan/optim/factory.h"
-#include "shardgan/optim/loss_scaler.h"
-#include "shardgan/sharding/deferred.h"
 #include "shardgan/train/objective.h"
 #include "float64_gan_reference.h"
 #include "test_util.h"
@@ -53,8 +50,7 @@ BigGanConfig with_head() {
 
 Data make_data() { return test_util::make_step_data(kSteps, kMicro); }
 
-struct Trained {
-  Named g_init, d_init, g, d;
+struct Trained : test_util::TrainedParams {
   double class_real = 0, class_fake = 0;  // the last step's metrics
 };
 
@@ -64,39 +60,22 @@ struct Path {
 
 // The objective: kSteps steps on `comm` at `stage`.
 Trained train(MpiCommunicator& comm, int stage, const Data& data, Path p) {
-  BigGanFamily fam(with_head());
-  ShardingConfig sc = test_util::sharding(stage);
-  auto g = build_sharded_model(fam.generator(comm), comm, sc, 11, at::kDouble);
-  auto d = build_sharded_model(fam.discriminator(comm), comm, sc, 12, at::kDouble);
-  OptimizerConfig sgd;
-  sgd.type = OptimizerType::kSgd;
-  sgd.lr = kLr;
-  auto og = make_optimizer(*g, sgd);
-  auto od = make_optimizer(*d, sgd);
-  DynamicLossScaler sg(LossScalerConfig{}, at::kDouble), sd(LossScalerConfig{}, at::kDouble);
-  GanObjective obj("hinge", /*d_steps=*/1, kMicro, 0.0, comm, p.r1 ? kR1Gamma : 0.0, kR1Every);
-  obj.set_simultaneous(p.simultaneous);
-  obj.set_shared_d_forward(p.shared_d_forward);
-  obj.set_d_joint_pass(p.joint);
-  obj.set_aux_class_weight(kWeight);
-  const int64_t w = comm.world_size(), per = data.global / kMicro / w;
-  auto gen = at::detail::createCPUGenerator(5);
-  int64_t t = 0;
-  StepInputs in;
-  in.local = [&](const at::Tensor& a, int64_t j) { return a.narrow(0, (j * w + comm.rank()) * per, per); };
-  in.real = [&](int64_t j) { return TensorList{in.local(data.x[t], j), in.local(data.y[t], j)}; };
-  in.latents = [&] { return TensorList{fam.sample_latents(data.global, gen, at::kDouble), data.y[t]}; };
   Trained r;
-  r.g_init = g->gather_full_parameters();
-  r.d_init = d->gather_full_parameters();
-  PowerIterationPause paused;
-  for (t = 0; t < kSteps; ++t) {
-    const StepMetrics m = obj.step({g.get(), og.get(), &sg}, {d.get(), od.get(), &sd}, in);
-    r.class_real = m.class_real;
-    r.class_fake = m.class_fake;
-  }
-  r.g = g->gather_full_parameters();
-  r.d = d->gather_full_parameters();
+  static_cast<test_util::TrainedParams&>(r) = test_util::run_objective(
+      comm, with_head(), stage, data, kMicro, kLr,
+      [&] {
+        auto obj = std::make_unique<GanObjective>("hinge", /*d_steps=*/1, kMicro, 0.0, comm, p.r1 ? kR1Gamma : 0.0,
+                                                  kR1Every);
+        obj->set_simultaneous(p.simultaneous);
+        obj->set_shared_d_forward(p.shared_d_forward);
+        obj->set_d_joint_pass(p.joint);
+        obj->set_aux_class_weight(kWeight);
+        return obj;
+      },
+      [&](const StepMetrics& m) {
+        r.class_real = m.class_real;
+        r.class_fake = m.class_fake;
+      });
   return r;
 }
 
@@ -110,17 +89,10 @@ struct RefOptions {
 // latent draw, then G's against D_{t+1} on a second draw. Simultaneous: one draw, both
 // gradients at (G_t, D_t).
 Trained reference(const Data& data, RefOptions o) {
-  MpiCommunicator self(MPI_COMM_SELF, 60.0);
-  BigGanFamily fam(with_head());
-  ShardingConfig sc = test_util::sharding(0);
-  auto g = build_sharded_model(fam.generator(self), self, sc, 11, at::kDouble);
-  auto d = build_sharded_model(fam.discriminator(self), self, sc, 12, at::kDouble);
-  Trained r;
-  r.g_init = g->gather_full_parameters();
-  r.d_init = d->gather_full_parameters();
-  g->begin_higher_order();
-  d->begin_higher_order();
-  const std::vector<at::Tensor> gp = test_util::unit_params(*g), dp = test_util::unit_params(*d);
+  test_util::PlainGan pg(with_head());
+  auto &g = pg.g, &d = pg.d;
+  const std::vector<at::Tensor>&gp = pg.gp, &dp = pg.dp;
+  BigGanFamily& fam = pg.fam;
   auto gen = at::detail::createCPUGenerator(5);
   const int64_t m = data.global / kMicro;
   const auto add = test_util::accumulate;
@@ -179,8 +151,8 @@ Trained reference(const Data& data, RefOptions o) {
       apply(gp, g_grad(zg));
     }
   }
-  r.g = g->gather_full_parameters();
-  r.d = d->gather_full_parameters();
+  Trained r;
+  static_cast<test_util::TrainedParams&>(r) = pg.result();
   return r;
 }
 

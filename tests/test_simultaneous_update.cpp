@@ -30,9 +30,6 @@
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/models/biggan.h"
 #include "shardgan/nn/power_iteration.h"
-#include "shardgan/optim/factory.h"
-#include "shardgan/optim/loss_scaler.h"
-#include "shardgan/sharding/deferred.h"
 #include "shardgan/train/objective.h"
 #include "float64_gan_reference.h"
 #include "test_util.h"
@@ -50,59 +47,28 @@ constexpr double kLr = 0.1;
 
 Data make_data() { return test_util::make_step_data(kSteps, kMicro); }
 
-struct Trained {
-  Named g_init, d_init, g, d;
-};
+using Trained = test_util::TrainedParams;
 
 // The objective: kSteps steps on `comm` at `stage`.
 Trained train(MpiCommunicator& comm, int stage, bool simultaneous, const Data& data, bool shared_d_forward = false,
               bool joint = false) {
-  BigGanFamily fam(test_util::tiny_biggan());
-  ShardingConfig sc = test_util::sharding(stage);
-  auto g = build_sharded_model(fam.generator(comm), comm, sc, 11, at::kDouble);
-  auto d = build_sharded_model(fam.discriminator(comm), comm, sc, 12, at::kDouble);
-  OptimizerConfig sgd;
-  sgd.type = OptimizerType::kSgd;
-  sgd.lr = kLr;
-  auto og = make_optimizer(*g, sgd);
-  auto od = make_optimizer(*d, sgd);
-  DynamicLossScaler sg(LossScalerConfig{}, at::kDouble), sd(LossScalerConfig{}, at::kDouble);
-  GanObjective obj("hinge", /*d_steps=*/1, kMicro, 0.0, comm);
-  obj.set_simultaneous(simultaneous);
-  obj.set_shared_d_forward(shared_d_forward);
-  obj.set_d_joint_pass(joint);
-  const int64_t w = comm.world_size(), per = data.global / kMicro / w;
-  auto gen = at::detail::createCPUGenerator(5);
-  int64_t t = 0;
-  StepInputs in;
-  in.local = [&](const at::Tensor& a, int64_t j) { return a.narrow(0, (j * w + comm.rank()) * per, per); };
-  in.real = [&](int64_t j) { return TensorList{in.local(data.x[t], j), in.local(data.y[t], j)}; };
-  in.latents = [&] { return TensorList{fam.sample_latents(data.global, gen, at::kDouble), data.y[t]}; };
-  Trained r;
-  r.g_init = g->gather_full_parameters();
-  r.d_init = d->gather_full_parameters();
-  PowerIterationPause paused;
-  for (t = 0; t < kSteps; ++t) obj.step({g.get(), og.get(), &sg}, {d.get(), od.get(), &sd}, in);
-  r.g = g->gather_full_parameters();
-  r.d = d->gather_full_parameters();
-  return r;
+  return test_util::run_objective(comm, test_util::tiny_biggan(), stage, data, kMicro, kLr, [&] {
+    auto obj = std::make_unique<GanObjective>("hinge", /*d_steps=*/1, kMicro, 0.0, comm);
+    obj->set_simultaneous(simultaneous);
+    obj->set_shared_d_forward(shared_d_forward);
+    obj->set_d_joint_pass(joint);
+    return obj;
+  });
 }
 
 // The reference: the two equations with plain autograd, on this rank alone. With
 // `g_against_next_d` (the negative control), G's gradient is taken against D_{t+1}: the
 // same latents and images, D updated first.
 Trained reference(const Data& data, bool g_against_next_d = false) {
-  MpiCommunicator self(MPI_COMM_SELF, 60.0);
-  BigGanFamily fam(test_util::tiny_biggan());
-  ShardingConfig sc = test_util::sharding(0);
-  auto g = build_sharded_model(fam.generator(self), self, sc, 11, at::kDouble);
-  auto d = build_sharded_model(fam.discriminator(self), self, sc, 12, at::kDouble);
-  Trained r;
-  r.g_init = g->gather_full_parameters();
-  r.d_init = d->gather_full_parameters();
-  g->begin_higher_order();  // every unit gathered, run as a plain module
-  d->begin_higher_order();
-  const std::vector<at::Tensor> gp = test_util::unit_params(*g), dp = test_util::unit_params(*d);
+  test_util::PlainGan p(test_util::tiny_biggan());  // every unit gathered, run as a plain module
+  auto &g = p.g, &d = p.d;
+  const std::vector<at::Tensor>&gp = p.gp, &dp = p.dp;
+  BigGanFamily& fam = p.fam;
   auto gen = at::detail::createCPUGenerator(5);
   const int64_t m = data.global / kMicro;  // one global micro-batch
   PowerIterationPause paused;
@@ -140,9 +106,7 @@ Trained reference(const Data& data, bool g_against_next_d = false) {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < gp.size(); ++i) gp[i].sub_(kLr * g_grad[i]);
   }
-  r.g = g->gather_full_parameters();
-  r.d = d->gather_full_parameters();
-  return r;
+  return p.result();
 }
 
 const auto worst = test_util::worst_relative;
