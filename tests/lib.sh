@@ -7,6 +7,17 @@ ok()   { echo "PASS: $*"; PASSED=$((PASSED + 1)); }
 bad()  { echo "FAIL: $*"; FAILED=$((FAILED + 1)); }
 finish() { echo "$PASSED passed, $FAILED failed"; [ "$FAILED" -eq 0 ]; }
 MPIRUN=(mpirun --oversubscribe)
+# expect_fail NAME TEXT CMD...: CMD must exit non-zero within 90 s and print TEXT
+# (its output goes to $T/out.txt).
+expect_fail() {
+  local name=$1 want=$2; shift 2
+  timeout 90 "$@" > "$T/out.txt" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ]; then bad "$name: exited 0"; return; fi
+  if [ $rc -eq 124 ]; then bad "$name: hung"; return; fi
+  if grep -qF -- "$want" "$T/out.txt"; then ok "$name: exit $rc: $(grep -F -- "$want" "$T/out.txt" | head -1 | cut -c1-220)"
+  else bad "$name: exit $rc but no '$want' in: $(tail -5 "$T/out.txt")"; fi
+}
 # same_checkpoint A B [LABEL]: every rank file of checkpoint directory A equals B's bit for
 # bit (h5diff, no tolerance) in /generator, /discriminator (parameters, optimizer state,
 # EMA) and /rng; one ok/bad per rank and group, each naming LABEL.

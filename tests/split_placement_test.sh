@@ -16,6 +16,10 @@
 #   - checkpoint.async (fork and copy snapshots) saves the synchronous run's checkpoints.
 #   - shardgan-ckpt verify accepts a split checkpoint; --dry-run reports each group's need,
 #     and the pre-flight refuses a split that does not fit, naming placement.generator_ranks.
+#   - A step's world figures arrive one step late (after the next step's work), yet a
+#     NaN under train.on_nonfinite=abort ends every rank naming its step, and SIGTERM to
+#     one of D's ranks ends every rank after the same step with a checkpoint that resumes
+#     to the uninterrupted run bit for bit.
 #   - Bad settings end every rank naming the key.
 TRAIN=$1; CKPT=$2; SRC=$3
 source "$(dirname "$0")/lib.sh"
@@ -38,6 +42,7 @@ close() {  # close A B LABEL: every tensor within 1e-9 of the largest of its kin
     && ok "$3: $out" || bad "$3: $out"
 }
 split() { echo --set train.placement=split --set placement.generator_ranks="$1"; }
+PRE_STEPS=60  # the preemption run: long enough that the signal lands mid-run
 
 for update in alternating simultaneous; do
   U=(--set train.update=$update)
@@ -51,6 +56,12 @@ for update in alternating simultaneous; do
     fi
   done
 done
+
+# placement.defer_figures false (each step's world figures waited for at its end): the
+# same updates, bit for bit.
+run split-nodefer 3 4 --set train.update=simultaneous $(split 1) --set placement.defer_figures=false \
+  || bad "split, defer_figures false: $(tail -3 "$T/split-nodefer.log")"
+same_checkpoint "$(ckpt split-simultaneous-np3-k1 4)" "$(ckpt split-nodefer 4)" "(split, figures at each step's end)"
 
 # Other stages, disk offload, and a D with SyncBatchNorm (DCGAN), simultaneous update.
 SIM=(--set train.update=simultaneous)
@@ -88,7 +99,43 @@ for path, transfers in zip(sys.argv[1:], (4, 3)):
     want = 12 * 1 * 32 * 32 * 8 * transfers
     assert rows and all(r["bytes_between_groups"] == want == r["bytes_between_groups_formula"] for r in rows), (path, want, rows[0])
     assert all(r["idle_g_s"] >= 0 and r["idle_d_s"] >= 0 and r["busy_g_s"] > 0 and r["busy_d_s"] > 0 for r in rows)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4], (path, [r["step"] for r in rows])  # one row per step, in order
 PY
+
+# A step's world figures (losses, NaN/Inf verdicts, the preemption vote) are waited for
+# after the next step: the job still ends on every rank, naming the step it happened in.
+DCF=("${DC[@]}" --set model.dtype=float32 --set train.update=alternating)
+expect_fail "split: on_nonfinite=abort one step later" "step 1: a NaN or Inf in the generator" \
+  "${MPIRUN[@]}" -np 3 "$TRAIN" "${DCF[@]}" $(split 1) --set optim.discriminator.lr=1e38 \
+  --set train.on_nonfinite=abort --set train.steps=6 --set run.dir="$T/nan"
+[ "$(grep -c "train.on_nonfinite is abort" "$T/out.txt")" -eq 3 ] && ok "split abort: all 3 ranks name the cause" \
+  || bad "split abort: $(grep -c "train.on_nonfinite is abort" "$T/out.txt") of 3 ranks named it"
+# SIGTERM to D's last rank only: every rank finishes the same step, saves it and exits 0;
+# --resume auto then reaches the uninterrupted run bit for bit.
+PRE=("${DC[@]}" $(split 1) --set train.steps=$PRE_STEPS)
+timeout 300 "${MPIRUN[@]}" -np 3 "$TRAIN" "${PRE[@]}" --set run.dir="$T/pre-ref" > "$T/pre-ref.log" 2>&1 \
+  || bad "split reference for preemption: $(tail -3 "$T/pre-ref.log")"
+"${MPIRUN[@]}" -np 3 "$TRAIN" "${PRE[@]}" --set run.dir="$T/pre" > "$T/pre.log" 2>&1 &
+MPI_PID=$!
+victim=""
+for _ in $(seq 1 3000); do
+  for p in $(pgrep -P $MPI_PID); do
+    [ "$(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')" = 2 ] && victim=$p
+  done
+  [ -n "$victim" ] && [ -f "$T/pre/metrics.jsonl" ] && [ "$(wc -l < "$T/pre/metrics.jsonl")" -ge 3 ] && break
+  sleep 0.01
+done
+kill -TERM "$victim"
+wait $MPI_PID; rc=$?
+got=$(sed -n 's/.*received SIGTERM (preemption): finished step \([0-9]*\) on every rank.*/\1/p' "$T/pre.log")
+if [ $rc -eq 0 ] && [ -n "$got" ] && [ "$got" -lt "$PRE_STEPS" ]; then
+  ok "split, SIGTERM to D's rank 2: every rank finished step $got, saved it and exited 0"
+  "${MPIRUN[@]}" -np 3 "$TRAIN" "${PRE[@]}" --set run.dir="$T/pre" --resume auto > "$T/pre2.log" 2>&1 \
+    || bad "split resume after SIGTERM: $(tail -3 "$T/pre2.log")"
+  same_checkpoint "$(ckpt pre-ref "$PRE_STEPS")" "$(ckpt pre "$PRE_STEPS")" "(split, preempted at step $got and resumed)"
+else
+  bad "split SIGTERM: exit $rc, step '$got': $(tail -3 "$T/pre.log")"
+fi
 
 # Resume: same placement bit for bit; across placements and world sizes within 1e-9.
 S=$(split 1)

@@ -394,6 +394,9 @@ TrainConfig read_config(Reader& r, const std::string& source) {
   require(c.generator_ranks > 0 && std::isfinite(c.generator_ranks) &&
               (c.generator_ranks < 1 || c.generator_ranks == std::floor(c.generator_ranks)),
           r, "placement.generator_ranks", "must be a whole number of ranks >= 1 or a fraction in (0, 1)");
+  c.defer_figures = r.get<bool>("placement.defer_figures", c.defer_figures,
+      "train.placement split: true waits for a step's losses, NaN/Inf verdicts and preemption votes after the next "
+      "step (neither group waits for the other; logs, aborts and stops come a step later); false at its end");
   c.loss = r.get<std::string>("train.loss", c.loss,
       "nonsaturating (DCGAN, pix2pix's vanilla), hinge (BigGAN) or least_squares (LSGAN)");
   require(c.loss == "nonsaturating" || c.loss == "hinge" || c.loss == "least_squares", r, "train.loss",

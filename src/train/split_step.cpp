@@ -20,14 +20,23 @@ namespace shardgan {
 namespace {
 at::Tensor host(const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); }
 
-// The split step's closing all-reduce: each group's figures, divided by its size, in
-// separate slots, so that one sum over the world gives every rank both groups' averages.
+// The split step's world figures: each group's, divided by its size, in separate slots,
+// so that one sum over the world gives every rank both groups' averages.
 enum Slot : int64_t {
   kLossD, kLossG, kDReal, kDFake, kLossL1, kClassReal, kClassFake,  // as the shared step's stats
   kSkippedD, kSkippedG, kNonfiniteD, kNonfiniteG, kNormD, kNormG, kR1,
   kIdleG, kIdleD, kBusyG, kBusyD, kBytes, kSlots
 };
 }  // namespace
+
+struct GanObjective::SplitFigures {
+  StepMetrics local;
+  at::Tensor mine, all;  // [kSlots + votes] this rank's; [N, kSlots + votes] every rank's
+  int64_t votes = 0;
+  std::unique_ptr<Work> work;
+};
+
+GanObjective::~GanObjective() = default;  // SplitFigures' Work waits for what is in flight
 
 void GanObjective::set_split(SplitPlacement* p) {
   if (p && paired_) throw std::invalid_argument("split placement does not take paired data");
@@ -41,6 +50,14 @@ StepMetrics GanObjective::split_step(TrainedModel g, TrainedModel d, const StepI
   StepMetrics r;
   at::Tensor stats = torch::zeros({kSlots}, torch::kDouble);
   const bool is_g = split_->holds_generator();
+  // G's loss scale lives on G's ranks: D's side returns unscaled dL_G/dx, which G's side
+  // scales, except for the shared D forward, which scales by D's rank's copy of G's
+  // scaler. float16 compute, the only kind that scales, runs only on GPUs, where split
+  // placement is refused (the NCCL backend); a D side that scales must first get G's
+  // current scale each step.
+  if (g.scaler && g.scaler->enabled()) {
+    throw std::logic_error("split placement does not take float16 loss scaling yet");
+  }
   if (is_g) {
     split_g_side(g, in, r);
   } else {
@@ -48,6 +65,8 @@ StepMetrics GanObjective::split_step(TrainedModel g, TrainedModel d, const StepI
   }
   const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double idle_transfers = split_->take_idle_s();
+  const double idle = idle_transfers + split_figures_wait_s_;  // the figures' wait came before t0
+  split_figures_wait_s_ = 0;
   const double n = split_->group().world_size();
   auto put = [&](Slot s, double v) { stats[s] = v / n; };
   if (is_g) {
@@ -61,15 +80,46 @@ StepMetrics GanObjective::split_step(TrainedModel g, TrainedModel d, const StepI
     put(kNormD, r.grad_norm_d);
     put(kR1, r.r1);
   }
-  // The closing all-reduce is where the group done first waits for the other: idle too.
-  const auto t1 = std::chrono::steady_clock::now();
-  at::Tensor probe = torch::zeros({1}, torch::kDouble);
-  comm_.all_reduce(probe, ReduceOp::kSum);
-  const double idle = idle_transfers + std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   put(is_g ? kIdleG : kIdleD, idle);
   put(is_g ? kBusyG : kBusyD, busy - idle_transfers);
   stats[kBytes] = static_cast<double>(split_->take_sent_bytes());
-  comm_.all_reduce(stats, ReduceOp::kSum);
+  split_stats_ = stats;
+  r.loss_scale_d = d.scaler ? d.scaler->scale() : 1.0;
+  r.loss_scale_g = g.scaler ? g.scaler->scale() : 1.0;
+  return r;
+}
+
+void GanObjective::post_split_figures(const StepMetrics& local, const std::vector<double>& votes) {
+  if (!split_stats_.defined()) throw std::logic_error("post_split_figures: no split step since the last post");
+  auto f = std::make_shared<SplitFigures>();
+  f->local = local;
+  f->votes = static_cast<int64_t>(votes.size());
+  f->mine = torch::zeros({kSlots + f->votes}, torch::kDouble);
+  f->mine.narrow(0, 0, kSlots).copy_(split_stats_);
+  for (int64_t i = 0; i < f->votes; ++i) f->mine[kSlots + i] = votes[static_cast<size_t>(i)];
+  split_stats_ = at::Tensor();
+  f->all = torch::empty({comm_.world_size() * f->mine.numel()}, torch::kDouble);
+  f->work = comm_.all_gather_async(f->all, f->mine);
+  split_figures_.push_back(std::move(f));
+}
+
+StepMetrics GanObjective::finish_split_figures(std::vector<double>* votes) {
+  if (split_figures_.empty()) throw std::logic_error("finish_split_figures: no split figures in flight");
+  std::shared_ptr<SplitFigures> f = std::move(split_figures_.front());
+  split_figures_.pop_front();
+  const auto t0 = std::chrono::steady_clock::now();
+  f->work->wait();
+  split_figures_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const at::Tensor all = f->all.view({comm_.world_size(), -1});
+  const at::Tensor stats = all.narrow(1, 0, kSlots).sum(0);  // rank order: the same sum on every rank
+  if (votes) {
+    votes->clear();
+    if (f->votes > 0) {
+      const at::Tensor v = std::get<0>(all.narrow(1, kSlots, f->votes).max(0));
+      for (int64_t i = 0; i < f->votes; ++i) votes->push_back(v[i].item<double>());
+    }
+  }
+  StepMetrics r = f->local;
   r.loss_d = stats[kLossD].item<double>();
   r.loss_g = stats[kLossG].item<double>();
   r.d_real = stats[kDReal].item<double>();
@@ -89,8 +139,6 @@ StepMetrics GanObjective::split_step(TrainedModel g, TrainedModel d, const StepI
   r.busy_g_s = stats[kBusyG].item<double>();
   r.busy_d_s = stats[kBusyD].item<double>();
   r.bytes_between_groups = static_cast<int64_t>(stats[kBytes].item<double>());
-  r.loss_scale_d = d.scaler ? d.scaler->scale() : 1.0;
-  r.loss_scale_g = g.scaler ? g.scaler->scale() : 1.0;
   return r;
 }
 

@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <array>
 
 #include <chrono>
@@ -296,6 +297,16 @@ TensorList Trainer::real_micro(int64_t micro) {
 }
 
 StepMetrics Trainer::train_step() {
+  StepMetrics r = run_step();
+  if (split_) {
+    objective_->post_split_figures(r);
+    r = objective_->finish_split_figures();
+  }
+  check_nonfinite(r);
+  return r;
+}
+
+StepMetrics Trainer::run_step() {
   const auto t0 = std::chrono::steady_clock::now();
   step_t0_ = t0;
   if (cfg_.preempt_grace_s > 0) {
@@ -348,8 +359,9 @@ StepMetrics Trainer::train_step() {
   if (ema_ && !r.skipped_g) ema_->update(opt_g_->step_count());
   ++counters_.step;
   r.step = counters_.step;
-  check_nonfinite(r);
-  r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Split placement: the waits for step figures since the last step (Trainer::run) count too.
+  r.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() + figures_wait_s_;
+  figures_wait_s_ = 0;
   last_step_s_ = r.step_time_s;
   struct rusage ru1 {};
   getrusage(RUSAGE_SELF, &ru1);
@@ -556,9 +568,13 @@ bool Trainer::resume_auto() {
   return true;
 }
 
-int Trainer::preemption_vote(double elapsed_s, bool& time_up) {
+std::vector<double> Trainer::local_votes(double elapsed_s) const {
   const bool up = comm_.rank() == 0 && cfg_.time_limit_s > 0 && elapsed_s >= cfg_.time_limit_s;
-  at::Tensor v = torch::tensor({static_cast<double>(preemption_signal()), up ? 1.0 : 0.0}, torch::kDouble);
+  return {static_cast<double>(preemption_signal()), up ? 1.0 : 0.0};
+}
+
+int Trainer::preemption_vote(double elapsed_s, bool& time_up) {
+  at::Tensor v = torch::tensor(local_votes(elapsed_s), torch::kDouble);
   comm_.all_reduce(v, ReduceOp::kMax);
   time_up = v[1].item<double>() > 0.5;
   return static_cast<int>(v[0].item<double>());
@@ -609,35 +625,64 @@ void Trainer::run(const nlohmann::json& preflight) {
   std::string last_ckpt, last_samples;
   double avg_step_s = 0;
   bool saved = false, evaluated = false;  // at the last step run
-  while (counters_.step < cfg_.steps) {
-    StepMetrics m;
-    try {
-      m = train_step();
-    } catch (...) {
-      if (!abandoning_) throw;
-      abandon_step_and_save();
-      return;
-    }
+  // One step's metrics once complete: the NaN/Inf verdict, the progress line, the log.
+  auto complete = [&](StepMetrics& m) {
+    check_nonfinite(m);
     avg_step_s = avg_step_s == 0 ? m.step_time_s : 0.9 * avg_step_s + 0.1 * m.step_time_s;
     ProgressLine::show(progress_text(m, cfg_.steps, cfg_.global_batch, avg_step_s, summary));
     if (periodic_->log_due(m.step)) {
       periodic_->log_step(m, stats_of(g_).model_state_bytes(), stats_of(d_).model_state_bytes());
     }
-    evaluated = cfg_.eval_enabled && cfg_.eval_every > 0 && m.step % cfg_.eval_every == 0 && m.step != cfg_.steps;
+  };
+  while (counters_.step < cfg_.steps) {
+    StepMetrics m;
+    try {
+      m = run_step();
+    } catch (...) {
+      if (!abandoning_) throw;
+      abandon_step_and_save();
+      return;
+    }
+    const int64_t step = m.step;
+    evaluated = cfg_.eval_enabled && cfg_.eval_every > 0 && step % cfg_.eval_every == 0 && step != cfg_.steps;
+    const bool sampled = periodic_->sample_due(step);
+    saved = periodic_->checkpoint_due(step);
+    // Preemption: any rank's signal stops every rank after the same step.
+    bool time_up = false;
+    int sig = 0;
+    auto elapsed_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
+    if (!split_) {
+      complete(m);
+    } else {
+      // Split placement: this step's figures and votes are posted now and finished after
+      // the next step (the previous step's now), unless something world-wide follows.
+      objective_->post_split_figures(m, local_votes(elapsed_s()));
+      const bool settle = !cfg_.defer_figures || evaluated || sampled || saved || step == cfg_.steps;
+      auto finish = [&] {
+        std::vector<double> votes;
+        const auto t0 = std::chrono::steady_clock::now();
+        StepMetrics done = objective_->finish_split_figures(&votes);
+        figures_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        complete(done);
+        sig = std::max(sig, static_cast<int>(votes.at(0)));
+        time_up = time_up || votes.at(1) > 0.5;
+      };
+      while (objective_->split_figures_in_flight() > (settle ? 0u : 1u)) finish();
+      if (sig != 0 || time_up) {
+        while (objective_->split_figures_in_flight() > 0) finish();
+      }
+    }
     if (evaluated) summary.add_eval(evaluate());
-    if (periodic_->sample_due(m.step)) {
+    if (sampled) {
       last_samples = write_samples();
       if (comm_.rank() == 0 && cfg_.plots) write_plots(cfg_.run_dir);
     }
-    saved = periodic_->checkpoint_due(m.step);
     if (saved) {
       last_ckpt = save_async();  // synchronous unless checkpoint.async
       if (comm_.rank() == 0) spdlog::info("checkpoint {}", last_ckpt);
     }
-    // Preemption: any rank's signal stops every rank after the same step.
-    bool time_up = false;
-    const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    if (const int sig = preemption_vote(elapsed_s, time_up)) {
+    if (!split_) sig = preemption_vote(elapsed_s(), time_up);
+    if (sig != 0) {
       wait_for_checkpoint_write("preemption");
       if (!saved) last_ckpt = save();
       ProgressLine::finish();

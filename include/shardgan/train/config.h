@@ -92,11 +92,16 @@ struct TrainConfig {
   /// train.placement: "shared" (G and D each sharded over every rank) or "split"
   /// (ParaGAN's asymmetric placement: ranks [0, K) hold only G, ranks [K, N) only D, each
   /// group sharding its model over its own communicator; only G's images and their
-  /// gradients cross between the groups). See split_objective.h.
+  /// gradients cross between the groups). See split_placement.h.
   std::string placement = "shared";
   /// placement.generator_ranks: K, G's ranks under split placement: a count >= 1, or a
   /// fraction in (0, 1) of the world size (rounded, at least 1 and at most N - 1).
   double generator_ranks = 0.5;
+  /// placement.defer_figures: under split placement, wait for a step's world figures
+  /// (losses, NaN/Inf verdicts, preemption and time-limit votes) only after the next step
+  /// (true), so that neither group waits for the other at a step's end, or at the step's
+  /// end (false: metrics and votes on time, G's next forward waits for D's update).
+  bool defer_figures = true;
   std::string loss = "nonsaturating";  ///< train.loss: nonsaturating | hinge | least_squares
   /// train.l1_weight: image-to-image models (ModelFamily::condition_channels() > 0): the
   /// weight of mean|G(A) - B| in G's loss (pix2pix's lambda, 100 by default); 0 otherwise.

@@ -4,7 +4,9 @@
 /// step), each accumulated over micro-batches. Losses: non-saturating (Goodfellow et al.
 /// 2014; DCGAN) or hinge (Lim & Ye 2017; Miyato et al. 2018; BigGAN).
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -20,6 +22,7 @@ class Communicator;
 class DynamicLossScaler;
 class SplitPlacement;
 class ShardedModel;
+class Work;
 class ShardedOptimizer;
 
 /// Global-batch averages of one step (identical on every rank).
@@ -30,7 +33,9 @@ struct StepMetrics {
   /// (0 otherwise). G's loss is loss_g + l1_weight * loss_l1.
   double loss_l1 = 0;
   double d_real = 0, d_fake = 0;  ///< mean sigmoid(D(x)) and sigmoid(D(G(z))), D steps
-  double step_time_s = 0;         ///< wall time of the step on rank 0 (seconds)
+  /// Wall time of the step on rank 0 (seconds); under split placement with the wait for
+  /// step figures that came before it (Trainer::run).
+  double step_time_s = 0;
   double grad_norm_d = 0, grad_norm_g = 0;  ///< global gradient norms (0 unless clipping)
   bool skipped_d = false, skipped_g = false;  ///< a step skipped (float16 overflow, inf norm)
   /// A NaN or Inf in the model's loss or gradients on some rank (float32, float64 and
@@ -68,10 +73,10 @@ struct StepMetrics {
   /// -1 on the CPU.
   int64_t device_mem_peak_allocated_bytes = -1;
   /// train.placement split (0 otherwise): seconds each group's ranks spent waiting for the
-  /// other group in the step (the transfers and the step's closing all-reduce; averaged
-  /// over the group's ranks), the seconds each group was busy (its step time less that
-  /// wait), and the bytes that crossed between the groups (images and their gradients,
-  /// all ranks summed).
+  /// other group in the step (the transfers, and the wait for the previous step's world
+  /// figures, GanObjective::finish_split_figures; averaged over the group's ranks), the
+  /// seconds each group was busy (its step's work less the transfers' wait), and the
+  /// bytes that crossed between the groups (images and their gradients, all ranks summed).
   double idle_g_s = 0, idle_d_s = 0, busy_g_s = 0, busy_d_s = 0;
   int64_t bytes_between_groups = 0;
 };
@@ -165,9 +170,30 @@ class GanObjective {
   /// side returns dL_G/dx before its own update, so G's backward, update and next forward
   /// run while D updates. The model's votes and norms use the group's communicator.
   /// Throws std::invalid_argument with set_paired. `p` must outlive the objective.
+  /// step() then returns this rank's own figures only: see post_split_figures.
   void set_split(SplitPlacement* p);
+  /// set_split: the step's figures that need both groups (the losses, D's outputs, the
+  /// skip and non-finite verdicts, the gradient norms, each group's idle and busy time,
+  /// the bytes between the groups) travel in one all-gather over the world communicator
+  /// that this starts and does not wait for (collective: every rank posts it after every
+  /// step, in the same order). `local`: the metrics step() returned (fields the caller
+  /// filled since are kept); `votes`: caller values of which finish_split_figures gives
+  /// the world's maximum (the trainer's preemption and time-limit votes). Waiting for a
+  /// step's figures only after the next step's work is what lets G's ranks run that next
+  /// step's forward while D's ranks finish their update (ParaGAN, Shi, Li and You 2024,
+  /// Sec. 4: neither model waits for the other's update). Throws std::logic_error without
+  /// a split step since the last post.
+  void post_split_figures(const StepMetrics& local, const std::vector<double>& votes = {});
+  /// Waits for the oldest figures in flight (CollectiveTimeout after the world
+  /// communicator's timeout) and returns its step's metrics, identical on every rank,
+  /// with the world's maxima of the votes in `votes` when given. The wait counts as idle
+  /// time in the next split step. Throws std::logic_error when none is in flight.
+  StepMetrics finish_split_figures(std::vector<double>* votes = nullptr);
+  /// How many steps' figures are in flight (posted, not finished).
+  size_t split_figures_in_flight() const { return split_figures_.size(); }
   GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches, double grad_clip,
                Communicator& comm, double r1_gamma = 0.0, int64_t r1_every = 1);
+  ~GanObjective();  // waits for split figures still in flight
 
   /// D's loss on logits [B] of real images and of fake images, each a mean over the batch;
   /// the D loss is their sum. Local.
@@ -226,6 +252,11 @@ class GanObjective {
   /// The communicator of this rank's model updates: the world's, or split's group.
   Communicator& update_comm() const;
   SplitPlacement* split_ = nullptr;
+  /// The last split_step's figures (split_step.cpp's slots, each divided by the group size).
+  at::Tensor split_stats_;
+  struct SplitFigures;  // post_split_figures: one step's exchange in flight
+  std::deque<std::shared_ptr<SplitFigures>> split_figures_;  // shared_ptr: SplitFigures is incomplete here
+  double split_figures_wait_s_ = 0;  // finish_split_figures' waits since the last split step
   bool simultaneous_ = false;
   bool paired_ = false;
   double l1_weight_ = 0, adversarial_weight_ = 1;

@@ -50,7 +50,8 @@ class Trainer {
   Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images = {}, at::Tensor labels = {});
   ~Trainer();
 
-  /// Collective. d_steps D updates then one G update on the next global batches.
+  /// Collective. d_steps D updates then one G update on the next global batches; its
+  /// metrics are complete (under split placement it waits for the step's world figures).
   StepMetrics train_step();
 
   /// Collective. Trains until step() == cfg.steps, logging, sampling and checkpointing
@@ -60,6 +61,12 @@ class Trainer {
   /// a preemption signal (preemption.h): if any rank got one, every rank saves a
   /// checkpoint and returns early. Throws NonFiniteError (objective.h) on every rank when a
   /// NaN or Inf ends the job (train.on_nonfinite, train.max_nonfinite_steps).
+  /// With train.placement split the vote rides with the step's world figures
+  /// (GanObjective::post_split_figures), which are waited for only after the next step,
+  /// so that G's ranks need not wait for D's update: a step's figures are logged, its
+  /// NaN/Inf verdict acted on, and its votes obeyed one step later, at the end of the
+  /// next step (every rank alike). Before an evaluation, a sample grid, a checkpoint or
+  /// the last step nothing is left in flight.
   void run(const nlohmann::json& preflight = nullptr);
 
   /// Collective. Saves a checkpoint of the current state synchronously (after waiting for
@@ -118,6 +125,12 @@ class Trainer {
   /// Counts a step whose update was skipped for a NaN or Inf, and throws NonFiniteError
   /// when the policy says so (identically on every rank: the flags were voted).
   void check_nonfinite(StepMetrics& r);
+  /// Collective. The step itself: under split placement without its world figures
+  /// (GanObjective::post_split_figures), else complete but for check_nonfinite.
+  StepMetrics run_step();
+  /// Local: this rank's preemption signal (or 0) and rank 0's verdict on
+  /// train.time_limit_s after `elapsed_s` seconds of training (1 or 0), for a vote.
+  std::vector<double> local_votes(double elapsed_s) const;
   /// Collective (one all-reduce of 2 doubles): the largest preemption signal any rank
   /// received, or 0; `time_up` is rank 0's verdict on train.time_limit_s (`elapsed_s`,
   /// seconds since training started, is read on rank 0 only), the same on every rank.
@@ -171,6 +184,7 @@ class Trainer {
   // the model of the group is built here: the other's pointers stay null.
   std::unique_ptr<Communicator> group_comm_;
   std::unique_ptr<SplitPlacement> split_;
+  double figures_wait_s_ = 0;  // split: run()'s waits for step figures since the last step
   int data_rank_ = 0, data_size_ = 1;  // this rank's slice of each micro-batch: rank, ranks
   int64_t g_numel_ = 0, d_numel_ = 0;  // both models' sizes, on every rank
   const ModelFamily& family_;
