@@ -20,6 +20,8 @@
 #     NaN under train.on_nonfinite=abort ends every rank naming its step, and SIGTERM to
 #     one of D's ranks ends every rank after the same step with a checkpoint that resumes
 #     to the uninterrupted run bit for bit.
+#   - ZeRO++ hpZ inside a group (G on 4 of 6 ranks, secondary groups of 2) is bit-identical
+#     to the same split without it.
 #   - Bad settings end every rank naming the key.
 TRAIN=$1; CKPT=$2; SRC=$3
 source "$(dirname "$0")/lib.sh"
@@ -81,6 +83,21 @@ timeout 300 "${MPIRUN[@]}" -np 2 "$TRAIN" "${DC[@]}" --set run.dir="$T/dc-shared
 timeout 300 "${MPIRUN[@]}" -np 3 "$TRAIN" "${DC[@]}" $(split 1) --set run.dir="$T/dc-split" > "$T/dc-split.log" 2>&1 \
   || bad "dcgan split: $(tail -3 "$T/dc-split.log")"
 close "$(ckpt dc-split 3)" "$(ckpt dc-shared 3)" "DCGAN (SyncBatchNorm in G and D): split (G on 1 of 3) against shared on 2"
+
+# ZeRO++ hpZ inside each group: G on 4 of 6 ranks with secondary groups of 2, D on 2 with
+# one of 2; bit-identical to the same split without hpZ, G's gathers after the first in
+# its secondary group.
+HPZ=(--set train.update=simultaneous --set train.global_batch=16 $(split 4))
+run split-nohpz 6 3 "${HPZ[@]}" || bad "split on 6: $(tail -3 "$T/split-nohpz.log")"
+run split-hpz 6 3 "${HPZ[@]}" --set sharding.generator.hpz_partition_size=2 \
+  --set sharding.discriminator.hpz_partition_size=2 || bad "split with hpZ: $(tail -3 "$T/split-hpz.log")"
+same_checkpoint "$(ckpt split-nohpz 3)" "$(ckpt split-hpz 3)" "(split with hpZ in each group)"
+"${SHARDGAN_PYTHON:-python3}" - "$T/split-hpz/metrics.jsonl" <<'PY' && ok "split with hpZ: G's rank 0 gathers in its secondary group" \
+  || bad "split with hpZ: no bytes in the secondary group"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss_d"' in l]
+assert len(rows) == 3 and all(r["comm_bytes_secondary"] > 0 for r in rows), [r.get("comm_bytes_secondary") for r in rows]
+PY
 
 # The simultaneous update with D run twice on the fakes (train.shared_d_forward false).
 TWICE=(--set train.update=simultaneous --set train.shared_d_forward=false)
@@ -219,5 +236,9 @@ refused "split on one rank" "train.placement split on 1 ranks: needs at least 2"
 refused "micro-batch not divisible" "must divide among G's 1 ranks and D's 4" 5 $(split 1)
 refused "split with HSDP" "'train.placement'.*hybrid sharding" 2 $(split 1) --set sharding.discriminator.replicate_degree=2
 refused "bad placement" "'train.placement'.*must be shared or split" 2 --set train.placement=apart
+refused "split with hpZ auto" "'sharding.generator.hpz_partition_size'.*not taken with train.placement split" 2 $(split 1) \
+  --set sharding.generator.hpz_partition_size=auto
+refused "split with an hpZ size that does not divide G's ranks" "does not divide G's ranks (placement.generator_ranks) 2" \
+  4 $(split 2) --set sharding.generator.hpz_partition_size=3
 rm -rf "$T"
 finish

@@ -561,9 +561,12 @@ TrainConfig read_config(Reader& r, const std::string& source) {
             "needs dist.backend mpi: the NCCL communicator cannot split into secondary groups yet (set it to 1)");
   }
   if (c.placement == "split") {
-    require(c.g_sharding.hpz_partition_size == 1 && c.d_sharding.hpz_partition_size == 1, r, "train.placement",
-            "split cannot be combined with sharding.<model>.hpz_partition_size yet (set it to 1 or "
-            "train.placement: shared)");
+    for (auto [who, K] : {std::pair{"generator", c.g_sharding.hpz_partition_size},
+                          std::pair{"discriminator", c.d_sharding.hpz_partition_size}}) {
+      require(K != 0, r, std::string("sharding.") + who + ".hpz_partition_size",
+              "auto (one secondary group per node) is not taken with train.placement split: give the secondary "
+              "group's size in ranks, a divisor of the model's group (or 1 for off)");
+    }
     require(c.backend == "mpi", r, "train.placement",
             "split needs dist.backend mpi: the images cross between the groups point to point, which the NCCL "
             "backend does not offer yet (set train.placement: shared)");

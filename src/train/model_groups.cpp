@@ -28,13 +28,13 @@ std::unique_ptr<Communicator> hsdp_communicator(Communicator& world, int replica
 }
 
 std::unique_ptr<Communicator> hpz_secondary_group(Communicator& world, int partition_size, const std::string& who,
-                                                  const std::string& source) {
+                                                  const std::string& source, const std::string& over) {
   if (partition_size == 1) return nullptr;
   const std::string key = "sharding." + who + ".hpz_partition_size";
   const int n = world.world_size();
   if (partition_size > 1 && n % partition_size != 0) {
     throw ConfigError(source + ": key '" + key + "' is " + std::to_string(partition_size) +
-                      ", which does not divide the world size " + std::to_string(n) +
+                      ", which does not divide " + over + " " + std::to_string(n) +
                       " (each secondary group holds that many consecutive ranks; use a divisor, e.g. the ranks per "
                       "node, or 1 for off)");
   }

@@ -16,13 +16,15 @@ namespace shardgan {
 std::unique_ptr<Communicator> hsdp_communicator(Communicator& world, int replicate_degree, const std::string& who,
                                                 const std::string& source);
 
-/// sharding.<who>.hpz_partition_size K (0: one group per node): collective over `world` (the
-/// layout's all-gather and a split) unless K is 1; then nullptr. This rank's hpZ secondary
-/// group (ShardedModel::set_secondary_group), or nullptr when `auto` finds one rank per
-/// node. Throws ConfigError starting with `source` and naming the key when K does not
-/// divide the world size (on every rank, before any collective) or the nodes are not
-/// uniform.
+/// sharding.<who>.hpz_partition_size K (0: one group per node): collective over `world`,
+/// the ranks the model shards over (the world's, or its group's under split placement;
+/// the layout's all-gather and a split), unless K is 1; then nullptr. This rank's hpZ
+/// secondary group (ShardedModel::set_secondary_group), or nullptr when `auto` finds one
+/// rank per node. Throws ConfigError starting with `source` and naming the key when K
+/// does not divide `world`'s size (on every rank, before any collective; `over` names
+/// that size in the message) or the nodes are not uniform.
 std::unique_ptr<Communicator> hpz_secondary_group(Communicator& world, int partition_size, const std::string& who,
-                                                  const std::string& source);
+                                                  const std::string& source,
+                                                  const std::string& over = "the world size");
 
 }  // namespace shardgan

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <tuple>
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -96,8 +97,16 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   Communicator& batch_comm = group_comm_ ? *group_comm_ : comm_;
   g_comm_ = hsdp_communicator(comm_, cfg_.g_replicate_degree, "generator", cfg_.source);
   d_comm_ = hsdp_communicator(comm_, cfg_.d_replicate_degree, "discriminator", cfg_.source);
-  g_hpz_ = hpz_secondary_group(comm_, cfg_.g_sharding.hpz_partition_size, "generator", cfg_.source);
-  d_hpz_ = hpz_secondary_group(comm_, cfg_.d_sharding.hpz_partition_size, "discriminator", cfg_.source);
+  // hpZ's secondary groups split the ranks a model shards over: under split placement
+  // its group's (a collective over that group only, so each group builds its model's).
+  if (holds_g) {
+    g_hpz_ = hpz_secondary_group(batch_comm, cfg_.g_sharding.hpz_partition_size, "generator", cfg_.source,
+                                 split ? "G's ranks (placement.generator_ranks)" : "the world size");
+  }
+  if (holds_d) {
+    d_hpz_ = hpz_secondary_group(batch_comm, cfg_.d_sharding.hpz_partition_size, "discriminator", cfg_.source,
+                                 split ? "D's ranks (the world size less placement.generator_ranks)" : "the world size");
+  }
   for (OptimizerConfig* oc : {&cfg_.g_optim, &cfg_.d_optim}) {
     if (oc->offload.optimizer != OffloadDevice::kDisk || !oc->offload.path.empty()) continue;
     oc->offload.path = cfg_.run_dir + "/offload";  // the default; an explicit path must exist
@@ -178,6 +187,19 @@ bool Trainer::make_split_placement() {
     throw ConfigError(where + "each micro-batch of " + std::to_string(micro) + " images (train.global_batch / " +
                       "train.micro_batches) must divide among G's " + std::to_string(k) + " ranks and D's " +
                       std::to_string(n - k) + " (set placement.generator_ranks or train.global_batch)");
+  }
+  // hpZ's secondary groups split each model's group: checked here on every rank, before
+  // only the group's ranks build them.
+  for (auto [who, K, ranks, what] : {std::tuple{"generator", cfg_.g_sharding.hpz_partition_size, k,
+                                                "G's ranks (placement.generator_ranks)"},
+                                     std::tuple{"discriminator", cfg_.d_sharding.hpz_partition_size, n - k,
+                                                "D's ranks (the world size less placement.generator_ranks)"}}) {
+    if (K > 1 && ranks % K != 0) {
+      throw ConfigError(cfg_.source + ": key 'sharding." + who + ".hpz_partition_size' is " + std::to_string(K) +
+                        ", which does not divide " + what + " " + std::to_string(ranks) +
+                        " (each secondary group holds that many of the group's consecutive ranks; use a divisor, or 1 "
+                        "for off)");
+    }
   }
   const bool holds_g = comm_.rank() < k;
   group_comm_ = comm_.split(holds_g ? 0 : 1, comm_.rank());
