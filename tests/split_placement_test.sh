@@ -21,7 +21,7 @@
 #     one of D's ranks ends every rank after the same step with a checkpoint that resumes
 #     to the uninterrupted run bit for bit.
 #   - ZeRO++ hpZ inside a group (G on 4 of 6 ranks, secondary groups of 2) is bit-identical
-#     to the same split without it.
+#     to the same split without it; HSDP inside each group equals it within 1e-9.
 #   - Bad settings end every rank naming the key.
 TRAIN=$1; CKPT=$2; SRC=$3
 source "$(dirname "$0")/lib.sh"
@@ -98,6 +98,16 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss_d"' in l]
 assert len(rows) == 3 and all(r["comm_bytes_secondary"] > 0 for r in rows), [r.get("comm_bytes_secondary") for r in rows]
 PY
+
+# HSDP inside each group: G's 4 ranks as 2 replica groups of 2, D's 2 as 2 of 1, against
+# the same split without it (another reduction order: within 1e-9).
+run split-hsdp 6 3 "${HPZ[@]}" --set sharding.generator.replicate_degree=2 \
+  --set sharding.discriminator.replicate_degree=2 || bad "split with HSDP: $(tail -3 "$T/split-hsdp.log")"
+close "$(ckpt split-hsdp 3)" "$(ckpt split-nohpz 3)" "split with HSDP in each group (G 2 x 2 ranks, D 2 x 1) against split without"
+grep -q "generator: hybrid sharding, 2 replica groups of 2 ranks" "$T/split-hsdp.log" \
+  && grep -q '"comm_bytes_replicate":[1-9]' "$T/split-hsdp/metrics.jsonl" \
+  && ok "split with HSDP: G's replica groups are logged and rank 0 reduces across them" \
+  || bad "split with HSDP: $(grep -m2 "hybrid sharding" "$T/split-hsdp.log")"
 
 # The simultaneous update with D run twice on the fakes (train.shared_d_forward false).
 TWICE=(--set train.update=simultaneous --set train.shared_d_forward=false)
@@ -234,7 +244,10 @@ refused() {  # refused LABEL PATTERN NP ARGS...: the run fails and every rank na
 refused "generator_ranks = world size" "placement.generator_ranks = 2 leaves no rank for D" 2 $(split 2)
 refused "split on one rank" "train.placement split on 1 ranks: needs at least 2" 1 $(split 1)
 refused "micro-batch not divisible" "must divide among G's 1 ranks and D's 4" 5 $(split 1)
-refused "split with HSDP" "'train.placement'.*hybrid sharding" 2 $(split 1) --set sharding.discriminator.replicate_degree=2
+refused "split with HSDP auto" "'sharding.discriminator.replicate_degree'.*not taken with train.placement split" 2 \
+  $(split 1) --set sharding.discriminator.replicate_degree=auto
+refused "split with a replica count that does not divide D's ranks" "replicate_degree' is 2, which does not divide D's ranks" \
+  4 $(split 1) --set sharding.discriminator.replicate_degree=2
 refused "bad placement" "'train.placement'.*must be shared or split" 2 --set train.placement=apart
 refused "split with hpZ auto" "'sharding.generator.hpz_partition_size'.*not taken with train.placement split" 2 $(split 1) \
   --set sharding.generator.hpz_partition_size=auto

@@ -570,9 +570,12 @@ TrainConfig read_config(Reader& r, const std::string& source) {
     require(c.backend == "mpi", r, "train.placement",
             "split needs dist.backend mpi: the images cross between the groups point to point, which the NCCL "
             "backend does not offer yet (set train.placement: shared)");
-    require(c.g_replicate_degree == 1 && c.d_replicate_degree == 1, r, "train.placement",
-            "split cannot be combined with hybrid sharding (sharding.<model>.replicate_degree): each group already "
-            "shards its one model (set replicate_degree: 1 or train.placement: shared)");
+    for (auto [who, R] : {std::pair{"generator", c.g_replicate_degree},
+                          std::pair{"discriminator", c.d_replicate_degree}}) {
+      require(R != 0, r, std::string("sharding.") + who + ".replicate_degree",
+              "auto (one replica group per node) is not taken with train.placement split: give the number of "
+              "replica groups of the model's ranks, a divisor of them (or 1 for off)");
+    }
     require(c.preempt_grace_s == 0, r, "train.placement",
             "split cannot be combined with train.preempt_grace_s yet: the groups reach their unit boundaries at "
             "different times (set train.preempt_grace_s: 0; SIGTERM still saves after the step)");

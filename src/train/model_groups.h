@@ -8,7 +8,8 @@
 
 namespace shardgan {
 
-/// sharding.<who>.replicate_degree R (0: one group per node): collective over `world` (the
+/// sharding.<who>.replicate_degree R (0: one group per node): collective over `world`, the
+/// ranks the model runs on (the world's, or its group's under split placement; the
 /// layout's all-gather and two splits) unless R is 1; then nullptr. The HSDP communicator of
 /// this rank (hybrid_communicator.h), or nullptr when the layout gives one group. Throws
 /// ConfigError starting with `source` and naming the key when R does not divide the world

@@ -109,13 +109,18 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   // Under HSDP a model is sharded over its replica group only (world size / R ranks; with
   // R = auto, one node's ranks).
   auto shard_ways = [&](int R) { return R == 1 ? world_size : R == 0 ? std::max(local_ranks, 1) : std::max(world_size / R, 1); };
-  // Split placement: G sharded over its K ranks, D over the other N - K, each rank one model.
+  // Split placement: G sharded over its K ranks, D over the other N - K, each rank one model
+  // (under HSDP over a replica group of them: K / R ranks).
   const bool split = cfg.placement == "split" && world_size >= 2;
   const int k = split ? split_generator_ranks(cfg, world_size) : 0;
+  auto group_ways = [](int ranks, int R) { return std::max(R > 1 ? ranks / R : ranks, 1); };
   ModelMemorySpec g = spec_for(cfg, cfg.family->generator(comm), cfg.g_sharding, cfg.g_optim, cfg.ema_enabled,
-                               split ? std::max(k, 1) : shard_ways(cfg.g_replicate_degree), local_ranks);
+                               split ? group_ways(k, cfg.g_replicate_degree) : shard_ways(cfg.g_replicate_degree),
+                               local_ranks);
   ModelMemorySpec d = spec_for(cfg, cfg.family->discriminator(comm), cfg.d_sharding, cfg.d_optim, false,
-                               split ? std::max(world_size - k, 1) : shard_ways(cfg.d_replicate_degree), local_ranks);
+                               split ? group_ways(world_size - k, cfg.d_replicate_degree)
+                                     : shard_ways(cfg.d_replicate_degree),
+                               local_ranks);
   auto ge = estimate_all_stages(g), de = estimate_all_stages(d);
   auto sum = [](const std::vector<int64_t>& v) {
     int64_t n = 0;

@@ -95,10 +95,11 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   // SyncBatchNorm and the data stay on the world communicator (split: the group's); a
   // model shards over its own (the replica group's under HSDP, the group's under split).
   Communicator& batch_comm = group_comm_ ? *group_comm_ : comm_;
-  g_comm_ = hsdp_communicator(comm_, cfg_.g_replicate_degree, "generator", cfg_.source);
-  d_comm_ = hsdp_communicator(comm_, cfg_.d_replicate_degree, "discriminator", cfg_.source);
-  // hpZ's secondary groups split the ranks a model shards over: under split placement
-  // its group's (a collective over that group only, so each group builds its model's).
+  // HSDP's replica groups and hpZ's secondary groups split the ranks a model runs on:
+  // under split placement its group's (a collective over that group only, so each group
+  // builds its own model's).
+  if (holds_g) g_comm_ = hsdp_communicator(batch_comm, cfg_.g_replicate_degree, "generator", cfg_.source);
+  if (holds_d) d_comm_ = hsdp_communicator(batch_comm, cfg_.d_replicate_degree, "discriminator", cfg_.source);
   if (holds_g) {
     g_hpz_ = hpz_secondary_group(batch_comm, cfg_.g_sharding.hpz_partition_size, "generator", cfg_.source,
                                  split ? "G's ranks (placement.generator_ranks)" : "the world size");
@@ -188,12 +189,18 @@ bool Trainer::make_split_placement() {
                       "train.micro_batches) must divide among G's " + std::to_string(k) + " ranks and D's " +
                       std::to_string(n - k) + " (set placement.generator_ranks or train.global_batch)");
   }
-  // hpZ's secondary groups split each model's group: checked here on every rank, before
-  // only the group's ranks build them.
-  for (auto [who, K, ranks, what] : {std::tuple{"generator", cfg_.g_sharding.hpz_partition_size, k,
-                                                "G's ranks (placement.generator_ranks)"},
-                                     std::tuple{"discriminator", cfg_.d_sharding.hpz_partition_size, n - k,
-                                                "D's ranks (the world size less placement.generator_ranks)"}}) {
+  // HSDP's replica groups and hpZ's secondary groups split each model's group: checked
+  // here on every rank, before only the group's ranks build them.
+  for (auto [who, R, K, ranks, what] :
+       {std::tuple{"generator", cfg_.g_replicate_degree, cfg_.g_sharding.hpz_partition_size, k,
+                   "G's ranks (placement.generator_ranks)"},
+        std::tuple{"discriminator", cfg_.d_replicate_degree, cfg_.d_sharding.hpz_partition_size, n - k,
+                   "D's ranks (the world size less placement.generator_ranks)"}}) {
+    if (R > 1 && ranks % R != 0) {
+      throw ConfigError(cfg_.source + ": key 'sharding." + who + ".replicate_degree' is " + std::to_string(R) +
+                        ", which does not divide " + what + " " + std::to_string(ranks) +
+                        " (each replica group holds that many ranks' share of them; use a divisor, or 1 for off)");
+    }
     if (K > 1 && ranks % K != 0) {
       throw ConfigError(cfg_.source + ": key 'sharding." + who + ".hpz_partition_size' is " + std::to_string(K) +
                         ", which does not divide " + what + " " + std::to_string(ranks) +
