@@ -2,6 +2,8 @@
 // replica groups and hpZ's secondary groups, both laid out by hsdp_layout.
 #include "train/model_groups.h"
 
+#include <tuple>
+
 #include <spdlog/spdlog.h>
 
 #include "shardgan/comm/hybrid_communicator.h"
@@ -28,13 +30,13 @@ std::unique_ptr<Communicator> hsdp_communicator(Communicator& world, int replica
 }
 
 std::unique_ptr<Communicator> hpz_secondary_group(Communicator& world, int partition_size, const std::string& who,
-                                                  const std::string& source, const std::string& over) {
+                                                  const std::string& source) {
   if (partition_size == 1) return nullptr;
   const std::string key = "sharding." + who + ".hpz_partition_size";
   const int n = world.world_size();
   if (partition_size > 1 && n % partition_size != 0) {
     throw ConfigError(source + ": key '" + key + "' is " + std::to_string(partition_size) +
-                      ", which does not divide " + over + " " + std::to_string(n) +
+                      ", which does not divide the world size " + std::to_string(n) +
                       " (each secondary group holds that many consecutive ranks; use a divisor, e.g. the ranks per "
                       "node, or 1 for off)");
   }
@@ -55,6 +57,27 @@ std::unique_ptr<Communicator> hpz_secondary_group(Communicator& world, int parti
                  "update stay in the group", who, l.group_size, l.by_node ? "one per node" : "blocks of consecutive ranks");
   }
   return world.split(l.group, l.group_rank);
+}
+
+void check_split_group_divisors(const TrainConfig& cfg, int world_size, int generator_ranks) {
+  const int k = generator_ranks;
+  for (auto [who, R, K, ranks, what] :
+       {std::tuple{"generator", cfg.g_replicate_degree, cfg.g_sharding.hpz_partition_size, k,
+                   "G's ranks (placement.generator_ranks)"},
+        std::tuple{"discriminator", cfg.d_replicate_degree, cfg.d_sharding.hpz_partition_size, world_size - k,
+                   "D's ranks (the world size less placement.generator_ranks)"}}) {
+    if (R > 1 && ranks % R != 0) {
+      throw ConfigError(cfg.source + ": key 'sharding." + who + ".replicate_degree' is " + std::to_string(R) +
+                        ", which does not divide " + what + " " + std::to_string(ranks) +
+                        " (each replica group holds that many ranks' share of them; use a divisor, or 1 for off)");
+    }
+    if (K > 1 && ranks % K != 0) {
+      throw ConfigError(cfg.source + ": key 'sharding." + who + ".hpz_partition_size' is " + std::to_string(K) +
+                        ", which does not divide " + what + " " + std::to_string(ranks) +
+                        " (each secondary group holds that many of the group's consecutive ranks; use a divisor, or 1 "
+                        "for off)");
+    }
+  }
 }
 
 }  // namespace shardgan

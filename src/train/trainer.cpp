@@ -8,7 +8,6 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
-#include <tuple>
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -100,14 +99,8 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   // builds its own model's).
   if (holds_g) g_comm_ = hsdp_communicator(batch_comm, cfg_.g_replicate_degree, "generator", cfg_.source);
   if (holds_d) d_comm_ = hsdp_communicator(batch_comm, cfg_.d_replicate_degree, "discriminator", cfg_.source);
-  if (holds_g) {
-    g_hpz_ = hpz_secondary_group(batch_comm, cfg_.g_sharding.hpz_partition_size, "generator", cfg_.source,
-                                 split ? "G's ranks (placement.generator_ranks)" : "the world size");
-  }
-  if (holds_d) {
-    d_hpz_ = hpz_secondary_group(batch_comm, cfg_.d_sharding.hpz_partition_size, "discriminator", cfg_.source,
-                                 split ? "D's ranks (the world size less placement.generator_ranks)" : "the world size");
-  }
+  if (holds_g) g_hpz_ = hpz_secondary_group(batch_comm, cfg_.g_sharding.hpz_partition_size, "generator", cfg_.source);
+  if (holds_d) d_hpz_ = hpz_secondary_group(batch_comm, cfg_.d_sharding.hpz_partition_size, "discriminator", cfg_.source);
   for (OptimizerConfig* oc : {&cfg_.g_optim, &cfg_.d_optim}) {
     if (oc->offload.optimizer != OffloadDevice::kDisk || !oc->offload.path.empty()) continue;
     oc->offload.path = cfg_.run_dir + "/offload";  // the default; an explicit path must exist
@@ -189,25 +182,7 @@ bool Trainer::make_split_placement() {
                       "train.micro_batches) must divide among G's " + std::to_string(k) + " ranks and D's " +
                       std::to_string(n - k) + " (set placement.generator_ranks or train.global_batch)");
   }
-  // HSDP's replica groups and hpZ's secondary groups split each model's group: checked
-  // here on every rank, before only the group's ranks build them.
-  for (auto [who, R, K, ranks, what] :
-       {std::tuple{"generator", cfg_.g_replicate_degree, cfg_.g_sharding.hpz_partition_size, k,
-                   "G's ranks (placement.generator_ranks)"},
-        std::tuple{"discriminator", cfg_.d_replicate_degree, cfg_.d_sharding.hpz_partition_size, n - k,
-                   "D's ranks (the world size less placement.generator_ranks)"}}) {
-    if (R > 1 && ranks % R != 0) {
-      throw ConfigError(cfg_.source + ": key 'sharding." + who + ".replicate_degree' is " + std::to_string(R) +
-                        ", which does not divide " + what + " " + std::to_string(ranks) +
-                        " (each replica group holds that many ranks' share of them; use a divisor, or 1 for off)");
-    }
-    if (K > 1 && ranks % K != 0) {
-      throw ConfigError(cfg_.source + ": key 'sharding." + who + ".hpz_partition_size' is " + std::to_string(K) +
-                        ", which does not divide " + what + " " + std::to_string(ranks) +
-                        " (each secondary group holds that many of the group's consecutive ranks; use a divisor, or 1 "
-                        "for off)");
-    }
-  }
+  check_split_group_divisors(cfg_, n, k);  // on every rank, before only a group's ranks split it
   const bool holds_g = comm_.rank() < k;
   group_comm_ = comm_.split(holds_g ? 0 : 1, comm_.rank());
   data_rank_ = group_comm_->rank();
