@@ -12,6 +12,11 @@
 #    BatchNorm statistics are given back).
 # 3. A second signal ends the process at once (the handler restores the default action);
 #    before, it was ignored and the step ran on.
+# 4. Split placement (G on 1 of 3 ranks, simultaneous update, 4 micro-batches): the ranks
+#    vote at every transfer between the groups instead of at unit boundaries. A signal 1 s
+#    into a step (that of the step-1 metrics row, which the deferred step figures write
+#    after step 2's work) abandons a step on every rank, saves the one before within the
+#    grace, exits 0, and --resume auto reaches the uninterrupted split run bit for bit.
 TRAIN=$1; CKPT=$2; SRC=$3
 source "$(dirname "$0")/lib.sh"
 T=$(mktemp -d /tmp/shardgan-grace.XXXXXX)
@@ -59,5 +64,40 @@ kill -TERM $pid; sleep 1; t0=$SECONDS; kill -TERM $pid
 wait $pid; rc=$?
 [ $rc -eq 143 ] && [ $((SECONDS - t0)) -le 3 ] && ok "a second SIGTERM ended the process at once (exit 143)" \
   || bad "second SIGTERM: exit $rc after $((SECONDS - t0)) s"
+# 4. Split placement.
+SPLIT=(--set train.placement=split --set placement.generator_ranks=1 --set train.update=simultaneous
+       --set train.micro_batches=4 --set train.steps=4)
+timeout 600 "${MPIRUN[@]}" -np 3 "$TRAIN" "${ARGS[@]}" "${SPLIT[@]}" --set run.dir="$T/sa" > "$T/sa.log" 2>&1 \
+  && ok "split: uninterrupted 4 steps" || bad "split uninterrupted run: $(tail -3 "$T/sa.log")"
+GRACE=$(grep -oE '"step_time_s": ?[0-9.]*' "$T/sa/metrics.jsonl" | sed 's/.*: *//' \
+        | awk '{ s += $1; n++ } END { g = 0.8 * s / n; if (g < 3) g = 3; printf "%.1f", g }')
+echo "split grace: $GRACE s"
+"${MPIRUN[@]}" -np 3 "$TRAIN" "${ARGS[@]}" "${SPLIT[@]}" --set train.preempt_grace_s=$GRACE --set run.dir="$T/sb" \
+  > "$T/sb.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 900); do grep -qE '"step": ?1[,}]' "$T/sb/metrics.jsonl" 2>/dev/null && break; sleep 0.2; done
+sleep 1
+t0=$(date +%s.%N)
+kill -USR1 $pid
+wait $pid; rc=$?
+took=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }')
+n=$(sed -n 's/.*preemption: abandoned step \([0-9]*\).*/\1/p' "$T/sb.log" | head -1)
+if [ $rc -eq 0 ] && [ -n "$n" ]; then
+  ok "split: step $n abandoned on every rank, exit 0"
+  awk -v t="$took" -v g="$GRACE" 'BEGIN { exit !(t < g) }' && ok "split: saved and exited ${took} s after the signal (grace $GRACE s)" \
+    || bad "split: took ${took} s, past the $GRACE s grace"
+  prev=$(printf %08d $((n - 1)))
+  "$CKPT" verify "$T/sb/checkpoints/step-$prev" > "$T/v.txt" 2>&1 && ok "split: the step-$((n - 1)) checkpoint verifies" \
+    || bad "split verify: $(tail -3 "$T/v.txt")"
+  [ ! -e "$T/sb/checkpoints/step-$(printf %08d "$n")" ] && ok "split: no step-$n checkpoint" || bad "split: a step-$n checkpoint exists"
+  rows=$(grep -oE '"step": ?[0-9]+' "$T/sb/metrics.jsonl" | sed 's/.*: *//' | tr '\n' ' ')
+  [ "$rows" = "$(seq -s ' ' 1 $((n - 1))) " ] && ok "split: metrics rows $rows(the step in flight logged before the save)" \
+    || bad "split: metrics rows '$rows', not 1..$((n - 1))"
+  timeout 600 "${MPIRUN[@]}" -np 3 "$TRAIN" "${ARGS[@]}" "${SPLIT[@]}" --set run.dir="$T/sb" --resume auto > "$T/sc.log" 2>&1 \
+    && ok "split: resumed to step 4" || bad "split resume: $(tail -3 "$T/sc.log")"
+  same_checkpoint "$T/sa/checkpoints/step-00000004" "$T/sb/checkpoints/step-00000004" "(split, abandoned step $n and resumed)"
+else
+  bad "split: exit $rc, abandoned step '$n': $(grep -m3 -i preempt "$T/sb.log")"
+fi
 rm -rf "$T"
 finish

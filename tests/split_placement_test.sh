@@ -22,6 +22,8 @@
 #     to the uninterrupted run bit for bit.
 #   - ZeRO++ hpZ inside a group (G on 4 of 6 ranks, secondary groups of 2) is bit-identical
 #     to the same split without it; HSDP inside each group equals it within 1e-9.
+#   - pix2pix (paired data): split equals shared within 1e-9 (G on 1 or 2 ranks, D on 1-2),
+#     with the same logged L1 and adversarial losses, and resumes bit for bit.
 #   - Bad settings end every rank naming the key.
 TRAIN=$1; CKPT=$2; SRC=$3
 source "$(dirname "$0")/lib.sh"
@@ -83,6 +85,40 @@ timeout 300 "${MPIRUN[@]}" -np 2 "$TRAIN" "${DC[@]}" --set run.dir="$T/dc-shared
 timeout 300 "${MPIRUN[@]}" -np 3 "$TRAIN" "${DC[@]}" $(split 1) --set run.dir="$T/dc-split" > "$T/dc-split.log" 2>&1 \
   || bad "dcgan split: $(tail -3 "$T/dc-split.log")"
 close "$(ckpt dc-split 3)" "$(ckpt dc-shared 3)" "DCGAN (SyncBatchNorm in G and D): split (G on 1 of 3) against shared on 2"
+
+# pix2pix (paired data) under split: G's ranks read their slices' A (G's input) and B (the
+# L1 target), D's ranks score {G(A), A} with their own slices' A. 2 D steps of 2
+# micro-batches (G's pass reuses the last D step's pairs); against shared within 1e-9, the
+# L1 and adversarial losses of every row alike, and resumed at step 2 bit for bit.
+P2P=("$SRC/configs/fmnist-pix2pix.yaml" --set data.source=synthetic --set data.synthetic_size=48
+     --set train.global_batch=12 --set model.g_width=8 --set model.d_width=8 --set model.dtype=float64
+     --set train.d_steps=2 --set train.micro_batches=2 --set train.log_every=1 --set train.sample_every=0
+     --set train.checkpoint_every=0 --set run.seed=7 --set train.plots=false --set train.skip_memory_check=true)
+p2p() {  # p2p NAME NP STEPS ARGS...
+  local name=$1 np=$2 steps=$3; shift 3
+  timeout 300 "${MPIRUN[@]}" -np "$np" "$TRAIN" "${P2P[@]}" --set train.steps="$steps" --set run.dir="$T/$name" "$@" \
+    > "$T/$name.log" 2>&1 || bad "$name: $(tail -3 "$T/$name.log")"
+}
+p2p p2p-shared 2 4
+for spec in "3 1" "3 2" "4 2"; do
+  set -- $spec
+  p2p "p2p-split-np$1-k$2" "$1" 4 $(split "$2")
+  close "$(ckpt "p2p-split-np$1-k$2" 4)" "$(ckpt p2p-shared 4)" "pix2pix: split (G on $2 of $1 ranks) against shared on 2"
+done
+"${SHARDGAN_PYTHON:-python3}" - "$T/p2p-shared/metrics.jsonl" "$T/p2p-split-np4-k2/metrics.jsonl" <<'PY' \
+  && ok "pix2pix split: loss_l1, loss_g and loss_d of every step equal shared's within 1e-9" \
+  || bad "pix2pix split: the logged losses differ from shared's"
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if '"loss_d"' in l] for p in sys.argv[1:])
+assert len(a) == len(b) == 4, (len(a), len(b))
+for x, y in zip(a, b):
+    assert x["loss_l1"] > 0, x
+    for k in ("loss_l1", "loss_g", "loss_d"):
+        assert abs(x[k] - y[k]) <= 1e-9 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
+PY
+p2p p2p-half 3 2 $(split 2) --set train.checkpoint_every=2
+p2p p2p-half 3 4 $(split 2) --resume "$T/p2p-half"
+same_checkpoint "$(ckpt p2p-split-np3-k2 4)" "$(ckpt p2p-half 4)" "(pix2pix split, resumed at step 2)"
 
 # ZeRO++ hpZ inside each group: G on 4 of 6 ranks with secondary groups of 2, D on 2 with
 # one of 2; bit-identical to the same split without hpZ, G's gathers after the first in

@@ -425,9 +425,6 @@ TrainConfig read_config(Reader& r, const std::string& source) {
           "needs a discriminator with a class head (model.arch biggan with model.d_class_head: true); set it to 0");
   require(!c.family->discriminator_classifies() || c.aux_class_weight > 0, r, "model.d_class_head",
           "adds a class head to D that only train.aux_class_weight > 0 trains: set that weight, or remove the head");
-  require(!paired || c.placement == "shared", r, "train.placement",
-          "must be shared for an image-to-image model (model.arch pix2pix): its D scores G's output beside the "
-          "input image A, which only the data's ranks hold");
   require(!paired || c.update == "alternating", r, "train.update",
           "must be alternating for an image-to-image model (model.arch pix2pix): G's pass trains on the pairs of "
           "D's update");
@@ -576,9 +573,6 @@ TrainConfig read_config(Reader& r, const std::string& source) {
               "auto (one replica group per node) is not taken with train.placement split: give the number of "
               "replica groups of the model's ranks, a divisor of them (or 1 for off)");
     }
-    require(c.preempt_grace_s == 0, r, "train.placement",
-            "split cannot be combined with train.preempt_grace_s yet: the groups reach their unit boundaries at "
-            "different times (set train.preempt_grace_s: 0; SIGTERM still saves after the step)");
   }
   r.check_all_known();
   c.resolved_yaml = r.resolved();

@@ -35,7 +35,6 @@ GanObjective::GanObjective(std::string loss, int64_t d_steps, int64_t micro_batc
 void GanObjective::set_paired(bool on, double l1_weight, double adversarial_weight) {
   if (on && aux_class_weight_ > 0) throw std::invalid_argument("the auxiliary class loss does not take paired data");
   if (on && simultaneous_) throw std::invalid_argument("the simultaneous update does not take paired data");
-  if (on && split_) throw std::invalid_argument("split placement does not take paired data");
   paired_ = on;
   l1_weight_ = l1_weight;
   adversarial_weight_ = adversarial_weight;
@@ -160,6 +159,10 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
     if (given) {
       fake = given->at(j).images;
       y_fake = given->at(j).labels;
+      if (paired_) {  // split placement, D's side: G's ranks translated this slice's A
+        y_fake = real.at(1);
+        paired_batch_.push_back({at::Tensor(), y_fake, real.at(0)});
+      }
     } else if (paired_) {  // G translates this micro-batch's A; G's pass reuses the pairs
       const at::Tensor z = in.local(fake_in[0], j);
       y_fake = real.at(1);

@@ -46,6 +46,7 @@ at::Tensor SplitPlacement::images_to_d(const at::Tensor& g_slice) { return trans
 at::Tensor SplitPlacement::grads_to_g(const at::Tensor& d_slice) { return transfer(d_slice, /*from_g=*/false); }
 
 at::Tensor SplitPlacement::transfer(const at::Tensor& mine, bool from_g) {
+  if (before_transfer_) before_transfer_();
   const int m = n_ - k_;
   const int64_t bg = micro_ / k_, bd = micro_ / m;  // slice sizes on each side
   // Global image range [lo, hi) of a rank of either side.

@@ -39,7 +39,7 @@ struct GanObjective::SplitFigures {
 GanObjective::~GanObjective() = default;  // SplitFigures' Work waits for what is in flight
 
 void GanObjective::set_split(SplitPlacement* p) {
-  if (p && paired_) throw std::invalid_argument("split placement does not take paired data");
+  if (p && paired_ && simultaneous_) throw std::invalid_argument("split placement does not take paired data with the simultaneous update");
   split_ = p;
 }
 
@@ -59,7 +59,7 @@ StepMetrics GanObjective::split_step(TrainedModel g, TrainedModel d, const StepI
     throw std::logic_error("split placement does not take float16 loss scaling yet");
   }
   if (is_g) {
-    split_g_side(g, in, r);
+    split_g_side(g, in, r, stats);
   } else {
     split_d_side(d, g.scaler, in, r, stats);
   }
@@ -70,6 +70,7 @@ StepMetrics GanObjective::split_step(TrainedModel g, TrainedModel d, const StepI
   const double n = split_->group().world_size();
   auto put = [&](Slot s, double v) { stats[s] = v / n; };
   if (is_g) {
+    stats[kLossL1] /= n;
     put(kSkippedG, r.skipped_g);
     put(kNonfiniteG, r.nonfinite_g);
     put(kNormG, r.grad_norm_g);
@@ -124,7 +125,7 @@ StepMetrics GanObjective::finish_split_figures(std::vector<double>* votes) {
   r.loss_g = stats[kLossG].item<double>();
   r.d_real = stats[kDReal].item<double>();
   r.d_fake = stats[kDFake].item<double>();
-  r.loss_l1 = 0;
+  r.loss_l1 = stats[kLossL1].item<double>();
   r.class_real = stats[kClassReal].item<double>();
   r.class_fake = stats[kClassFake].item<double>();
   r.skipped_d = stats[kSkippedD].item<double>() > 0.5;
@@ -142,14 +143,22 @@ StepMetrics GanObjective::finish_split_figures(std::vector<double>* votes) {
   return r;
 }
 
-void GanObjective::split_g_side(TrainedModel g, const StepInputs& in, StepMetrics& r) {
+void GanObjective::split_g_side(TrainedModel g, const StepInputs& in, StepMetrics& r, at::Tensor& stats) {
   const int64_t k = micro_;
   // Images for D steps that draw them from G under no_grad (every D step of the
-  // alternating update; D steps 2.. of the simultaneous one).
+  // alternating update; D steps 2.. of the simultaneous one). Paired: G translates the A
+  // of its slice of the D step's real batch, and keeps {z, A, B} for G's pass, as
+  // d_update does under shared placement.
   auto d_step_images = [&] {
     TensorList lat = in.latents();
+    if (paired_) paired_batch_.clear();
     for (int64_t j = 0; j < k; ++j) {
       at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
+      if (paired_) {
+        TensorList real = in.real(j);
+        y = real.at(1);
+        paired_batch_.push_back({in.local(lat[0], j), y, real.at(0)});
+      }
       at::Tensor fake;
       {
         torch::NoGradGuard no_grad;
@@ -164,17 +173,36 @@ void GanObjective::split_g_side(TrainedModel g, const StepInputs& in, StepMetric
   };
   // G's pass: each micro-batch's images go to D's side, which returns dL_G/dx (already
   // divided by k); G backpropagates it. D's side checks the loss's finiteness; the vote
-  // on G's gradients catches what a non-finite loss leaves there.
+  // on G's gradients catches what a non-finite loss leaves there. Paired: the pairs of the
+  // last D step, no new latents (as g_pass), and G's side adds the L1 term, which needs B
+  // and no D: adversarial_weight * dL_G/dx + l1_weight * dL1/dx in one backward.
   auto g_pass = [&] {
-    TensorList lat = in.latents();
+    TensorList lat = paired_ ? TensorList{} : in.latents();
     for (int64_t j = 0; j < k; ++j) {
       g.model->set_gradient_sync(j == k - 1);
-      at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
-      at::Tensor fake = g.model->forward(TensorList{in.local(lat[0], j), y}).at(0);
+      at::Tensor z, y, target;
+      if (paired_) {
+        const TensorList& p = paired_batch_.at(static_cast<size_t>(j));
+        z = p.at(0);
+        y = p.at(1);
+        target = p.at(2);
+      } else {
+        z = in.local(lat[0], j);
+        y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
+      }
+      at::Tensor fake = g.model->forward(TensorList{z, y}).at(0);
       split_->images_to_d(fake.detach());
       at::Tensor grad = split_->grads_to_g(at::Tensor()).to(fake.scalar_type());
       if (split_->grad_scale() != 1.0) grad.mul_(split_->grad_scale());
-      fake.backward(g.scaler->scale_loss(grad));
+      if (!paired_) {
+        fake.backward(g.scaler->scale_loss(grad));
+        continue;
+      }
+      const at::ScalarType md = target.scalar_type();
+      const at::Tensor l1 = (fake.to(md) - target.to(fake.device(), md)).abs().mean() / k;
+      if (adversarial_weight_ != 1.0) grad.mul_(adversarial_weight_);
+      torch::autograd::backward({fake, l1 * l1_weight_}, {grad, torch::ones_like(l1)});
+      stats[kLossL1] += host(l1.detach().reshape({1}))[0];
     }
   };
   if (!simultaneous_) {
@@ -189,14 +217,12 @@ void GanObjective::split_g_side(TrainedModel g, const StepInputs& in, StepMetric
   }
 }
 
-GanObjective::MicroFakes GanObjective::split_d_score(TrainedModel d, const StepInputs& in, const TensorList& lat,
-                                                     int64_t j, at::Tensor& stats) {
+GanObjective::MicroFakes GanObjective::split_d_score(TrainedModel d, const at::Tensor& y, at::ScalarType md,
+                                                     at::Tensor& stats) {
   const int64_t k = micro_;
-  at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
   at::Tensor x = split_->images_to_d(at::Tensor());
   x.requires_grad_(true);
   const TensorList d_out = d.model->forward(TensorList{x, y});
-  const at::ScalarType md = lat[0].scalar_type();
   at::Tensor loss = g_loss(d_out.at(0).reshape({-1}).to(md)) / k;
   const at::Tensor class_fake = class_loss(d_out, y, md);  // AC-GAN, as the shared g_pass
   (class_fake.defined() ? loss + class_fake * (aux_class_weight_ / k) : loss).backward();
@@ -217,12 +243,25 @@ void GanObjective::split_d_side(TrainedModel d, DynamicLossScaler* g_scaler, con
     }
     return fakes;
   };
-  // G's pass on D's side: D frozen (input gradients only, no D reduce-scatter).
+  // G's pass on D's side: D frozen (input gradients only, no D reduce-scatter). Paired:
+  // D's condition is the A of the last D step's pairs, and no latents are drawn (as G's
+  // side and g_pass); the loss is in the model dtype (the latents' or B's).
   auto g_pass = [&] {
     d.model->set_requires_grad(false);
-    TensorList lat = in.latents();
+    TensorList lat = paired_ ? TensorList{} : in.latents();
     std::vector<MicroFakes> kept;
-    for (int64_t j = 0; j < k; ++j) kept.push_back(split_d_score(d, in, lat, j, stats));
+    for (int64_t j = 0; j < k; ++j) {
+      at::Tensor y;
+      at::ScalarType md;
+      if (paired_) {
+        y = paired_batch_.at(static_cast<size_t>(j)).at(1);
+        md = paired_batch_[static_cast<size_t>(j)].at(2).scalar_type();
+      } else {
+        y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
+        md = lat[0].scalar_type();
+      }
+      kept.push_back(split_d_score(d, y, md, stats));
+    }
     d.model->set_requires_grad(true);
     return kept;
   };

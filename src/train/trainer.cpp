@@ -76,10 +76,11 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   const int64_t classes = family_.num_classes();
   data_rank_ = comm_.rank();
   data_size_ = comm_.world_size();
-  // Split placement: a rank holds G or D and reads real images only when it holds D.
+  // Split placement: a rank holds G or D and reads real images only when it holds D, or,
+  // with paired data, G's input images A (and B, the target of G's L1 term).
   const bool split = cfg_.placement == "split";
   const bool holds_g = split ? make_split_placement() : true, holds_d = !split || !holds_g;
-  if (!holds_d) {
+  if (!holds_d && family_.condition_channels() == 0) {
     // G's ranks read no data; the counters of the real batches come from D's ranks.
   } else if (!images_.defined() && cfg_.data_source == "hdf5") {
     dataset_ = open_hdf5(cfg_, shape, classes);
@@ -133,8 +134,12 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   if (split_) objective_->set_split(split_.get());
   objective_->set_aux_class_weight(cfg_.aux_class_weight);
   if (cfg_.preempt_grace_s > 0) {
-    g_->set_unit_hook([this] { grace_vote(); });
-    d_->set_unit_hook([this] { grace_vote(); });
+    if (split_) {
+      split_->set_before_transfer([this] { grace_vote(); });
+    } else {
+      g_->set_unit_hook([this] { grace_vote(); });
+      d_->set_unit_hook([this] { grace_vote(); });
+    }
     objective_->set_before_update([this] { abandonable_ = false; });
   }
   periodic_ = std::make_unique<PeriodicActions>(cfg_, comm_);
@@ -321,6 +326,7 @@ StepMetrics Trainer::run_step() {
     step_start_.batch_index = batch_index_;
     step_start_.buffers.clear();
     for (ShardedModel* m : {g_.get(), d_.get()}) {
+      if (!m) continue;  // split placement: the other group's model
       for (auto& kv : m->named_buffers()) step_start_.buffers.push_back(kv.second.clone());
     }
     abandonable_ = true;
@@ -388,20 +394,22 @@ struct StepAbandoned : std::runtime_error {
 }  // namespace
 
 void Trainer::grace_vote() {
-  if (!abandonable_) return;
+  // Shared placement: every rank runs the same units, so all return here alike. Split:
+  // every transfer votes on every rank; a rank that has updated blocks the abandon.
+  if (!abandonable_ && !split_) return;
   const double age = preemption_signal_age_s();
   bool want = false;
-  if (age >= 0) {  // the estimates are needed only once a signal came
+  if (age >= 0 && abandonable_) {  // the estimates are needed only once a signal came
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0_).count();
     double save_s = last_save_s_;
     if (save_s <= 0) {  // no save yet: the model state at an assumed 200 MB/s
-      save_s = static_cast<double>(memory_stats(*g_).model_state_bytes() + memory_stats(*d_).model_state_bytes()) / 200e6;
+      save_s = static_cast<double>(stats_of(g_).model_state_bytes() + stats_of(d_).model_state_bytes()) / 200e6;
     }
     want = must_abandon_step(cfg_.preempt_grace_s, age, last_step_s_, elapsed, save_s);
   }
-  at::Tensor v = torch::tensor({age >= 0 ? 1.0 : 0.0, want ? 1.0 : 0.0}, torch::kDouble);
+  at::Tensor v = torch::tensor({age >= 0 ? 1.0 : 0.0, want ? 1.0 : 0.0, abandonable_ ? 0.0 : 1.0}, torch::kDouble);
   comm_.all_reduce(v, ReduceOp::kMax);
-  if (v[1].item<double>() == 0) return;
+  if (v[1].item<double>() == 0 || v[2].item<double>() != 0) return;
   abandonable_ = false;
   abandoning_ = true;
   throw StepAbandoned();
@@ -417,6 +425,7 @@ std::string Trainer::abandon_step_and_save() {
   batch_index_ = step_start_.batch_index;
   size_t i = 0;
   for (ShardedModel* m : {g_.get(), d_.get()}) {
+    if (!m) continue;  // split placement: the other group's model
     m->abandon_step();
     for (auto& kv : m->named_buffers()) kv.second.copy_(step_start_.buffers.at(i++));
   }
@@ -638,12 +647,28 @@ void Trainer::run(const nlohmann::json& preflight) {
       periodic_->log_step(m, stats_of(g_).model_state_bytes(), stats_of(d_).model_state_bytes());
     }
   };
+  // Split placement: completes the oldest step whose figures are in flight, and takes its
+  // votes (the preemption signal, the time limit).
+  auto finish_figures = [&](int& sig, bool& time_up) {
+    std::vector<double> votes;
+    const auto t0 = std::chrono::steady_clock::now();
+    StepMetrics done = objective_->finish_split_figures(&votes);
+    figures_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    complete(done);
+    sig = std::max(sig, static_cast<int>(votes.at(0)));
+    time_up = time_up || votes.at(1) > 0.5;
+  };
   while (counters_.step < cfg_.steps) {
     StepMetrics m;
     try {
       m = run_step();
     } catch (...) {
       if (!abandoning_) throw;
+      if (split_) {  // the last finished step's figures first: its log row, its verdicts
+        int sig = 0;
+        bool time_up = false;
+        while (objective_->split_figures_in_flight() > 0) finish_figures(sig, time_up);
+      }
       abandon_step_and_save();
       return;
     }
@@ -662,18 +687,9 @@ void Trainer::run(const nlohmann::json& preflight) {
       // the next step (the previous step's now), unless something world-wide follows.
       objective_->post_split_figures(m, local_votes(elapsed_s()));
       const bool settle = !cfg_.defer_figures || evaluated || sampled || saved || step == cfg_.steps;
-      auto finish = [&] {
-        std::vector<double> votes;
-        const auto t0 = std::chrono::steady_clock::now();
-        StepMetrics done = objective_->finish_split_figures(&votes);
-        figures_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        complete(done);
-        sig = std::max(sig, static_cast<int>(votes.at(0)));
-        time_up = time_up || votes.at(1) > 0.5;
-      };
-      while (objective_->split_figures_in_flight() > (settle ? 0u : 1u)) finish();
+      while (objective_->split_figures_in_flight() > (settle ? 0u : 1u)) finish_figures(sig, time_up);
       if (sig != 0 || time_up) {
-        while (objective_->split_figures_in_flight() > 0) finish();
+        while (objective_->split_figures_in_flight() > 0) finish_figures(sig, time_up);
       }
     }
     if (evaluated) summary.add_eval(evaluate());

@@ -145,7 +145,8 @@ struct TrainConfig {
                                     ///<   before the job ends anyway (>= 1)
   /// train.preempt_grace_s: seconds between a preemption signal and the kill (Slurm's
   /// --signal=USR1@<s>); 0 = finish the step, then save. Above 0 the ranks also vote at
-  /// every unit forward until the step's first optimizer update, and abandon the step
+  /// every unit forward until the step's first optimizer update (split placement: at every
+  /// transfer between the groups until either group's first update), and abandon the step
   /// (saving the last completed one) when the rest of the step plus a save would not fit.
   double preempt_grace_s = 0;
 

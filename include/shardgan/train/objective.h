@@ -169,7 +169,11 @@ class GanObjective {
   /// returns dL_G/dx for G's pass and trains on them. With the simultaneous update D's
   /// side returns dL_G/dx before its own update, so G's backward, update and next forward
   /// run while D updates. The model's votes and norms use the group's communicator.
-  /// Throws std::invalid_argument with set_paired. `p` must outlive the objective.
+  /// With set_paired (alternating update only) G's ranks read their slices' pairs too: A
+  /// is G's input and B the target of G's L1 term, which G's side adds to the adversarial
+  /// gradient D's side returns; D's side scores {G(A), A} with its own slices' A. Throws
+  /// std::invalid_argument with set_paired and set_simultaneous both on (set_paired
+  /// already refuses that pair). `p` must outlive the objective.
   /// step() then returns this rank's own figures only: see post_split_figures.
   void set_split(SplitPlacement* p);
   /// set_split: the step's figures that need both groups (the losses, D's outputs, the
@@ -243,12 +247,13 @@ class GanObjective {
   double aux_class_weight_ = 0;
   /// set_split: one side of a split step (split_step.cpp).
   StepMetrics split_step(TrainedModel g, TrainedModel d, const StepInputs& in);
-  void split_g_side(TrainedModel g, const StepInputs& in, StepMetrics& r);
+  void split_g_side(TrainedModel g, const StepInputs& in, StepMetrics& r, at::Tensor& stats);
   void split_d_side(TrainedModel d, DynamicLossScaler* g_scaler, const StepInputs& in, StepMetrics& r,
                     at::Tensor& stats);
-  /// G's pass on D's side: scores the images G's ranks send for micro-batch j (labels from
-  /// `lat`) against the frozen D and sends back dL_G/dx; returns the images (detached).
-  MicroFakes split_d_score(TrainedModel d, const StepInputs& in, const TensorList& lat, int64_t j, at::Tensor& stats);
+  /// G's pass on D's side: scores the images G's ranks send for micro-batch j (with D's
+  /// condition `y`: labels, A images when paired, or undefined) against the frozen D and
+  /// sends back dL_G/dx; returns the images (detached).
+  MicroFakes split_d_score(TrainedModel d, const at::Tensor& y, at::ScalarType md, at::Tensor& stats);
   /// The communicator of this rank's model updates: the world's, or split's group.
   Communicator& update_comm() const;
   SplitPlacement* split_ = nullptr;
@@ -260,7 +265,8 @@ class GanObjective {
   bool simultaneous_ = false;
   bool paired_ = false;
   double l1_weight_ = 0, adversarial_weight_ = 1;
-  /// set_paired: {z, A, B} of each micro-batch of the last D update, for G's pass.
+  /// set_paired: {z, A, B} of each micro-batch of the last D update, for G's pass (split
+  /// placement: z is undefined on D's ranks, which run no G).
   std::vector<TensorList> paired_batch_;
   std::function<void()> before_update_;
   /// Collective: unscale and vote (float16), or vote on finite loss and gradients (other

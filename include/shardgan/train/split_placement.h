@@ -10,6 +10,7 @@
 /// its slice that the D rank scores, so the bytes between the groups per transfer are B
 /// images, whatever K is.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -50,6 +51,12 @@ class SplitPlacement {
   /// The reverse: D's ranks pass the gradients of their slice; G's ranks get theirs.
   at::Tensor grads_to_g(const at::Tensor& d_slice);
 
+  /// `f` runs at the start of every images_to_d and grads_to_g on both sides, before any
+  /// byte moves. The two sides' transfers match one to one and in order, so `f` may run a
+  /// collective over the world (the trainer's train.preempt_grace_s vote) and may throw
+  /// on every rank alike to leave the step. Local.
+  void set_before_transfer(std::function<void()> f) { before_transfer_ = std::move(f); }
+
   /// Seconds this rank has spent waiting in transfers since the last take_idle_s() (a
   /// rank waits when the other side has not reached the matching transfer yet).
   double take_idle_s();
@@ -67,6 +74,7 @@ class SplitPlacement {
   int64_t micro_;
   std::vector<int64_t> sample_shape_;
   at::ScalarType dtype_;
+  std::function<void()> before_transfer_;
   double idle_s_ = 0;
   int64_t sent_mark_ = 0;  // world_.stats().sent_bytes at the last take_sent_bytes()
 };

@@ -136,8 +136,11 @@ class Trainer {
   /// seconds since training started, is read on rank 0 only), the same on every rank.
   int preemption_vote(double elapsed_s, bool& time_up);
   /// Collective at every unit forward while the step may still be abandoned (before its
-  /// first optimizer update), with train.preempt_grace_s > 0: one all-reduce of 2 doubles;
+  /// first optimizer update), with train.preempt_grace_s > 0: one all-reduce of 3 doubles;
   /// throws StepAbandoned on every rank when any rank must abandon (must_abandon_step).
+  /// Split placement: at every transfer between the groups instead (the groups' units
+  /// differ), also after an update (a group's update does not stop the other's transfers),
+  /// and a step is abandoned only while no rank of either group has updated.
   void grace_vote();
   /// Collective: puts back the state of the step's start (counters, noise RNG, the models'
   /// buffers), clears the models' half-done step, saves, and logs. Returns the checkpoint.
