@@ -231,6 +231,29 @@ timeout 120 "${MPIRUN[@]}" -np 3 "$TRAIN" "${BIGGAN[@]}" "${COMMON[@]}" $(split 
   > "$T/dry.log" 2>&1 && grep -q '"generator_rank_peak_bytes"' "$T/dry.log" && grep -q '"discriminator_rank_peak_bytes"' "$T/dry.log" \
   && ok "--dry-run reports a G rank's and a D rank's need" || bad "dry run: $(tail -3 "$T/dry.log")"
 
+# The data a rank holds under split: D's ranks the images and labels; for pix2pix G's ranks
+# too (their input images A and targets B). Twice the synthetic images add the same bytes
+# to a G and a D rank for pix2pix, and nothing to a G rank for the BigGAN.
+for n in 48 96; do
+  timeout 120 "${MPIRUN[@]}" -np 3 "$TRAIN" "${P2P[@]}" $(split 1) --set data.synthetic_size=$n --set run.dir="$T/dry" \
+    --dry-run > "$T/dry-p2p-$n.log" 2>&1 || bad "pix2pix dry run: $(tail -3 "$T/dry-p2p-$n.log")"
+  timeout 120 "${MPIRUN[@]}" -np 3 "$TRAIN" "${BIGGAN[@]}" "${COMMON[@]}" $(split 1) --set data.synthetic_size=$n \
+    --set run.dir="$T/dry" --dry-run > "$T/dry-bg-$n.log" 2>&1 || bad "BigGAN dry run: $(tail -3 "$T/dry-bg-$n.log")"
+done
+"${SHARDGAN_PYTHON:-python3}" - "$T"/dry-p2p-48.log "$T"/dry-p2p-96.log "$T"/dry-bg-48.log "$T"/dry-bg-96.log <<'PY' \
+  > "$T/data.txt" 2>&1 && ok "--dry-run under split: $(cat "$T/data.txt")" || bad "split data bytes: $(cat "$T/data.txt")"
+import json, sys
+def split(path):
+    text = open(path).read()
+    return json.loads(text[text.index('{'):text.rindex('}') + 1])["split"]
+p48, p96, b48, b96 = (split(p) for p in sys.argv[1:])
+g, d = (p96[k] - p48[k] for k in ("generator_rank_peak_bytes", "discriminator_rank_peak_bytes"))
+assert g == d == 48 * 2 * 32 * 32 * 8, (g, d)  # 48 more pairs of 1x32x32 float64 images
+bg, bd = (b96[k] - b48[k] for k in ("generator_rank_peak_bytes", "discriminator_rank_peak_bytes"))
+assert bg == 0 and bd > 0, (bg, bd)
+print(f"48 more pix2pix pairs add {g} bytes to a G and to a D rank; 48 more BigGAN images add {bd} to a D rank, 0 to a G rank")
+PY
+
 # With checkpoint.async, a split rank's need counts the snapshot of the model it holds: in
 # the rank for copy snapshots, on the node for fork.
 for snap in copy fork; do

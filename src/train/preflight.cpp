@@ -65,12 +65,17 @@ nlohmann::json stage_json(const ModelMemoryEstimate& e) {
 // model exists. -1 if unreadable.
 int64_t current_rss_bytes() { return proc_status_bytes("VmRSS"); }
 
-// The training images the trainer keeps in memory (model dtype) with their labels: data.source
-// synthetic holds data.synthetic_size, fashion-mnist its 60000 training images; hdf5
-// streams them (data.prefetch_batches micro-batches ahead).
+// The training images the trainer keeps in memory (model dtype) with their labels, or, for an
+// image-to-image model, their input images A: data.source synthetic holds
+// data.synthetic_size, fashion-mnist its 60000 training images, paired its folder's pairs (not
+// known before reading it: counted as 60000); hdf5 streams them (data.prefetch_batches
+// micro-batches ahead).
 int64_t data_bytes(const TrainConfig& cfg, int world_size) {
   const ImageShape s = cfg.family->image_shape();
-  const int64_t image = s.channels * s.height * s.width * dtype_bytes(cfg.model_dtype) + 8;
+  const int64_t label = cfg.family->condition_channels() > 0
+                            ? cfg.family->condition_channels() * s.height * s.width * dtype_bytes(cfg.model_dtype)
+                            : 8;
+  const int64_t image = s.channels * s.height * s.width * dtype_bytes(cfg.model_dtype) + label;
   if (cfg.data_source == "hdf5") {
     return (cfg.prefetch_batches + 1) * std::max<int64_t>(1, cfg.global_batch / cfg.micro_batches / world_size) * image;
   }
@@ -185,13 +190,15 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   j["disk"] = disk_report(cfg, disk_bytes(eg, cfg.g_optim) * k_on_node + disk_bytes(ed, cfg.d_optim) * d_on_node,
                           ckpt_bytes(eg, g) * k_on_node + ckpt_bytes(ed, d) * d_on_node);
   if (split) {
-    // Each rank holds one model's state and transient buffers (and D's ranks the data):
+    // Each rank holds one model's state and transient buffers (and D's ranks the data, and
+    // G's too for an image-to-image model, whose input images G's ranks read):
     // every rank of a group needs the same, and the node holds both groups' ranks.
     // checkpoint.async: a rank snapshots only the model it holds (in the rank for copy,
     // outside it, on the node, for fork).
     const int64_t g_snap = cfg.checkpoint_async ? ckpt_bytes(eg, g) : 0, d_snap = cfg.checkpoint_async ? ckpt_bytes(ed, d) : 0;
     const bool copy = cfg.checkpoint_snapshot == "copy";
-    const int64_t g_rank = eg.peak_bytes() + (copy ? g_snap : 0),
+    const int64_t g_data = cfg.family->condition_channels() > 0 ? data_bytes(cfg, k) : 0;
+    const int64_t g_rank = eg.peak_bytes() + g_data + (copy ? g_snap : 0),
                   d_rank = ed.peak_bytes() + data_bytes(cfg, std::max(world_size - k, 1)) + (copy ? d_snap : 0);
     const int64_t g_out = copy ? 0 : g_snap, d_out = copy ? 0 : d_snap;
     const int64_t node = (with_margin(g_rank) + g_out) * k_on_node + (with_margin(d_rank) + d_out) * d_on_node;

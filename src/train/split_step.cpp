@@ -39,7 +39,9 @@ struct GanObjective::SplitFigures {
 GanObjective::~GanObjective() = default;  // SplitFigures' Work waits for what is in flight
 
 void GanObjective::set_split(SplitPlacement* p) {
-  if (p && paired_ && simultaneous_) throw std::invalid_argument("split placement does not take paired data with the simultaneous update");
+  if (p && paired_ && simultaneous_) {
+    throw std::invalid_argument("split placement does not take paired data with the simultaneous update");
+  }
   split_ = p;
 }
 
