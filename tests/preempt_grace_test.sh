@@ -26,23 +26,30 @@ ARGS=("$SRC/configs/fmnist-dcgan.yaml" --set data.source=synthetic --set data.sy
       --set train.sample_every=0 --set train.checkpoint_every=0 --set train.plots=false --set run.seed=3
       --set ema.start_step=0 --set dist.timeout_s=120)
 
+grace_of() {  # grace_of RUN_DIR: 0.8 x the run's mean step time, at least 3 s
+  grep -oE '"step_time_s": ?[0-9.]*' "$1/metrics.jsonl" | sed 's/.*: *//' \
+    | awk '{ s += $1; n++ } END { g = 0.8 * s / n; if (g < 3) g = 3; printf "%.1f", g }'
+}
+signal_run() {  # signal_run NAME NP ARGS...: SIGUSR1 to mpirun 1 s after the step-1 metrics row; sets rc, took
+  local name=$1 np=$2 pid t0; shift 2
+  "${MPIRUN[@]}" -np "$np" "$TRAIN" "${ARGS[@]}" "$@" --set run.dir="$T/$name" > "$T/$name.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 900); do grep -qE '"step": ?1[,}]' "$T/$name/metrics.jsonl" 2>/dev/null && break; sleep 0.2; done
+  sleep 1
+  t0=$(date +%s.%N)
+  kill -USR1 $pid
+  wait $pid; rc=$?
+  took=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }')
+}
+
 timeout 400 "${MPIRUN[@]}" -np 2 "$TRAIN" "${ARGS[@]}" --set train.steps=3 --set run.dir="$T/a" > "$T/a.log" 2>&1 \
   && ok "uninterrupted 3 steps" || bad "uninterrupted run: $(tail -3 "$T/a.log")"
 grep -oE '"step_time_s": ?[0-9.]*' "$T/a/metrics.jsonl" | head -3 | tr '\n' ' '; echo
-GRACE=$(grep -oE '"step_time_s": ?[0-9.]*' "$T/a/metrics.jsonl" | sed 's/.*: *//' \
-        | awk '{ s += $1; n++ } END { g = 0.8 * s / n; if (g < 3) g = 3; printf "%.1f", g }')
+GRACE=$(grace_of "$T/a")
 echo "grace: $GRACE s"
 
 # 1. The signal 1 s into step 2.
-"${MPIRUN[@]}" -np 2 "$TRAIN" "${ARGS[@]}" --set train.steps=3 --set train.preempt_grace_s=$GRACE --set run.dir="$T/b" \
-  > "$T/b.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 600); do grep -qE '"step": ?1[,}]' "$T/b/metrics.jsonl" 2>/dev/null && break; sleep 0.2; done
-sleep 1
-t0=$(date +%s.%N)
-kill -USR1 $pid
-wait $pid; rc=$?
-took=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }')
+signal_run b 2 --set train.steps=3 --set train.preempt_grace_s=$GRACE
 [ $rc -eq 0 ] && ok "exit 0 after the signal" || bad "exit $rc after the signal: $(tail -3 "$T/b.log")"
 awk -v t="$took" -v g="$GRACE" 'BEGIN { exit !(t < g) }' && ok "saved and exited ${took} s after the signal (grace $GRACE s)" \
   || bad "took ${took} s, past the $GRACE s grace"
@@ -69,18 +76,9 @@ SPLIT=(--set train.placement=split --set placement.generator_ranks=1 --set train
        --set train.micro_batches=4 --set train.steps=4)
 timeout 600 "${MPIRUN[@]}" -np 3 "$TRAIN" "${ARGS[@]}" "${SPLIT[@]}" --set run.dir="$T/sa" > "$T/sa.log" 2>&1 \
   && ok "split: uninterrupted 4 steps" || bad "split uninterrupted run: $(tail -3 "$T/sa.log")"
-GRACE=$(grep -oE '"step_time_s": ?[0-9.]*' "$T/sa/metrics.jsonl" | sed 's/.*: *//' \
-        | awk '{ s += $1; n++ } END { g = 0.8 * s / n; if (g < 3) g = 3; printf "%.1f", g }')
+GRACE=$(grace_of "$T/sa")
 echo "split grace: $GRACE s"
-"${MPIRUN[@]}" -np 3 "$TRAIN" "${ARGS[@]}" "${SPLIT[@]}" --set train.preempt_grace_s=$GRACE --set run.dir="$T/sb" \
-  > "$T/sb.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 900); do grep -qE '"step": ?1[,}]' "$T/sb/metrics.jsonl" 2>/dev/null && break; sleep 0.2; done
-sleep 1
-t0=$(date +%s.%N)
-kill -USR1 $pid
-wait $pid; rc=$?
-took=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f", a - b }')
+signal_run sb 3 "${SPLIT[@]}" --set train.preempt_grace_s=$GRACE
 n=$(sed -n 's/.*preemption: abandoned step \([0-9]*\).*/\1/p' "$T/sb.log" | head -1)
 if [ $rc -eq 0 ] && [ -n "$n" ]; then
   ok "split: step $n abandoned on every rank, exit 0"
