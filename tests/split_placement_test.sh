@@ -14,7 +14,8 @@
 #     D's parameters (bit-identical to none), and for the
 #     DCGAN, whose D has SyncBatchNorm over D's group.
 #   - checkpoint.async (fork and copy snapshots) saves the synchronous run's checkpoints.
-#   - shardgan-ckpt verify accepts a split checkpoint; --dry-run reports each group's need,
+#   - shardgan-ckpt verify accepts a split checkpoint; --dry-run reports each group's need
+#     (with the data on D's ranks, and for pix2pix on G's ranks too),
 #     and the pre-flight refuses a split that does not fit, naming placement.generator_ranks.
 #   - A step's world figures arrive one step late (after the next step's work), yet a
 #     NaN under train.on_nonfinite=abort ends every rank naming its step, and SIGTERM to
