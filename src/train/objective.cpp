@@ -300,32 +300,31 @@ void GanObjective::d_update_sharing_forward(TrainedModel d, DynamicLossScaler* g
   r.grad_norm_d = norm;
 }
 
+GanObjective::GPassMicro GanObjective::g_pass_micro(const StepInputs& in, const TensorList& lat, int64_t j) const {
+  if (paired_) {
+    const TensorList& p = paired_batch_.at(static_cast<size_t>(j));
+    // The loss in the model dtype: B's (pix2pix's z holds int64 dropout seeds).
+    return {p.at(0), p.at(1), p.at(2), p.at(2).scalar_type()};
+  }
+  return {in.local(lat[0], j), lat[1].defined() ? in.local(lat[1], j) : at::Tensor(), at::Tensor(),
+          lat[0].scalar_type()};
+}
+
 bool GanObjective::g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, std::vector<MicroFakes>* keep,
                           at::Tensor& stats) {
   const int64_t k = micro_;
   // D is frozen; it is gathered for forward and backward but yields input gradients only
   // (no D parameter gradients, no D reduce-scatter).
   d.model->set_requires_grad(false);
-  TensorList gen_in = paired_ ? TensorList{} : in.latents();
+  const TensorList gen_in = g_pass_latents(in);
   bool g_loss_finite = true;
   for (int64_t j = 0; j < k; ++j) {
     g.model->set_gradient_sync(j == k - 1);
-    at::Tensor z, y, target;  // target: paired, the real image B that G(A) should match
-    if (paired_) {
-      z = paired_batch_.at(static_cast<size_t>(j)).at(0);
-      y = paired_batch_[static_cast<size_t>(j)].at(1);
-      target = paired_batch_[static_cast<size_t>(j)].at(2);
-    } else {
-      z = in.local(gen_in[0], j);
-      y = gen_in[1].defined() ? in.local(gen_in[1], j) : at::Tensor();
-    }
+    const auto [z, y, target, md] = g_pass_micro(in, gen_in, j);  // target: paired, the B G(A) should match
     at::Tensor fake = g.model->forward(TensorList{z, y}).at(0);
     if (keep) keep->push_back({fake.detach(), y});
     const TensorList d_out = d.model->forward(TensorList{fake, y});
     at::Tensor out = d_out.at(0).reshape({-1});
-    // The loss in the model dtype: z's when it holds the latents, the target's when paired
-    // (pix2pix's z holds int64 dropout seeds).
-    const at::ScalarType md = paired_ ? target.scalar_type() : z.scalar_type();
     at::Tensor loss = g_loss(out.to(md)) / k;
     at::Tensor l1;
     if (paired_) l1 = (fake.to(md) - target.to(fake.device(), md)).abs().mean() / k;

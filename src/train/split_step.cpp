@@ -179,19 +179,10 @@ void GanObjective::split_g_side(TrainedModel g, const StepInputs& in, StepMetric
   // last D step, no new latents (as g_pass), and G's side adds the L1 term, which needs B
   // and no D: adversarial_weight * dL_G/dx + l1_weight * dL1/dx in one backward.
   auto g_pass = [&] {
-    TensorList lat = paired_ ? TensorList{} : in.latents();
+    const TensorList lat = g_pass_latents(in);
     for (int64_t j = 0; j < k; ++j) {
       g.model->set_gradient_sync(j == k - 1);
-      at::Tensor z, y, target;
-      if (paired_) {
-        const TensorList& p = paired_batch_.at(static_cast<size_t>(j));
-        z = p.at(0);
-        y = p.at(1);
-        target = p.at(2);
-      } else {
-        z = in.local(lat[0], j);
-        y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
-      }
+      const auto [z, y, target, md] = g_pass_micro(in, lat, j);
       at::Tensor fake = g.model->forward(TensorList{z, y}).at(0);
       split_->images_to_d(fake.detach());
       at::Tensor grad = split_->grads_to_g(at::Tensor()).to(fake.scalar_type());
@@ -200,7 +191,6 @@ void GanObjective::split_g_side(TrainedModel g, const StepInputs& in, StepMetric
         fake.backward(g.scaler->scale_loss(grad));
         continue;
       }
-      const at::ScalarType md = target.scalar_type();
       const at::Tensor l1 = (fake.to(md) - target.to(fake.device(), md)).abs().mean() / k;
       if (adversarial_weight_ != 1.0) grad.mul_(adversarial_weight_);
       torch::autograd::backward({fake, l1 * l1_weight_}, {grad, torch::ones_like(l1)});
@@ -250,19 +240,11 @@ void GanObjective::split_d_side(TrainedModel d, DynamicLossScaler* g_scaler, con
   // side and g_pass); the loss is in the model dtype (the latents' or B's).
   auto g_pass = [&] {
     d.model->set_requires_grad(false);
-    TensorList lat = paired_ ? TensorList{} : in.latents();
+    const TensorList lat = g_pass_latents(in);
     std::vector<MicroFakes> kept;
     for (int64_t j = 0; j < k; ++j) {
-      at::Tensor y;
-      at::ScalarType md;
-      if (paired_) {
-        y = paired_batch_.at(static_cast<size_t>(j)).at(1);
-        md = paired_batch_[static_cast<size_t>(j)].at(2).scalar_type();
-      } else {
-        y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
-        md = lat[0].scalar_type();
-      }
-      kept.push_back(split_d_score(d, y, md, stats));
+      const GPassMicro m = g_pass_micro(in, lat, j);
+      kept.push_back(split_d_score(d, m.y, m.md, stats));
     }
     d.model->set_requires_grad(true);
     return kept;

@@ -268,6 +268,16 @@ class GanObjective {
   /// set_paired: {z, A, B} of each micro-batch of the last D update, for G's pass (split
   /// placement: z is undefined on D's ranks, which run no G).
   std::vector<TensorList> paired_batch_;
+  /// The latents G's pass draws: none when paired (it reuses the last D update's pairs).
+  TensorList g_pass_latents(const StepInputs& in) const { return paired_ ? TensorList{} : in.latents(); }
+  /// G's pass, micro-batch j: G's inputs {z, y}, the L1 target B (paired; else undefined)
+  /// and the dtype of the pass's losses (B's when paired, z's otherwise), from the last D
+  /// update's pairs or from `lat` (g_pass_latents). Shared by g_pass and both split sides.
+  struct GPassMicro {
+    at::Tensor z, y, target;
+    at::ScalarType md;
+  };
+  GPassMicro g_pass_micro(const StepInputs& in, const TensorList& lat, int64_t j) const;
   std::function<void()> before_update_;
   /// Collective: unscale and vote (float16), or vote on finite loss and gradients (other
   /// dtypes: one all-reduce of one element), clip, then step, post-step all-gather and zero

@@ -142,6 +142,9 @@ class Trainer {
   /// differ), also after an update (a group's update does not stop the other's transfers),
   /// and a step is abandoned only while no rank of either group has updated.
   void grace_vote();
+  /// Local, with train.preempt_grace_s > 0, at each step's start: keeps what an abandoned
+  /// step must give back (step_start_) and marks the step abandonable.
+  void capture_step_start();
   /// Collective: puts back the state of the step's start (counters, noise RNG, the models'
   /// buffers), clears the models' half-done step, saves, and logs. Returns the checkpoint.
   std::string abandon_step_and_save();
