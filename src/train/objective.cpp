@@ -12,6 +12,8 @@
 #include "shardgan/optim/loss_scaler.h"
 #include "shardgan/optim/optimizer.h"
 #include "shardgan/sharding/sharded_model.h"
+#include "shardgan/train/step_executor.h"
+#include "shardgan/util/test_control.h"
 
 namespace shardgan {
 namespace F = torch::nn::functional;
@@ -31,6 +33,8 @@ GanObjective::GanObjective(std::string loss, int64_t d_steps, int64_t micro_batc
   }
   if (d_steps_ < 1 || micro_ < 1) throw std::invalid_argument("d_steps and micro_batches must be >= 1");
 }
+
+GanObjective::~GanObjective() = default;
 
 void GanObjective::set_paired(bool on, double l1_weight, double adversarial_weight) {
   if (on && aux_class_weight_ > 0) throw std::invalid_argument("the auxiliary class loss does not take paired data");
@@ -74,79 +78,23 @@ at::Tensor GanObjective::d_loss_fake(const at::Tensor& fake) const {
   return loss_ == "hinge" ? torch::relu(1.0 + fake).mean() : F::softplus(fake).mean();
 }
 
-at::Tensor GanObjective::g_loss(const at::Tensor& fake) const {
+at::Tensor GanObjective::g_loss(const at::Tensor& fake_logits) const {
+  at::Tensor fake = fake_logits;
+  // Fault injection for the non-finite G loss test (split_placement): one logit of G's
+  // loss is +inf, which leaves the hinge loss's gradient finite.
+  if (test_control("g_loss_inf_logit")) fake = fake.index_put({torch::zeros({1}, torch::kLong)},
+                                                              torch::full({1}, INFINITY, fake.options()));
   if (loss_ == "hinge") return -fake.mean();
   if (loss_ == "least_squares") return (fake - 1.0).pow(2).mean();
   return F::softplus(-fake).mean();
 }
 
 StepMetrics GanObjective::step(TrainedModel g, TrainedModel d, const StepInputs& in) {
-  if (split_) return split_step(g, d, in);
-  // loss_d, loss_g, D(x), D(G(z)) on the host, as the engine's other scalars: the world's
-  // all-reduce of host tensors runs over MPI, also beside NCCL (losses on a GPU are copied).
-  at::Tensor stats = torch::zeros({7}, torch::kDouble);
-  StepMetrics r;
-  bool g_loss_finite = true;
-  auto update_g = [&] {
-    if (before_update_) before_update_();
-    r.skipped_g = !finish_update(g, r.grad_norm_g, 0, g_loss_finite, r.nonfinite_g);
-  };
-  if (!simultaneous_) {
-    for (int64_t s = 0; s < d_steps_; ++s) d_update(g, d, in, s, nullptr, r, stats);
-    g_loss_finite = g_pass(g, d, in, nullptr, stats);
-    update_g();
-  } else {
-    // ParaGAN's update (Shi et al. 2024, Fig. 5): G_{t+1} from L_G(G_t, D_t) and D_{t+1}
-    // from L_D(G_t, D_t). G's pass runs first, against the D that no update has touched
-    // yet, and D's first update trains on its images, so one G forward serves both models:
-    // the pass keeps them (`fakes`), or, with the shared D forward, D's first update runs
-    // inside the pass (and the loop starts at D step 2). Further D steps (d_steps > 1) draw
-    // their images from G_t too, so G's update waits for them; with one D step it runs
-    // right after G's pass (so G's gradient shards are released before D's backward, but
-    // for the shared D forward, whose pass holds D's first update).
-    std::vector<MicroFakes> fakes;
-    int64_t first_d_step = 0;
-    if (shared_d_forward_) {
-      // One D forward on each micro-batch's fakes: L_G's image gradient goes into G's
-      // backward at once, and the same forward gives D's fake term.
-      const int64_t k = micro_;
-      TensorList lat = in.latents();
-      std::vector<at::Tensor> out(static_cast<size_t>(k));  // G's images, in G's graph
-      auto images = [&](int64_t j) {
-        g.model->set_gradient_sync(j == k - 1);
-        at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
-        out[static_cast<size_t>(j)] = g.model->forward(TensorList{in.local(lat[0], j), y}).at(0);
-        return out[static_cast<size_t>(j)].detach();
-      };
-      auto image_grad = [&](int64_t j, const at::Tensor& gx) {
-        out[static_cast<size_t>(j)].backward(gx.to(out[static_cast<size_t>(j)].scalar_type()));
-        out[static_cast<size_t>(j)] = at::Tensor();
-      };
-      d_update_sharing_forward(d, g.scaler, in, lat, images, image_grad, r, stats, g_loss_finite);
-      first_d_step = 1;
-    } else {
-      g_loss_finite = g_pass(g, d, in, &fakes, stats);
-    }
-    if (d_steps_ == 1) update_g();
-    for (int64_t s = first_d_step; s < d_steps_; ++s) d_update(g, d, in, s, s == 0 ? &fakes : nullptr, r, stats);
-    if (d_steps_ > 1) update_g();
-  }
-  r.loss_scale_d = d.scaler->scale();
-  r.loss_scale_g = g.scaler->scale();
-
-  comm_.all_reduce(stats, ReduceOp::kAvg);
-  r.loss_d = stats[0].item<double>();
-  r.loss_g = stats[1].item<double>();
-  r.d_real = stats[2].item<double>();
-  r.d_fake = stats[3].item<double>();
-  r.loss_l1 = stats[4].item<double>();
-  r.class_real = stats[5].item<double>();
-  r.class_fake = stats[6].item<double>();
-  return r;
+  return SharedStepExecutor(*this).step(g, d, in);
 }
 
 void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in, int64_t s,
-                            const std::vector<MicroFakes>* given, StepMetrics& r, at::Tensor& stats) {
+                            const std::vector<MicroFakes>* given, StepStats& st) {
   const int64_t k = micro_;
   // Each loss is divided by k so that the accumulated gradient equals the one of the whole
   // global batch. G runs without autograd, so G gets no gradients.
@@ -197,7 +145,7 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
       d_real = rp.logits;
       class_ce = rp.class_ce;
       loss_real = d_loss_real(d_real) / k;
-      r.r1 += rp.r1 / d_steps_;
+      st.r1 += rp.r1 / d_steps_;
       d.model->set_gradient_sync(j == k - 1);
       {
         // BigGAN-PyTorch's D sees real and fake in one forward, so spectral norm advances
@@ -214,23 +162,22 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
                                          torch::sigmoid(d_real.detach()).mean(),
                                          torch::sigmoid(d_fake.detach()).mean(), or_zero(class_ce, loss_real)}));
     loss_finite = loss_finite && std::isfinite(v[0].item<double>()) && std::isfinite(v[3].item<double>());
-    stats[0] += v[0] / d_steps_;
-    stats[2] += v[1] / (k * d_steps_);
-    stats[3] += v[2] / (k * d_steps_);
-    stats[5] += v[3] / (k * d_steps_);
+    st.loss_d += v[0].item<double>() / d_steps_;
+    st.d_real += v[1].item<double>() / (k * d_steps_);
+    st.d_fake += v[2].item<double>() / (k * d_steps_);
+    st.class_real += v[3].item<double>() / (k * d_steps_);
   }
   double norm = 0;
   bool nonfinite = false;
   if (before_update_) before_update_();
-  if (!finish_update(d, norm, s, loss_finite, nonfinite)) r.skipped_d = true;
-  r.nonfinite_d = r.nonfinite_d || nonfinite;
-  r.grad_norm_d = norm;
+  if (!finish_update(d, norm, s, loss_finite, nonfinite)) st.skipped_d = true;
+  st.nonfinite_d = st.nonfinite_d || nonfinite;
+  st.grad_norm_d = norm;
 }
 
 void GanObjective::d_update_sharing_forward(TrainedModel d, DynamicLossScaler* g_scaler, const StepInputs& in,
                                             const TensorList& lat, const std::function<at::Tensor(int64_t)>& images,
-                                            const std::function<void(int64_t, const at::Tensor&)>& image_grad,
-                                            StepMetrics& r, at::Tensor& stats, bool& g_loss_finite) {
+                                            const ImageGrad& image_grad, StepStats& st, bool& g_loss_finite) {
   const int64_t k = micro_;
   bool loss_finite = true;
   g_loss_finite = true;
@@ -259,7 +206,7 @@ void GanObjective::d_update_sharing_forward(TrainedModel d, DynamicLossScaler* g
     const at::Tensor class_fake = class_loss(d_out, y, md, 0, b);
     const at::Tensor lg_all = class_fake.defined() ? lg + class_fake * (aux_class_weight_ / k) : lg;
     at::Tensor gx = torch::autograd::grad({g_scaler->scale_loss(lg_all)}, {xs}, {}, /*retain_graph=*/true)[0];
-    image_grad(j, joint ? gx.narrow(0, 0, b) : gx);
+    image_grad(j, joint ? gx.narrow(0, 0, b) : gx, lg_all.detach());
     at::Tensor loss_fake = d_loss_fake(d_fake) / k, loss_real, d_real, class_real;
     if (joint) {
       const int64_t n_real = logits.size(0) - b;
@@ -278,26 +225,26 @@ void GanObjective::d_update_sharing_forward(TrainedModel d, DynamicLossScaler* g
       d_real = rp.logits;
       class_real = rp.class_ce;
       loss_real = d_loss_real(d_real) / k;
-      r.r1 += rp.r1 / d_steps_;
+      st.r1 += rp.r1 / d_steps_;
     }
     const at::Tensor v = host(at::stack({loss_real.detach() + loss_fake.detach(), torch::sigmoid(d_real.detach()).mean(),
                                          torch::sigmoid(d_fake.detach()).mean(), lg.detach(),
                                          or_zero(class_real, lg), or_zero(class_fake, lg)}));
     loss_finite = loss_finite && std::isfinite(v[0].item<double>()) && std::isfinite(v[4].item<double>());
     g_loss_finite = g_loss_finite && std::isfinite(v[3].item<double>()) && std::isfinite(v[5].item<double>());
-    stats[0] += v[0] / d_steps_;
-    stats[1] += v[3];
-    stats[2] += v[1] / (k * d_steps_);
-    stats[3] += v[2] / (k * d_steps_);
-    stats[5] += v[4] / (k * d_steps_);
-    stats[6] += v[5] / k;
+    st.loss_d += v[0].item<double>() / d_steps_;
+    st.loss_g += v[3].item<double>();
+    st.d_real += v[1].item<double>() / (k * d_steps_);
+    st.d_fake += v[2].item<double>() / (k * d_steps_);
+    st.class_real += v[4].item<double>() / (k * d_steps_);
+    st.class_fake += v[5].item<double>() / k;
   }
   double norm = 0;
   bool nonfinite = false;
   if (before_update_) before_update_();
-  if (!finish_update(d, norm, 0, loss_finite, nonfinite)) r.skipped_d = true;
-  r.nonfinite_d = r.nonfinite_d || nonfinite;
-  r.grad_norm_d = norm;
+  if (!finish_update(d, norm, 0, loss_finite, nonfinite)) st.skipped_d = true;
+  st.nonfinite_d = st.nonfinite_d || nonfinite;
+  st.grad_norm_d = norm;
 }
 
 GanObjective::GPassMicro GanObjective::g_pass_micro(const StepInputs& in, const TensorList& lat, int64_t j) const {
@@ -311,7 +258,7 @@ GanObjective::GPassMicro GanObjective::g_pass_micro(const StepInputs& in, const 
 }
 
 bool GanObjective::g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, std::vector<MicroFakes>* keep,
-                          at::Tensor& stats) {
+                          StepStats& st) {
   const int64_t k = micro_;
   // D is frozen; it is gathered for forward and backward but yields input gradients only
   // (no D parameter gradients, no D reduce-scatter).
@@ -334,9 +281,9 @@ bool GanObjective::g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, 
     g.scaler->scale_loss(total).backward();
     const at::Tensor v = host(at::stack({loss.detach(), or_zero(l1, loss), or_zero(class_fake, loss) / k}));
     g_loss_finite = g_loss_finite && std::isfinite(v.sum().item<double>());
-    stats[1] += v[0];
-    if (paired_) stats[4] += v[1];
-    stats[6] += v[2];
+    st.loss_g += v[0].item<double>();
+    if (paired_) st.loss_l1 += v[1].item<double>();
+    st.class_fake += v[2].item<double>();
   }
   d.model->set_requires_grad(true);
   return g_loss_finite;

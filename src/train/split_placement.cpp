@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -41,9 +42,55 @@ int64_t SplitPlacement::take_sent_bytes() {
   return b;
 }
 
-at::Tensor SplitPlacement::images_to_d(const at::Tensor& g_slice) { return transfer(g_slice, /*from_g=*/true); }
+void SplitPlacement::set_schedule(std::vector<ScheduledTransfer> schedule) {
+  const uint64_t mine = schedule_fingerprint(schedule);
+  at::Tensor fp = torch::empty({1}, torch::kLong), all = torch::empty({n_}, torch::kLong);
+  std::memcpy(fp.data_ptr<int64_t>(), &mine, sizeof mine);
+  world_.all_gather(all, fp);
+  std::string differ;
+  const int64_t* a = all.data_ptr<int64_t>();
+  for (int r = 1; r < n_; ++r) {
+    if (a[r] != a[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!differ.empty()) {
+    throw std::runtime_error("split placement, rank " + std::to_string(rank_) +
+                             ": G's and D's step schedules differ (ranks " + differ +
+                             " declare another order of transfers than rank 0): the two sides would exchange the "
+                             "wrong tensors. Every rank must run the same shardgan build and resolved config");
+  }
+  schedule_ = std::move(schedule);
+  next_ = 0;
+}
 
-at::Tensor SplitPlacement::grads_to_g(const at::Tensor& d_slice) { return transfer(d_slice, /*from_g=*/false); }
+void SplitPlacement::end_step() {
+  if (next_ != schedule_.size()) {
+    throw std::logic_error("split placement, rank " + std::to_string(rank_) + ": the step ended after " +
+                           std::to_string(next_) + " of its schedule's " + std::to_string(schedule_.size()) +
+                           " transfers");
+  }
+}
+
+void SplitPlacement::expect(const ScheduledTransfer& slot) {
+  if (next_ >= schedule_.size() || schedule_[next_] != slot) {
+    throw std::logic_error("split placement, rank " + std::to_string(rank_) + ": transfer '" + describe(slot) +
+                           "' is not the step schedule's next, " +
+                           (next_ < schedule_.size() ? "'" + describe(schedule_[next_]) + "'" : "none (it has ended)") +
+                           "; nothing was sent");
+  }
+  ++next_;
+}
+
+at::Tensor SplitPlacement::images_to_d(const ScheduledTransfer& slot, const at::Tensor& g_slice) {
+  if (slot.kind != ScheduledTransfer::kImagesToD) throw std::logic_error("images_to_d: slot '" + describe(slot) + "'");
+  expect(slot);
+  return transfer(g_slice, /*from_g=*/true);
+}
+
+at::Tensor SplitPlacement::grads_to_g(const ScheduledTransfer& slot, const at::Tensor& d_slice) {
+  if (slot.kind != ScheduledTransfer::kGradsToG) throw std::logic_error("grads_to_g: slot '" + describe(slot) + "'");
+  expect(slot);
+  return transfer(d_slice, /*from_g=*/false);
+}
 
 at::Tensor SplitPlacement::transfer(const at::Tensor& mine, bool from_g) {
   if (before_transfer_) before_transfer_();

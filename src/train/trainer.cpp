@@ -131,8 +131,12 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   objective_->set_simultaneous(cfg_.update == "simultaneous");
   objective_->set_shared_d_forward(cfg_.shared_d_forward);
   objective_->set_paired(family_.condition_channels() > 0, cfg_.l1_weight, cfg_.adversarial_weight);
-  if (split_) objective_->set_split(split_.get());
   objective_->set_aux_class_weight(cfg_.aux_class_weight);
+  if (split_) {
+    executor_ = std::make_unique<SplitStepExecutor>(*objective_, *split_);  // collective: the schedule check
+  } else {
+    executor_ = std::make_unique<SharedStepExecutor>(*objective_);
+  }
   if (cfg_.preempt_grace_s > 0) {
     if (split_) {
       split_->set_before_transfer([this] { grace_vote(); });
@@ -162,6 +166,7 @@ Trainer::~Trainer() {
   async_ckpt_.reset();
   evaluator_.reset();
   periodic_.reset();
+  executor_.reset();
   objective_.reset();
   ema_.reset();
   g_.reset();
@@ -307,9 +312,9 @@ TensorList Trainer::real_micro(int64_t micro) {
 
 StepMetrics Trainer::train_step() {
   StepMetrics r = run_step();
-  if (split_) {
-    objective_->post_split_figures(r);
-    r = objective_->finish_split_figures();
+  if (executor_->defers_figures()) {
+    executor_->post_figures(r);
+    r = executor_->finish_figures();
   }
   check_nonfinite(r);
   return r;
@@ -340,8 +345,8 @@ StepMetrics Trainer::run_step() {
   const std::array<int64_t, 4> bytes_before = comm_bytes();
   struct rusage ru0 {};
   getrusage(RUSAGE_SELF, &ru0);
-  StepMetrics r = objective_->step({g_.get(), opt_g_.get(), scaler_g_.get()},
-                                   {d_.get(), opt_d_.get(), scaler_d_.get()}, in);
+  StepMetrics r = executor_->step({g_.get(), opt_g_.get(), scaler_g_.get()},
+                                  {d_.get(), opt_d_.get(), scaler_d_.get()}, in);
   abandonable_ = false;
   const std::array<double, 5> after = times();
   r.time_collective_s = after[0] - before[0];
@@ -573,7 +578,7 @@ void Trainer::run(const nlohmann::json& preflight) {
   auto finish_figures = [&](int& sig, bool& time_up) {
     std::vector<double> votes;
     const auto t0 = std::chrono::steady_clock::now();
-    StepMetrics done = objective_->finish_split_figures(&votes);
+    StepMetrics done = executor_->finish_figures(&votes);
     figures_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     complete(done);
     sig = std::max(sig, static_cast<int>(votes.at(0)));
@@ -588,7 +593,7 @@ void Trainer::run(const nlohmann::json& preflight) {
       if (split_) {  // the last finished step's figures first: its log row, its verdicts
         int sig = 0;
         bool time_up = false;
-        while (objective_->split_figures_in_flight() > 0) finish_figures(sig, time_up);
+        while (executor_->figures_in_flight() > 0) finish_figures(sig, time_up);
       }
       abandon_step_and_save();
       return;
@@ -606,11 +611,11 @@ void Trainer::run(const nlohmann::json& preflight) {
     } else {
       // Split placement: this step's figures and votes are posted now and finished after
       // the next step (the previous step's now), unless something world-wide follows.
-      objective_->post_split_figures(m, local_votes(elapsed_s()));
+      executor_->post_figures(m, local_votes(elapsed_s()));
       const bool settle = !cfg_.defer_figures || evaluated || sampled || saved || step == cfg_.steps;
-      while (objective_->split_figures_in_flight() > (settle ? 0u : 1u)) finish_figures(sig, time_up);
+      while (executor_->figures_in_flight() > (settle ? 0u : 1u)) finish_figures(sig, time_up);
       if (sig != 0 || time_up) {
-        while (objective_->split_figures_in_flight() > 0) finish_figures(sig, time_up);
+        while (executor_->figures_in_flight() > 0) finish_figures(sig, time_up);
       }
     }
     if (evaluated) summary.add_eval(evaluate());

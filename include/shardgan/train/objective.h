@@ -4,7 +4,6 @@
 /// step), each accumulated over micro-batches. Losses: non-saturating (Goodfellow et al.
 /// 2014; DCGAN) or hinge (Lim & Ye 2017; Miyato et al. 2018; BigGAN).
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -15,39 +14,26 @@
 #include <ATen/core/Tensor.h>
 
 #include "shardgan/sharding/sharded_unit.h"
+#include "shardgan/train/step_schedule.h"
+#include "shardgan/train/step_stats.h"
 
 namespace shardgan {
 
 class Communicator;
 class DynamicLossScaler;
-class SplitPlacement;
 class ShardedModel;
-class Work;
 class ShardedOptimizer;
 
-/// Global-batch averages of one step (identical on every rank).
-struct StepMetrics {
-  int64_t step = 0;          ///< steps done after this one
-  double loss_d = 0, loss_g = 0;  ///< D loss averaged over the D steps; G's adversarial loss
-  /// Image-conditioned models (set_paired): mean |G(A) - B| of G's pass, before the weight
-  /// (0 otherwise). G's loss is loss_g + l1_weight * loss_l1.
-  double loss_l1 = 0;
-  double d_real = 0, d_fake = 0;  ///< mean sigmoid(D(x)) and sigmoid(D(G(z))), D steps
+/// One step's record for the trainer's log: the step's figures (StepStats: losses, D's
+/// outputs, verdicts, norms, split placement's idle times and bytes; identical on every
+/// rank once reduced) and what rank 0 measured around the step.
+struct StepMetrics : StepStats {
+  int64_t step = 0;  ///< steps done after this one
   /// Wall time of the step on rank 0 (seconds); under split placement with the wait for
   /// step figures that came before it (Trainer::run).
   double step_time_s = 0;
-  double grad_norm_d = 0, grad_norm_g = 0;  ///< global gradient norms (0 unless clipping)
-  bool skipped_d = false, skipped_g = false;  ///< a step skipped (float16 overflow, inf norm)
-  /// A NaN or Inf in the model's loss or gradients on some rank (float32, float64 and
-  /// bfloat16 compute; float16 overflows are the loss scaler's): its update was skipped.
-  bool nonfinite_d = false, nonfinite_g = false;
   int64_t nonfinite_steps = 0;  ///< steps of this run so far with such a skip (the trainer's count)
   double loss_scale_d = 1, loss_scale_g = 1;  ///< current loss scales (1 unless float16)
-  double r1 = 0;  ///< R1 penalty (gamma/2) E||grad_x D(x)||^2 of this step's D updates (0 if none ran)
-  /// GanObjective::set_aux_class_weight (0 otherwise): the cross-entropy of D's class head
-  /// on the real images (mean over the D updates) and on G's images in G's pass, before
-  /// the weight.
-  double class_real = 0, class_fake = 0;
   /// Where rank 0's step time went (seconds, G and D summed): collectives started or
   /// waited for, master shards read from the offload tier for all-gathers, optimizer
   /// updates, and of those the offload tier's I/O. The rest is forward/backward compute.
@@ -56,7 +42,7 @@ struct StepMetrics {
   /// What the operating system counted for rank 0's process during the step
   /// (getrusage(RUSAGE_SELF), all threads): minor page faults, and CPU seconds in the
   /// kernel and in user space. Fresh mappings that the kernel must fault in and zero show
-  /// up here (issue 21).
+  /// up here.
   int64_t minor_faults = 0;
   double system_s = 0, user_s = 0;
   /// Rank 0's collective volume in this step (bytes, as CommStats counts them: the full
@@ -72,13 +58,6 @@ struct StepMetrics {
   /// allocator's, as torch.cuda.max_memory_allocated(); take_device_peak_allocated_bytes()),
   /// -1 on the CPU.
   int64_t device_mem_peak_allocated_bytes = -1;
-  /// train.placement split (0 otherwise): seconds each group's ranks spent waiting for the
-  /// other group in the step (the transfers, and the wait for the previous step's world
-  /// figures, GanObjective::finish_split_figures; averaged over the group's ranks), the
-  /// seconds each group was busy (its step's work less the transfers' wait), and the
-  /// bytes that crossed between the groups (images and their gradients, all ranks summed).
-  double idle_g_s = 0, idle_d_s = 0, busy_g_s = 0, busy_d_s = 0;
-  int64_t bytes_between_groups = 0;
 };
 
 /// Thrown on every rank when a NaN or Inf ends the job (train.on_nonfinite: abort, or more
@@ -109,6 +88,12 @@ struct StepInputs {
   std::function<at::Tensor(const at::Tensor& global, int64_t micro)> local;
 };
 
+/// The GAN objective: the losses and the passes a step is made of (D's update over
+/// micro-batches, G's pass against the frozen D, the shared D forward, R1, the joint pass,
+/// the update with its non-finite vote). The order in which a step runs them is a
+/// StepExecutor's (step_executor.h): SharedStepExecutor for the shared placement,
+/// SplitStepExecutor for train.placement split. Each pass adds what it measured to a
+/// StepStats (step_stats.h), by name.
 class GanObjective {
  public:
   /// `loss`: "nonsaturating", "hinge" or "least_squares" (std::invalid_argument otherwise). `d_steps` >= 1.
@@ -118,6 +103,11 @@ class GanObjective {
   /// (Mescheder et al. 2018, Eq. 9) to D's loss on every `r1_every`-th D update, scaled by
   /// r1_every (StyleGAN2's lazy regularization, Karras et al. 2020, Sec. 3.1), through
   /// ShardedModel::begin_higher_order (D is gathered whole for that real pass).
+  /// `comm`: the world; the models' votes, norms and R1's mean use update_comm().
+  GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches, double grad_clip,
+               Communicator& comm, double r1_gamma = 0.0, int64_t r1_every = 1);
+  ~GanObjective();
+
   /// Called before every optimizer update of a step (the trainer ends there the part of
   /// the step that a preemption may abandon). Local.
   void set_before_update(std::function<void()> f) { before_update_ = std::move(f); }
@@ -157,47 +147,17 @@ class GanObjective {
   /// its class logits on the real images against their labels, G's loss `w` times the
   /// cross-entropy on G's images against the labels they were generated for. Unlike Odena
   /// et al., D's classifier does not train on G's images: it learns the classes from the
-  /// data alone, and G is asked to match them. Under set_split D's side adds G's term to
-  /// the loss whose image gradient it returns. 0 turns it off. Throws
+  /// data alone, and G is asked to match them. Under split placement D's side adds G's term
+  /// to the loss whose image gradient it returns. 0 turns it off. Throws
   /// std::invalid_argument for w < 0, and with set_paired. Local; call it
   /// alike on every rank.
   void set_aux_class_weight(double w);
-  /// train.placement split (split_placement.h): this rank holds one of the models, and
-  /// step() runs that model's side (the other TrainedModel is never touched: its members
-  /// may be null). Both update rules give the shared placement's updates: G's side makes
-  /// the images and backpropagates the gradients D's side returns; D's side scores them,
-  /// returns dL_G/dx for G's pass and trains on them. With the simultaneous update D's
-  /// side returns dL_G/dx before its own update, so G's backward, update and next forward
-  /// run while D updates. The model's votes and norms use the group's communicator.
-  /// With set_paired (alternating update only) G's ranks read their slices' pairs too: A
-  /// is G's input and B the target of G's L1 term, which G's side adds to the adversarial
-  /// gradient D's side returns; D's side scores {G(A), A} with its own slices' A. Throws
-  /// std::invalid_argument with set_paired and set_simultaneous both on (set_paired
-  /// already refuses that pair). `p` must outlive the objective.
-  /// step() then returns this rank's own figures only: see post_split_figures.
-  void set_split(SplitPlacement* p);
-  /// set_split: the step's figures that need both groups (the losses, D's outputs, the
-  /// skip and non-finite verdicts, the gradient norms, each group's idle and busy time,
-  /// the bytes between the groups) travel in one all-gather over the world communicator
-  /// that this starts and does not wait for (collective: every rank posts it after every
-  /// step, in the same order). `local`: the metrics step() returned (fields the caller
-  /// filled since are kept); `votes`: caller values of which finish_split_figures gives
-  /// the world's maximum (the trainer's preemption and time-limit votes). Waiting for a
-  /// step's figures only after the next step's work is what lets G's ranks run that next
-  /// step's forward while D's ranks finish their update (ParaGAN, Shi, Li and You 2024,
-  /// Sec. 4: neither model waits for the other's update). Throws std::logic_error without
-  /// a split step since the last post.
-  void post_split_figures(const StepMetrics& local, const std::vector<double>& votes = {});
-  /// Waits for the oldest figures in flight (CollectiveTimeout after the world
-  /// communicator's timeout) and returns its step's metrics, identical on every rank,
-  /// with the world's maxima of the votes in `votes` when given. The wait counts as idle
-  /// time in the next split step. Throws std::logic_error when none is in flight.
-  StepMetrics finish_split_figures(std::vector<double>* votes = nullptr);
-  /// How many steps' figures are in flight (posted, not finished).
-  size_t split_figures_in_flight() const { return split_figures_.size(); }
-  GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches, double grad_clip,
-               Communicator& comm, double r1_gamma = 0.0, int64_t r1_every = 1);
-  ~GanObjective();  // waits for split figures still in flight
+  /// The communicator of the models' votes, norms and R1 mean: the world's (default), or
+  /// under split placement this rank's group (SplitStepExecutor sets it). `c` must outlive
+  /// the objective; nullptr restores the world's.
+  void set_update_comm(Communicator* c) { update_comm_ = c; }
+  /// The step's shape (step_schedule.h): what a step's order depends on.
+  StepShape shape() const { return {simultaneous_, shared_d_forward_ && simultaneous_, paired_, d_steps_, micro_}; }
 
   /// D's loss on logits [B] of real images and of fake images, each a mean over the batch;
   /// the D loss is their sum. Local.
@@ -208,35 +168,41 @@ class GanObjective {
   /// G's loss on D's logits [B] of fake images. Local.
   at::Tensor g_loss(const at::Tensor& fake_logits) const;
 
-  /// Collective. d_steps D updates (G under no_grad; real and fake images each get a
-  /// forward and a backward of their own, so that D's units are released as in any single
-  /// backward, or one joint pass with set_d_joint_pass), then one G update with D frozen
-  /// (input gradients only, no D reduce-scatter). With set_simultaneous, G's pass comes
-  /// first and both models update against the other's weights of before the step.
-  /// Fills every field but step and step_time_s.
+  /// Collective. One step of the shared placement (SharedStepExecutor): d_steps D updates
+  /// (G under no_grad; real and fake images each get a forward and a backward of their
+  /// own, so that D's units are released as in any single backward, or one joint pass with
+  /// set_d_joint_pass), then one G update with D frozen (input gradients only, no D
+  /// reduce-scatter). With set_simultaneous, G's pass comes first and both models update
+  /// against the other's weights of before the step. Fills every field but step and
+  /// step_time_s. For tests and tools that drive the objective directly; the trainer
+  /// holds its executor.
   StepMetrics step(TrainedModel g, TrainedModel d, const StepInputs& in);
 
  private:
+  friend class SharedStepExecutor;
+  friend class SplitStepExecutor;
   /// One micro-batch of G's images (detached) and their labels (undefined if unconditional).
   struct MicroFakes {
     at::Tensor images, labels;
   };
   /// D update `s` of the step: k micro-batches of real images and of G's images (`given`,
   /// one per micro-batch, or drawn here from fresh latents under no_grad), then the update.
+  /// Adds D's loss, outputs, class term and R1 to `st` and sets its D verdicts and norm.
   void d_update(TrainedModel g, TrainedModel d, const StepInputs& in, int64_t s,
-                const std::vector<MicroFakes>* given, StepMetrics& r, at::Tensor& stats);
+                const std::vector<MicroFakes>* given, StepStats& st);
   /// G's k micro-batches against the frozen D (input gradients only), without the update;
-  /// keeps each micro-batch's images in `keep` when given. Returns whether G's losses were
-  /// finite on this rank.
-  bool g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, std::vector<MicroFakes>* keep, at::Tensor& stats);
+  /// keeps each micro-batch's images in `keep` when given. Adds G's losses to `st`.
+  /// Returns whether G's losses were finite on this rank.
+  bool g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, std::vector<MicroFakes>* keep, StepStats& st);
   /// set_shared_d_forward: D's first update of a simultaneous step. `images(j)` gives G's
-  /// images of micro-batch j (detached; labels from `lat`), `image_grad(j, gx)` takes
-  /// dL_G/dx (divided by k, scaled by G's loss scale) before D's update. Sets
-  /// `g_loss_finite` to whether G's losses were finite on this rank.
+  /// images of micro-batch j (detached; labels from `lat`), `image_grad(j, gx, lg)` takes
+  /// dL_G/dx (divided by k, scaled by G's loss scale) and G's loss of the micro-batch
+  /// (detached scalar, with the class term) before D's update. Sets `g_loss_finite` to
+  /// whether G's losses were finite on this rank.
+  using ImageGrad = std::function<void(int64_t, const at::Tensor&, const at::Tensor&)>;
   void d_update_sharing_forward(TrainedModel d, DynamicLossScaler* g_scaler, const StepInputs& in,
                                 const TensorList& lat, const std::function<at::Tensor(int64_t)>& images,
-                                const std::function<void(int64_t, const at::Tensor&)>& image_grad, StepMetrics& r,
-                                at::Tensor& stats, bool& g_loss_finite);
+                                const ImageGrad& image_grad, StepStats& st, bool& g_loss_finite);
   bool shared_d_forward_ = false;
   /// set_aux_class_weight: the mean cross-entropy of D's class logits (`d_out`[1], rows
   /// [start, start + n), all when n < 0) against labels `y`, in `md`, before the weight;
@@ -245,23 +211,9 @@ class GanObjective {
   at::Tensor class_loss(const TensorList& d_out, const at::Tensor& y, at::ScalarType md, int64_t start = 0,
                         int64_t n = -1) const;
   double aux_class_weight_ = 0;
-  /// set_split: one side of a split step (split_step.cpp).
-  StepMetrics split_step(TrainedModel g, TrainedModel d, const StepInputs& in);
-  void split_g_side(TrainedModel g, const StepInputs& in, StepMetrics& r, at::Tensor& stats);
-  void split_d_side(TrainedModel d, DynamicLossScaler* g_scaler, const StepInputs& in, StepMetrics& r,
-                    at::Tensor& stats);
-  /// G's pass on D's side: scores the images G's ranks send for micro-batch j (with D's
-  /// condition `y`: labels, A images when paired, or undefined) against the frozen D and
-  /// sends back dL_G/dx; returns the images (detached).
-  MicroFakes split_d_score(TrainedModel d, const at::Tensor& y, at::ScalarType md, at::Tensor& stats);
   /// The communicator of this rank's model updates: the world's, or split's group.
-  Communicator& update_comm() const;
-  SplitPlacement* split_ = nullptr;
-  /// The last split_step's figures (split_step.cpp's slots, each divided by the group size).
-  at::Tensor split_stats_;
-  struct SplitFigures;  // post_split_figures: one step's exchange in flight
-  std::deque<std::shared_ptr<SplitFigures>> split_figures_;  // shared_ptr: SplitFigures is incomplete here
-  double split_figures_wait_s_ = 0;  // finish_split_figures' waits since the last split step
+  Communicator& update_comm() const { return update_comm_ ? *update_comm_ : comm_; }
+  Communicator* update_comm_ = nullptr;
   bool simultaneous_ = false;
   bool paired_ = false;
   double l1_weight_ = 0, adversarial_weight_ = 1;

@@ -16,6 +16,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "shardgan/train/step_schedule.h"
+
 namespace shardgan {
 
 class Communicator;
@@ -43,13 +45,26 @@ class SplitPlacement {
   /// This rank's side: G's ranks or D's ranks.
   Communicator& group() { return group_; }
 
+  /// Collective over the world: takes the step's schedule (step_schedule.h) that this
+  /// side's transfers follow from now on, and compares its fingerprint with every rank's
+  /// (one all-gather of one int64), before any transfer. Throws std::runtime_error on every
+  /// rank, naming the ranks whose schedule differs from rank 0's, when any does.
+  void set_schedule(std::vector<ScheduledTransfer> schedule);
+  /// Starts a step's walk of the schedule. Local.
+  void begin_step() { next_ = 0; }
+  /// Ends it. Throws std::logic_error when the step made fewer transfers than its schedule
+  /// has. Local.
+  void end_step();
+
   /// Both sides call it at the same point of the step (point to point, with the
-  /// communicator's timeout). G's ranks pass their slice ([B/K, C, H, W], image_dtype())
-  /// and get an undefined tensor back; D's ranks pass an undefined tensor and get their
-  /// slice ([B/(N-K), C, H, W], image_dtype()). Sends are waited for before it returns.
-  at::Tensor images_to_d(const at::Tensor& g_slice);
+  /// communicator's timeout), naming the transfer's `slot`, which must be the schedule's
+  /// next (std::logic_error before any byte moves otherwise, naming both). G's ranks pass
+  /// their slice ([B/K, C, H, W], image_dtype()) and get an undefined tensor back; D's
+  /// ranks pass an undefined tensor and get their slice ([B/(N-K), C, H, W],
+  /// image_dtype()). Sends are waited for before it returns.
+  at::Tensor images_to_d(const ScheduledTransfer& slot, const at::Tensor& g_slice);
   /// The reverse: D's ranks pass the gradients of their slice; G's ranks get theirs.
-  at::Tensor grads_to_g(const at::Tensor& d_slice);
+  at::Tensor grads_to_g(const ScheduledTransfer& slot, const at::Tensor& d_slice);
 
   /// `f` runs at the start of every images_to_d and grads_to_g on both sides, before any
   /// byte moves. The two sides' transfers match one to one and in order, so `f` may run a
@@ -67,6 +82,10 @@ class SplitPlacement {
  private:
   /// Moves slices from `from_g` (true: G -> D) side to the other.
   at::Tensor transfer(const at::Tensor& mine, bool from_g);
+  /// Checks `slot` against the schedule's next transfer and moves on.
+  void expect(const ScheduledTransfer& slot);
+  std::vector<ScheduledTransfer> schedule_;
+  size_t next_ = 0;
   Communicator& world_;
   Communicator& group_;
   int k_, n_, rank_;

@@ -21,7 +21,7 @@
 #include "shardgan/train/config.h"
 #include "shardgan/data/images.h"
 #include "shardgan/train/evaluation.h"
-#include "shardgan/train/objective.h"
+#include "shardgan/train/step_executor.h"
 #include "shardgan/train/periodic.h"
 #include "shardgan/train/split_placement.h"
 
@@ -62,7 +62,7 @@ class Trainer {
   /// checkpoint and returns early. Throws NonFiniteError (objective.h) on every rank when a
   /// NaN or Inf ends the job (train.on_nonfinite, train.max_nonfinite_steps).
   /// With train.placement split the vote rides with the step's world figures
-  /// (GanObjective::post_split_figures), which are waited for only after the next step,
+  /// (StepExecutor::post_figures), which are waited for only after the next step,
   /// so that G's ranks need not wait for D's update: a step's figures are logged, its
   /// NaN/Inf verdict acted on, and its votes obeyed one step later, at the end of the
   /// next step (every rank alike). Before an evaluation, a sample grid, a checkpoint or
@@ -126,7 +126,7 @@ class Trainer {
   /// when the policy says so (identically on every rank: the flags were voted).
   void check_nonfinite(StepMetrics& r);
   /// Collective. The step itself: under split placement without its world figures
-  /// (GanObjective::post_split_figures), else complete but for check_nonfinite.
+  /// (StepExecutor::post_figures), else complete but for check_nonfinite.
   StepMetrics run_step();
   /// Local: this rank's preemption signal (or 0) and rank 0's verdict on
   /// train.time_limit_s after `elapsed_s` seconds of training (1 or 0), for a vote.
@@ -203,6 +203,7 @@ class Trainer {
   std::unique_ptr<DynamicLossScaler> scaler_g_, scaler_d_;
   std::unique_ptr<ShardedEma> ema_;
   std::unique_ptr<GanObjective> objective_;
+  std::unique_ptr<StepExecutor> executor_;  // the placement's step order (destroyed before the objective)
   std::unique_ptr<PeriodicActions> periodic_;
   std::unique_ptr<Evaluator> evaluator_;  // when eval.enabled
   at::Generator noise_gen_;

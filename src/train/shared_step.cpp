@@ -1,0 +1,80 @@
+// One training step under the shared placement (step_executor.h): every rank runs both
+// models' passes in the update rule's order, and the step's figures are every rank's
+// StepStats averaged over the world.
+#include <stdexcept>
+#include <vector>
+
+#include "shardgan/optim/loss_scaler.h"
+#include "shardgan/sharding/sharded_model.h"
+#include "shardgan/train/step_executor.h"
+
+namespace shardgan {
+
+void StepExecutor::post_figures(const StepMetrics&, const std::vector<double>&) {
+  throw std::logic_error("post_figures: this executor returns a step's figures from step()");
+}
+
+StepMetrics StepExecutor::finish_figures(std::vector<double>*) {
+  throw std::logic_error("finish_figures: this executor returns a step's figures from step()");
+}
+
+SharedStepExecutor::SharedStepExecutor(GanObjective& obj) : obj_(obj), figures_(obj.comm_) {}
+
+StepMetrics SharedStepExecutor::step(TrainedModel g, TrainedModel d, const StepInputs& in) {
+  GanObjective& o = obj_;
+  StepStats st;  // this rank's
+  bool g_loss_finite = true;
+  auto update_g = [&] {
+    if (o.before_update_) o.before_update_();
+    st.skipped_g = !o.finish_update(g, st.grad_norm_g, 0, g_loss_finite, st.nonfinite_g);
+  };
+  if (!o.simultaneous_) {
+    for (int64_t s = 0; s < o.d_steps_; ++s) o.d_update(g, d, in, s, nullptr, st);
+    g_loss_finite = o.g_pass(g, d, in, nullptr, st);
+    update_g();
+  } else {
+    // ParaGAN's update (Shi et al. 2024, Fig. 5): G_{t+1} from L_G(G_t, D_t) and D_{t+1}
+    // from L_D(G_t, D_t). G's pass runs first, against the D that no update has touched
+    // yet, and D's first update trains on its images, so one G forward serves both models:
+    // the pass keeps them (`fakes`), or, with the shared D forward, D's first update runs
+    // inside the pass (and the loop starts at D step 2). Further D steps (d_steps > 1) draw
+    // their images from G_t too, so G's update waits for them; with one D step it runs
+    // right after G's pass (so G's gradient shards are released before D's backward, but
+    // for the shared D forward, whose pass holds D's first update).
+    std::vector<GanObjective::MicroFakes> fakes;
+    int64_t first_d_step = 0;
+    if (o.shared_d_forward_) {
+      // One D forward on each micro-batch's fakes: L_G's image gradient goes into G's
+      // backward at once, and the same forward gives D's fake term.
+      const int64_t k = o.micro_;
+      TensorList lat = in.latents();
+      std::vector<at::Tensor> out(static_cast<size_t>(k));  // G's images, in G's graph
+      auto images = [&](int64_t j) {
+        g.model->set_gradient_sync(j == k - 1);
+        at::Tensor y = lat[1].defined() ? in.local(lat[1], j) : at::Tensor();
+        out[static_cast<size_t>(j)] = g.model->forward(TensorList{in.local(lat[0], j), y}).at(0);
+        return out[static_cast<size_t>(j)].detach();
+      };
+      auto image_grad = [&](int64_t j, const at::Tensor& gx, const at::Tensor&) {
+        out[static_cast<size_t>(j)].backward(gx.to(out[static_cast<size_t>(j)].scalar_type()));
+        out[static_cast<size_t>(j)] = at::Tensor();
+      };
+      o.d_update_sharing_forward(d, g.scaler, in, lat, images, image_grad, st, g_loss_finite);
+      first_d_step = 1;
+    } else {
+      g_loss_finite = o.g_pass(g, d, in, &fakes, st);
+    }
+    if (o.d_steps_ == 1) update_g();
+    for (int64_t s = first_d_step; s < o.d_steps_; ++s) o.d_update(g, d, in, s, s == 0 ? &fakes : nullptr, st);
+    if (o.d_steps_ > 1) update_g();
+  }
+  // Losses and D outputs on the host, as the engine's other scalars: the world's exchange
+  // of host tensors runs over MPI, also beside NCCL (losses on a GPU are copied).
+  StepMetrics r;
+  static_cast<StepStats&>(r) = figures_.exchange(st, RankRole::kBoth);
+  r.loss_scale_d = d.scaler->scale();
+  r.loss_scale_g = g.scaler->scale();
+  return r;
+}
+
+}  // namespace shardgan
