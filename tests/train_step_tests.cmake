@@ -26,3 +26,11 @@ add_test(NAME golden_runs_control COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/golde
 set_tests_properties(golden_runs PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
 set_tests_properties(golden_runs_control PROPERTIES TIMEOUT 120 PROCESSORS 2
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_CONTROL=golden_perturb")
+# A non-finite G loss under split placement skips G's update as under shared (D's verdict
+# travels with the gradients); the control drops the verdict and must make split differ.
+add_test(NAME split_nonfinite COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/split_nonfinite_test.sh
+                                      $<TARGET_FILE:shardgan-train> $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR} 0)
+add_test(NAME split_nonfinite_control COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/split_nonfinite_test.sh
+                                              $<TARGET_FILE:shardgan-train> $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR} 1)
+set_tests_properties(split_nonfinite split_nonfinite_control PROPERTIES TIMEOUT 180
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
