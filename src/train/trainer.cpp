@@ -14,11 +14,7 @@
 
 #include "shardgan/checkpoint/async_checkpoint.h"
 #include "shardgan/comm/hybrid_communicator.h"
-#include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/device/device.h"
-#include "shardgan/data/edges.h"
-#include "shardgan/data/hdf5_loader.h"
-#include "shardgan/data/paired_folder.h"
 #include "shardgan/optim/factory.h"
 #include "shardgan/optim/offloaded_adam.h"
 #include "shardgan/sharding/deferred.h"
@@ -37,34 +33,10 @@ const ModelFamily& family_of(const TrainConfig& cfg) {
   return *cfg.family;
 }
 
-// data.source hdf5: opens data.path and checks that its images and labels fit the model.
-std::unique_ptr<data::Hdf5Dataset> open_hdf5(const TrainConfig& cfg, const ImageShape& shape, int64_t classes) {
-  auto ds = std::make_unique<data::Hdf5Dataset>(cfg.data_path);
-  if (ds->channels() != shape.channels || ds->height() != shape.height || ds->width() != shape.width) {
-    throw ConfigError(cfg.source + ": data.path " + cfg.data_path + " holds " + std::to_string(ds->channels()) + "x" +
-                      std::to_string(ds->height()) + "x" + std::to_string(ds->width()) +
-                      " images but model.channels and the model's resolution give " + std::to_string(shape.channels) +
-                      "x" + std::to_string(shape.height) + "x" + std::to_string(shape.width) +
-                      "; convert the images to that size (shardgan-data convert --size --channels)");
-  }
-  if (classes > 0) ds->check_labels(classes);
-  const int64_t ca = cfg.family->condition_channels();
-  if (ca > 0 && ds->condition_channels() != ca) {
-    throw ConfigError(cfg.source + ": data.path " + cfg.data_path +
-                      (ds->condition_channels() == 0 ? std::string(" holds no dataset 'A' of input images")
-                                                     : " holds " + std::to_string(ds->condition_channels()) +
-                                                           "-channel input images A") +
-                      " but the model translates " + std::to_string(ca) + "-channel ones (model.in_channels); write "
-                      "a file of pairs with shardgan-data convert --paired");
-  }
-  return ds;
-}
-
 }  // namespace
 
 Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Tensor labels)
-    : cfg_(std::move(cfg)), comm_(comm), family_(family_of(cfg_)), images_(std::move(images)),
-      labels_(std::move(labels)) {
+    : cfg_(std::move(cfg)), comm_(comm), family_(family_of(cfg_)) {
   for (auto [key, sc] : {std::pair{"generator", &cfg_.g_sharding}, std::pair{"discriminator", &cfg_.d_sharding}}) {
     if (sc->compute_dtype == at::kHalf && !cfg_.compute_device.is_cuda()) {
       throw ConfigError(cfg_.source + ": sharding." + key + ".compute_dtype=float16 needs a GPU: "
@@ -72,25 +44,15 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
                         "on CPUs (no loss scaling needed), or run.device=cuda");
     }
   }
-  const ImageShape shape = family_.image_shape();
-  const int64_t classes = family_.num_classes();
-  data_rank_ = comm_.rank();
-  data_size_ = comm_.world_size();
   // Split placement: a rank holds G or D and reads real images only when it holds D, or,
   // with paired data, G's input images A (and B, the target of G's L1 term).
   const bool split = cfg_.placement == "split";
   const bool holds_g = split ? make_split_placement() : true, holds_d = !split || !holds_g;
-  if (!holds_d && family_.condition_channels() == 0) {
-    // G's ranks read no data; the counters of the real batches come from D's ranks.
-  } else if (!images_.defined() && cfg_.data_source == "hdf5") {
-    dataset_ = open_hdf5(cfg_, shape, classes);
-    sampler_ = std::make_unique<DistributedSampler>(dataset_->size(), cfg_.global_batch, data_rank_, data_size_,
-                                                    cfg_.seed, cfg_.micro_batches);
-    loader_ = std::make_unique<data::Hdf5Loader>(*dataset_, *sampler_, cfg_.micro_batches, cfg_.model_dtype,
-                                                 cfg_.prefetch_batches, classes > 0, family_.condition_channels() > 0);
-  } else {
-    load_images(shape, classes);
-  }
+  // G's ranks read no data unless paired; the counters of the real batches come from D's ranks.
+  data_ = std::make_unique<DataPipeline>(cfg_, family_, group_comm_ ? group_comm_->rank() : comm_.rank(),
+                                         group_comm_ ? group_comm_->world_size() : comm_.world_size(),
+                                         holds_d || family_.condition_channels() > 0, comm_.rank() == 0,
+                                         std::move(images), std::move(labels));
   // Deferred sharded initialization: each unit is built, initialized and sharded in turn.
   // SyncBatchNorm and the data stay on the world communicator (split: the group's); a
   // model shards over its own (the replica group's under HSDP, the group's under split).
@@ -149,7 +111,6 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   periodic_ = std::make_unique<PeriodicActions>(cfg_, comm_);
   // Evaluation generates images: G's ranks (split) or every rank.
   if (cfg_.eval_enabled && g_) evaluator_ = std::make_unique<Evaluator>(cfg_, batch_comm, family_);
-  noise_gen_ = at::detail::createCPUGenerator(cfg_.seed + 3);
   fixed_inputs_ = fixed_sample_inputs(cfg_, &sample_nrow_);
   if (cfg_.checkpoint_async) {
     async_ckpt_ = std::make_unique<AsyncCheckpointer>(comm_, parse_snapshot_kind(cfg_.checkpoint_snapshot));
@@ -173,8 +134,7 @@ Trainer::~Trainer() {
   d_.reset();
   opt_g_.reset();
   opt_d_.reset();
-  loader_.reset();
-  dataset_.reset();
+  data_.reset();
 }
 
 bool Trainer::make_split_placement() {
@@ -195,8 +155,6 @@ bool Trainer::make_split_placement() {
   check_split_group_divisors(cfg_, n, k);  // on every rank, before only a group's ranks split it
   const bool holds_g = comm_.rank() < k;
   group_comm_ = comm_.split(holds_g ? 0 : 1, comm_.rank());
-  data_rank_ = group_comm_->rank();
-  data_size_ = group_comm_->world_size();
   const ImageShape shape = family_.image_shape();
   split_ = std::make_unique<SplitPlacement>(comm_, *group_comm_, k, micro,
                                             std::vector<int64_t>{shape.channels, shape.height, shape.width},
@@ -244,72 +202,6 @@ std::array<int64_t, 4> Trainer::comm_bytes() {
   return b;
 }
 
-void Trainer::load_images(const ImageShape& shape, int64_t classes) {
-  if (!images_.defined()) {
-    if (cfg_.data_source == "synthetic") {
-      images_ = synthetic_images(cfg_, cfg_.synthetic_size, cfg_.seed + 17);
-    } else if (cfg_.data_source == "paired") {  // pix2pix's A|B folder, decoded into RAM
-      const data::PairedImages p = data::read_paired_folder(cfg_.data_path, shape.height, shape.channels);
-      images_ = data::scale_pixels(p.b, cfg_.model_dtype);
-      labels_ = data::scale_pixels(p.a, cfg_.model_dtype);
-      if (comm_.rank() == 0) {
-        spdlog::info("data.source paired: {} pairs from {} ({}x{}x{})", images_.size(0), cfg_.data_path,
-                     shape.channels, shape.height, shape.width);
-      }
-    } else {
-      if (shape.channels != 1 || shape.height != 32 || shape.width != 32) {
-        throw ConfigError(cfg_.source + ": data.source fashion-mnist gives 1x32x32 images but model." +
-                          "channels and the model's resolution give " + std::to_string(shape.channels) + "x" +
-                          std::to_string(shape.height) + "x" + std::to_string(shape.width) +
-                          "; use model.channels: 1 and a 32x32 architecture, or data.source: synthetic");
-      }
-      images_ = load_fashion_mnist(cfg_.data_path, cfg_.model_dtype);
-      if (classes > 0) labels_ = load_fashion_mnist_labels(cfg_.data_path);
-    }
-  }
-  if (family_.condition_channels() > 0) {
-    // Image-to-image: each image B is paired with its edge map A, which takes the labels'
-    // place in the real batch ({B, A}) unless the caller gave the A images itself.
-    if (!labels_.defined()) labels_ = data::sobel_edges(images_, family_.condition_channels());
-  } else if (classes > 0 && !labels_.defined()) {
-    labels_ = make_synthetic_labels(images_.size(0), cfg_.seed + 18, classes);
-  }
-  if (classes > 0 && labels_.max().item<int64_t>() >= classes) {
-    throw ConfigError(cfg_.source + ": the data has labels up to " + std::to_string(labels_.max().item<int64_t>()) +
-                      " but model.n_classes is " + std::to_string(classes));
-  }
-  sampler_ = std::make_unique<DistributedSampler>(images_.size(0), cfg_.global_batch, data_rank_, data_size_,
-                                                  cfg_.seed, cfg_.micro_batches);
-}
-
-TensorList Trainer::draw_latents() {
-  // Every rank draws the whole global batch and keeps its slices, so the latents do not
-  // depend on the world size (required for parity with the one-rank reference).
-  at::Tensor z = family_.sample_latents(cfg_.global_batch, noise_gen_, cfg_.model_dtype);
-  at::Tensor y = family_.sample_labels(cfg_.global_batch, noise_gen_);
-  return {z, y};
-}
-
-at::Tensor Trainer::local_micro(const at::Tensor& global, int64_t micro) const {
-  const int64_t per_micro = cfg_.global_batch / cfg_.micro_batches;
-  const int64_t local = per_micro / data_size_;
-  return global.narrow(0, micro * per_micro + data_rank_ * local, local).contiguous();
-}
-
-TensorList Trainer::real_micro(int64_t micro) {
-  if (micro == 0) {  // the next global batch of the sampler
-    batch_epoch_ = counters_.epoch;
-    batch_index_ = counters_.batch_in_epoch;
-    if (++counters_.batch_in_epoch == sampler_->batches_per_epoch()) {
-      counters_.batch_in_epoch = 0;
-      ++counters_.epoch;
-    }
-  }
-  if (loader_) return loader_->get(batch_epoch_, batch_index_, micro);
-  at::Tensor idx = sampler_->indices(batch_epoch_, batch_index_, micro);
-  return {images_.index_select(0, idx), labels_.defined() ? labels_.index_select(0, idx) : at::Tensor()};
-}
-
 StepMetrics Trainer::train_step() {
   StepMetrics r = run_step();
   if (executor_->defers_figures()) {
@@ -325,9 +217,9 @@ StepMetrics Trainer::run_step() {
   step_t0_ = t0;
   if (cfg_.preempt_grace_s > 0) capture_step_start();
   StepInputs in;
-  in.real = [this](int64_t micro) { return real_micro(micro); };
-  in.latents = [this] { return draw_latents(); };
-  in.local = [this](const at::Tensor& t, int64_t micro) { return local_micro(t, micro); };
+  in.real = [this](int64_t micro) { return data_->real_micro(micro, counters_); };
+  in.latents = [this] { return data_->draw_latents(); };
+  in.local = [this](const at::Tensor& t, int64_t micro) { return data_->local_micro(t, micro); };
   auto times = [this] {
     std::array<double, 5> t{};
     for (auto [m, o] : {std::pair{g_.get(), opt_g_.get()}, std::pair{d_.get(), opt_d_.get()}}) {
@@ -435,7 +327,7 @@ void Trainer::fill_counters() {
     counters_.epoch = pos[0].item<int64_t>();
     counters_.batch_in_epoch = pos[1].item<int64_t>();
   }
-  counters_.noise_rng_state = noise_gen_.get_state();
+  counters_.noise_rng_state = data_->noise_state();
   for (auto& [k, v] : scaler_g_->state()) counters_.scalars["g." + k] = v;
   for (auto& [k, v] : scaler_d_->state()) counters_.scalars["d." + k] = v;
   counters_.scalars["nonfinite_steps"] = static_cast<double>(nonfinite_steps_);
@@ -471,7 +363,7 @@ std::string Trainer::save_async() {
   fill_counters();
   // A fork must not copy an HDF5 lock that the read-ahead thread holds mid-read.
   std::unique_lock<std::mutex> paused;
-  if (loader_ && async_ckpt_->kind() == SnapshotKind::kFork) paused = loader_->pause_reads();
+  if (async_ckpt_->kind() == SnapshotKind::kFork) paused = data_->pause_reads();
   AsyncSaveStats st;
   const std::string dir = async_ckpt_->save(cfg_.run_dir, counters_, checkpoint_models(), cfg_.resolved_yaml,
                                             static_cast<int>(cfg_.keep_checkpoints), &st);
@@ -498,14 +390,14 @@ void Trainer::load_resolved(const std::string& dir) {
     }
     scaler->load_state(st);
   }
-  noise_gen_.set_state(counters_.noise_rng_state);
+  data_->set_noise_state(counters_.noise_rng_state);
   auto scalar = [&](const char* k) {
     auto it = counters_.scalars.find(k);
     return it == counters_.scalars.end() ? int64_t{0} : static_cast<int64_t>(it->second);
   };
   nonfinite_steps_ = scalar("nonfinite_steps");
   nonfinite_in_a_row_ = scalar("nonfinite_in_a_row");
-  if (loader_) loader_->restart(counters_.epoch, counters_.batch_in_epoch);
+  data_->restart(counters_.epoch, counters_.batch_in_epoch);
   if (comm_.rank() == 0) spdlog::info("resumed from {} at step {}", dir, counters_.step);
 }
 

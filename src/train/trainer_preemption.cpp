@@ -30,9 +30,7 @@ int Trainer::preemption_vote(double elapsed_s, bool& time_up) {
 void Trainer::capture_step_start() {
   torch::NoGradGuard no_grad;
   step_start_.counters = counters_;
-  step_start_.noise_state = noise_gen_.get_state();
-  step_start_.batch_epoch = batch_epoch_;
-  step_start_.batch_index = batch_index_;
+  step_start_.data = data_->position();
   step_start_.buffers.clear();
   for (ShardedModel* m : {g_.get(), d_.get()}) {
     if (!m) continue;  // split placement: the other group's model
@@ -77,9 +75,7 @@ std::string Trainer::abandon_step_and_save() {
   const int64_t abandoned = counters_.step + 1;
   const double into = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0_).count();
   counters_ = step_start_.counters;
-  noise_gen_.set_state(step_start_.noise_state);
-  batch_epoch_ = step_start_.batch_epoch;
-  batch_index_ = step_start_.batch_index;
+  data_->restore(step_start_.data);
   size_t i = 0;
   for (ShardedModel* m : {g_.get(), d_.get()}) {
     if (!m) continue;  // split placement: the other group's model

@@ -22,15 +22,11 @@
 #include "shardgan/data/images.h"
 #include "shardgan/train/evaluation.h"
 #include "shardgan/train/step_executor.h"
+#include "shardgan/train/data_pipeline.h"
 #include "shardgan/train/periodic.h"
 #include "shardgan/train/split_placement.h"
 
 namespace shardgan {
-
-namespace data {
-class Hdf5Dataset;
-class Hdf5Loader;
-}  // namespace data
 
 class Trainer {
  public:
@@ -151,20 +147,14 @@ class Trainer {
   /// The state that an abandoned step must give back (train.preempt_grace_s > 0).
   struct StepStart {
     TrainCounters counters;
-    at::Tensor noise_state;
+    DataPipeline::Position data;      // the real batch and the latent generator
     std::vector<at::Tensor> buffers;  // G's then D's named_buffers()
-    int64_t batch_epoch = 0, batch_index = 0;
   };
   StepStart step_start_;
   bool abandonable_ = false;   // inside a step, before its first optimizer update
   bool abandoning_ = false;    // grace_vote threw
   double last_step_s_ = 0, last_save_s_ = 0;
   std::chrono::steady_clock::time_point step_t0_;
-  TensorList draw_latents();  // a whole global batch {z, y} (same on every rank)
-  at::Tensor local_micro(const at::Tensor& global, int64_t micro) const;  // this rank's part
-  TensorList real_micro(int64_t micro);
-  /// The in-RAM sources (fashion-mnist, synthetic): images_, labels_ and the sampler.
-  void load_images(const ImageShape& shape, int64_t classes);
 
   /// Builds a model of `spec` on `comm` and its optimizer. With offload.param the store is
   /// made first and each unit's master shard moves into it as the unit is built.
@@ -191,13 +181,9 @@ class Trainer {
   std::unique_ptr<Communicator> group_comm_;
   std::unique_ptr<SplitPlacement> split_;
   double figures_wait_s_ = 0;  // split: run()'s waits for step figures since the last step
-  int data_rank_ = 0, data_size_ = 1;  // this rank's slice of each micro-batch: rank, ranks
   int64_t g_numel_ = 0, d_numel_ = 0;  // both models' sizes, on every rank
   const ModelFamily& family_;
-  at::Tensor images_, labels_;
-  std::unique_ptr<DistributedSampler> sampler_;
-  std::unique_ptr<data::Hdf5Dataset> dataset_;  // data.source hdf5: the open file
-  std::unique_ptr<data::Hdf5Loader> loader_;    // its read-ahead thread (destroyed first)
+  std::unique_ptr<DataPipeline> data_;  // the real images, their sampler, the latents
   std::unique_ptr<ShardedModel> g_, d_;
   std::unique_ptr<ShardedOptimizer> opt_g_, opt_d_;
   std::unique_ptr<DynamicLossScaler> scaler_g_, scaler_d_;
@@ -206,10 +192,8 @@ class Trainer {
   std::unique_ptr<StepExecutor> executor_;  // the placement's step order (destroyed before the objective)
   std::unique_ptr<PeriodicActions> periodic_;
   std::unique_ptr<Evaluator> evaluator_;  // when eval.enabled
-  at::Generator noise_gen_;
   TensorList fixed_inputs_;  // the sample grid's {z, y}
   int sample_nrow_ = 8;
-  int64_t batch_epoch_ = 0, batch_index_ = 0;  // the real batch the current D step reads
   TrainCounters counters_;
   int64_t nonfinite_steps_ = 0, nonfinite_in_a_row_ = 0;  // saved in checkpoints
   std::unique_ptr<AsyncCheckpointer> async_ckpt_;  // checkpoint.async (destroyed first)
