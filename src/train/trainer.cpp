@@ -12,7 +12,6 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
-#include "shardgan/checkpoint/async_checkpoint.h"
 #include "shardgan/comm/hybrid_communicator.h"
 #include "shardgan/device/device.h"
 #include "shardgan/optim/factory.h"
@@ -112,9 +111,10 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   // Evaluation generates images: G's ranks (split) or every rank.
   if (cfg_.eval_enabled && g_) evaluator_ = std::make_unique<Evaluator>(cfg_, batch_comm, family_);
   fixed_inputs_ = fixed_sample_inputs(cfg_, &sample_nrow_);
-  if (cfg_.checkpoint_async) {
-    async_ckpt_ = std::make_unique<AsyncCheckpointer>(comm_, parse_snapshot_kind(cfg_.checkpoint_snapshot));
-  }
+  ckpt_ = std::make_unique<CheckpointManager>(
+      cfg_, comm_, counters_,
+      CheckpointManager::Source{[this] { fill_counters(); }, [this] { return checkpoint_models(); },
+                                [this] { return data_->pause_reads(); }});
 }
 
 Trainer::~Trainer() {
@@ -124,7 +124,7 @@ Trainer::~Trainer() {
   // must outlive them; an optimizer's destructor does not touch its model. The data
   // loader's read-ahead thread stops before the dataset it reads. A checkpoint write in
   // flight (which no longer reads the models) finishes first.
-  async_ckpt_.reset();
+  ckpt_.reset();
   evaluator_.reset();
   periodic_.reset();
   executor_.reset();
@@ -334,48 +334,9 @@ void Trainer::fill_counters() {
   counters_.scalars["nonfinite_in_a_row"] = static_cast<double>(nonfinite_in_a_row_);
 }
 
-double Trainer::wait_for_checkpoint_write(const char* why) {
-  if (!async_ckpt_ || !async_ckpt_->in_flight()) return 0;
-  const double waited = async_ckpt_->wait();
-  if (comm_.rank() == 0 && waited > 1e-3) {
-    spdlog::info("waited {:.2f} s for the checkpoint write in flight ({})", waited, why);
-  }
-  return waited;
-}
+std::string Trainer::save() { return ckpt_->save(); }
 
-std::string Trainer::save() {
-  wait_for_checkpoint_write("before a synchronous save");
-  fill_counters();
-  SaveStats st;
-  const auto t0 = std::chrono::steady_clock::now();
-  std::string dir = save_checkpoint(cfg_.run_dir, counters_, checkpoint_models(),
-                                    cfg_.resolved_yaml, comm_, static_cast<int>(cfg_.keep_checkpoints), &st);
-  last_save_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (comm_.rank() == 0) {
-    spdlog::info("saved step {}: {:.2f} MB on rank 0, training stalled {:.3f} s", counters_.step,
-                 st.bytes / 1e6, st.total_s);
-  }
-  return dir;
-}
-
-std::string Trainer::save_async() {
-  if (!async_ckpt_) return save();
-  fill_counters();
-  // A fork must not copy an HDF5 lock that the read-ahead thread holds mid-read.
-  std::unique_lock<std::mutex> paused;
-  if (async_ckpt_->kind() == SnapshotKind::kFork) paused = data_->pause_reads();
-  AsyncSaveStats st;
-  const std::string dir = async_ckpt_->save(cfg_.run_dir, counters_, checkpoint_models(), cfg_.resolved_yaml,
-                                            static_cast<int>(cfg_.keep_checkpoints), &st);
-  if (paused.owns_lock()) paused.unlock();
-  if (comm_.rank() == 0) {
-    spdlog::info("saving step {} in the background ({} snapshot): training stalled {:.3f} s (snapshot {:.3f} s{})",
-                 counters_.step, snapshot_kind_name(async_ckpt_->kind()), st.stall_s, st.snapshot_s,
-                 st.waited_s > 1e-3 ? fmt::format(", {:.3f} s waiting for the previous save's write", st.waited_s)
-                                    : std::string());
-  }
-  return dir;
-}
+std::string Trainer::save_async() { return ckpt_->save_async(); }
 
 void Trainer::resume(const std::string& path) {
   load_resolved(agree_checkpoint_dir(path, comm_, /*none_is_fresh=*/false));
@@ -521,7 +482,7 @@ void Trainer::run(const nlohmann::json& preflight) {
     }
     if (!split_) sig = preemption_vote(elapsed_s(), time_up);
     if (sig != 0) {
-      wait_for_checkpoint_write("preemption");
+      ckpt_->wait_for_write("preemption");
       if (!saved) last_ckpt = save();
       ProgressLine::finish();
       if (comm_.rank() == 0) {
@@ -548,14 +509,9 @@ void Trainer::run(const nlohmann::json& preflight) {
   } else {
     // The last step already saved (a time-limit stop at a periodic checkpoint), or
     // train.final_checkpoint is false: only a background write in flight is waited for.
-    wait_for_checkpoint_write("end of run");
+    ckpt_->wait_for_write("end of run");
   }
-  if (async_ckpt_ && comm_.rank() == 0) {
-    const AsyncSaveTotals& t = async_ckpt_->totals();
-    spdlog::info("background checkpoints: {} saves, training stalled {:.3f} s in all ({:.3f} s per save); {} waited "
-                 "for the previous write ({:.2f} s); writing took {:.2f} s in the background",
-                 t.saves, t.stall_s, t.saves ? t.stall_s / t.saves : 0.0, t.waits, t.waited_s, t.write_s);
-  }
+  ckpt_->log_totals();
   last_samples = write_samples();
   ProgressLine::finish();
   const std::vector<int64_t> rss =

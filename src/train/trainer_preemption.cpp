@@ -56,7 +56,7 @@ void Trainer::grace_vote() {
   bool want = false;
   if (age >= 0 && abandonable_) {  // the estimates are needed only once a signal came
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0_).count();
-    double save_s = last_save_s_;
+    double save_s = ckpt_->last_save_s();
     if (save_s <= 0) {  // no save yet: the model state at an assumed 200 MB/s
       save_s = static_cast<double>(stats_of(g_).model_state_bytes() + stats_of(d_).model_state_bytes()) / 200e6;
     }
@@ -87,7 +87,7 @@ std::string Trainer::abandon_step_and_save() {
   if (comm_.rank() == 0) {
     spdlog::warn("preemption: abandoned step {} ({:.1f} s into it; a step takes {:.1f} s, train.preempt_grace_s is {}), "
                  "saved step {} in {:.1f} s, {:.1f} s after the signal: {}. Continue with --resume auto",
-                 abandoned, into, last_step_s_, cfg_.preempt_grace_s, counters_.step, last_save_s_, preemption_signal_age_s(), dir);
+                 abandoned, into, last_step_s_, cfg_.preempt_grace_s, counters_.step, ckpt_->last_save_s(), preemption_signal_age_s(), dir);
   }
   return dir;
 }

@@ -11,7 +11,6 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
-#include "shardgan/checkpoint/async_checkpoint.h"
 #include "shardgan/checkpoint/checkpoint.h"
 #include "shardgan/models/family.h"
 #include "shardgan/optim/loss_scaler.h"
@@ -22,6 +21,7 @@
 #include "shardgan/data/images.h"
 #include "shardgan/train/evaluation.h"
 #include "shardgan/train/step_executor.h"
+#include "shardgan/train/checkpoint_manager.h"
 #include "shardgan/train/data_pipeline.h"
 #include "shardgan/train/periodic.h"
 #include "shardgan/train/split_placement.h"
@@ -114,10 +114,6 @@ class Trainer {
   std::vector<ModelAndOptimizer> checkpoint_models();
   /// Local: the counters a checkpoint stores (noise RNG, loss scalers, non-finite counts).
   void fill_counters();
-  /// Local for the caller (the commit's collectives run on every rank's background thread):
-  /// waits for a background checkpoint write in flight, logs the wait on rank 0 when it was
-  /// longer than 1 ms, rethrows its error; returns the seconds waited.
-  double wait_for_checkpoint_write(const char* why);
   /// Counts a step whose update was skipped for a NaN or Inf, and throws NonFiniteError
   /// when the policy says so (identically on every rank: the flags were voted).
   void check_nonfinite(StepMetrics& r);
@@ -153,7 +149,7 @@ class Trainer {
   StepStart step_start_;
   bool abandonable_ = false;   // inside a step, before its first optimizer update
   bool abandoning_ = false;    // grace_vote threw
-  double last_step_s_ = 0, last_save_s_ = 0;
+  double last_step_s_ = 0;
   std::chrono::steady_clock::time_point step_t0_;
 
   /// Builds a model of `spec` on `comm` and its optimizer. With offload.param the store is
@@ -196,7 +192,7 @@ class Trainer {
   int sample_nrow_ = 8;
   TrainCounters counters_;
   int64_t nonfinite_steps_ = 0, nonfinite_in_a_row_ = 0;  // saved in checkpoints
-  std::unique_ptr<AsyncCheckpointer> async_ckpt_;  // checkpoint.async (destroyed first)
+  std::unique_ptr<CheckpointManager> ckpt_;  // saves, sync and async (destroyed first)
 };
 
 }  // namespace shardgan
