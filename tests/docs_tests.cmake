@@ -3,3 +3,17 @@
 add_test(NAME config_reference
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/docs_test.sh $<TARGET_FILE:shardgan-train> ${PROJECT_SOURCE_DIR})
 set_tests_properties(config_reference PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")
+
+# The checkpoint comparisons' own negative controls (tests/lib_selftest.sh): same_checkpoint,
+# checkpoints_within and ckpt_close.py fail on a missing checkpoint, a rank file only in B
+# and NaN, and pass an equal pair, on tiny fake checkpoints written with h5py.
+add_test(NAME test_lib_selftest COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/lib_selftest.sh)
+set_tests_properties(test_lib_selftest PROPERTIES TIMEOUT 60 ENVIRONMENT "${SHARDGAN_TEST_ENV}")
+
+# The source tree's structure (tests/structure_test.py): no file under src/ over 600 lines,
+# no include of a higher layer (docs/design.md, "Layers"). structure_control is its negative
+# control: --self-test exits 0 only if the check reports both kinds of finding in a
+# synthetic tree.
+add_test(NAME structure COMMAND ${SHARDGAN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/structure_test.py ${PROJECT_SOURCE_DIR})
+add_test(NAME structure_control COMMAND ${SHARDGAN_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/structure_test.py --self-test)
+set_tests_properties(structure structure_control PROPERTIES TIMEOUT 30)

@@ -16,8 +16,11 @@
 # memory.json holds no gradient bytes with the disk tier; metrics.jsonl times the tier.
 # A checkpoint written with gradient offload resumes without it, equal to a straight run.
 # Bad combinations end every rank with a message naming the key.
-# Negative control, run once: accumulate_grad adding the first reduction of a step onto
-# the tier's stale values (first ignored) fails every parity case here.
+# Negative control, in every run of this test: with SHARDGAN_TEST_CONTROL=
+# grad_offload_stale_first (src/sharding/unit_collectives.cpp), accumulate_grad adds the first
+# reduction of a step onto the tier's stale values (first ignored); the clipped 2-micro-batch
+# case with the cpu tier must then differ from the run without offload. Run once by hand
+# for every parity case, it failed each.
 TRAIN=$1; CKPT=$2; SRC=$3
 source "$(dirname "$0")/lib.sh"
 T=$(mktemp -d /tmp/shardgan-gradoff.XXXXXX)
@@ -43,17 +46,11 @@ run() {  # run NAME NP STEPS ARGS...: trains into $T/NAME
     --set run.dir="$T/$name" > "$T/$name.log" 2>&1
 }
 ckpt() { echo "$T/$1/checkpoints/step-$(printf %08d "$2")"; }
-same() {  # same A B STEP: every rank file's /generator, /discriminator and /rng are equal
-  local a b f out ok_all=1; a=$(ckpt "$1" "$3"); b=$(ckpt "$2" "$3"); out=$T/diff.txt
-  for f in "$a"/rank-*.h5; do
-    # Under HSDP only replica group 0 writes the model groups; the other ranks hold copies.
-    h5ls "$f/generator" > /dev/null 2>&1 || { h5ls "$b/$(basename "$f")/generator" > /dev/null 2>&1 && ok_all=0; continue; }
-    for obj in /generator /discriminator /rng; do
-      h5diff "$f" "$b/$(basename "$f")" $obj $obj > "$out" 2>&1 \
-        || { ok_all=0; echo "  $(basename "$f") $obj: $(head -3 "$out")"; }
-    done
-  done
-  [ $ok_all = 1 ]
+same() {  # same A B STEP: the two runs' checkpoints at STEP are identical (lib.sh's
+  # checkpoints_identical: the same non-empty set of rank files, no NaN or infinity, and
+  # /generator, /discriminator and /rng bit for bit; under HSDP only replica group 0's files
+  # hold the models, the other ranks' files /rng); prints what differs.
+  checkpoints_identical "$(ckpt "$1" "$3")" "$(ckpt "$2" "$3")"
 }
 
 check_parity() {  # check_parity LABEL NP MODES ARGS...; MODES: "grad" and/or "param"
@@ -79,6 +76,18 @@ check_parity dcgan-hsdp-np4 4 grad "${DCGAN[@]}" --set sharding.generator.replic
 check_parity dcgan-d-bf16 2 grad "${DCGAN[@]}" --set sharding.discriminator.compute_dtype=bfloat16 \
   --set sharding.discriminator.reduce_dtype=bfloat16
 check_parity biggan-r1-np2 2 grad "${BIGGAN[@]}" --set train.r1_gamma=0.1
+
+# The negative control: the first reduction of each step added onto the tier's stale
+# values must make the parity check fail (a run that did not finish does not count).
+# shellcheck disable=SC2046
+if (export SHARDGAN_TEST_CONTROL=grad_offload_stale_first
+    run dcgan-control 2 4 "${DCGAN[@]}" --set train.micro_batches=2 --set train.grad_clip=0.5 $(offload cpu)); then
+  out=$(same dcgan-z3-accum-clip-none dcgan-control 4) && bad "negative control (grad_offload_stale_first): parity still holds" \
+    || { grep -q "differs" <<< "$out" && ok "negative control (grad_offload_stale_first) fails the parity check: $(head -1 <<< "$out" | cut -c1-160)" \
+           || bad "negative control: failed for another reason: $(head -3 <<< "$out")"; }
+else
+  bad "negative control run: $(tail -3 "$T/dcgan-control.log")"
+fi
 
 # Clipping took effect, so its path through the tier was exercised: the same run unclipped
 # ends elsewhere.

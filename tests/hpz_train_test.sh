@@ -10,8 +10,11 @@
 #    step-4 checkpoint, bit for bit (checkpoints do not depend on hpZ);
 #  - --dry-run counts the secondary blocks (hpz_secondary_bytes) at stage 3;
 #  - bad settings are refused on every rank, naming the key.
-# Negative control, run once: with after_optimizer_step's drop_secondary() left out, the
-# step-2 checkpoint and the losses from step 2 on differ.
+# Negative control, in every run of this test: with SHARDGAN_TEST_CONTROL=hpz_keep_secondary
+# (src/sharding/unit_collectives.cpp), after_optimizer_step keeps the secondary blocks
+# (drop_secondary() left out), so the next forward gathers the pre-step parameters from
+# them; comparing that run with the plain one must fail (the losses from step 2 on and the
+# step-2 and step-4 checkpoints differ).
 TRAIN=$1; CKPT=$2; SRC=$3
 source "$(dirname "$0")/ckpt_lib.sh"
 T=$(mktemp -d /tmp/shardgan-hpz.XXXXXX)
@@ -51,6 +54,19 @@ run hpz $(hpz 2) || bad "hpZ run: $(tail -3 "$T/hpz.log")"
 grep -q "hpZ, secondary groups of 2 ranks" "$T/hpz.log" && ok "the log names the secondary groups" \
   || bad "no hpZ line in the log: $(grep -m2 -i hpz "$T/hpz.log")"
 compare hpz plain "hpZ"
+# The negative control: stale secondary blocks must make the comparison fail (a run that
+# did not finish does not count).
+# shellcheck disable=SC2046
+if (export SHARDGAN_TEST_CONTROL=hpz_keep_secondary; run hpz-control $(hpz 2)); then
+  out=$(compare hpz-control plain "control" 2>&1)
+  if grep -q "^FAIL: control: losses DIFFER" <<< "$out" && grep -q "^FAIL: rank .* differs (control, step 2)" <<< "$out"; then
+    ok "negative control (hpz_keep_secondary) fails the comparison: $(grep -c '^FAIL' <<< "$out") checks, e.g. $(grep -m1 '^FAIL: rank' <<< "$out" | cut -c7-120)"
+  else
+    bad "negative control (hpz_keep_secondary) not caught by the losses and the step-2 checkpoint: $(grep '^FAIL' <<< "$out" | head -3)"
+  fi
+else
+  bad "negative control run: $(tail -3 "$T/hpz-control.log")"
+fi
 # shellcheck disable=SC2086
 run qwz $qwz || bad "qwZ run: $(tail -3 "$T/qwz.log")"
 # shellcheck disable=SC2046,SC2086

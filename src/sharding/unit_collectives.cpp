@@ -14,6 +14,7 @@
 #include "shardgan/sharding/grad_sink.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/sharding/sharded_unit.h"
+#include "shardgan/util/test_control.h"
 #include "sharding/torch_internals.h"
 #include "sharding/unit_runtime.h"
 
@@ -365,7 +366,9 @@ void UnitCollectives::finish_reduce() {
     // writer thread while backward goes on (in submission order, so a unit's micro-batches
     // add up in order); the shard is held until written.
     const double scale = avg_on_accumulate() ? 1.0 / comm_.world_size() : 1.0;
-    const bool first = !grad_in_tier_;
+    // Negative control grad_offload_stale_first (tests/gradient_offload_test.sh): the step's
+    // first reduction is added onto the tier's stale values.
+    const bool first = !grad_in_tier_ && !test_control("grad_offload_stale_first");
     grad_in_tier_ = true;
     if (owner_) {
       Timed t(&owner_->comm_times().offload_grad_s);  // waits only while 2 writes are pending
@@ -386,7 +389,8 @@ void UnitCollectives::finish_reduce() {
 void UnitCollectives::after_optimizer_step() {
   torch::NoGradGuard no_grad;
   if (cfg_.stage == 3) {  // the next gather reads the updated shard, over the world
-    drop_secondary();
+    // Negative control hpz_keep_secondary (tests/hpz_train_test.sh): the stale blocks stay.
+    if (!test_control("hpz_keep_secondary")) drop_secondary();
     return;
   }
   at::Tensor& shard = flat_.shard();
