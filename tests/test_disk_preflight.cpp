@@ -4,14 +4,25 @@
 // mpirun with 1 rank like the other tests. Negative control, run once: giving the
 // checkpoints the filesystem's whole free space when the offload files share it fails
 // RefusesWhatDoesNotFitAndNamesTheKeys.
+// Issue 58, finding 4: the leftovers of a crashed save (step-*.tmp, .old, .del) are counted
+// and credited once the first commit deletes them (CountsACrashedSavesLeftovers), and a save
+// writes nothing while the last save's rotated checkpoints are still being deleted
+// (SaveWaitsForPendingDeletion; its ctest control, save_skips_deletion_wait, must fail).
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
+#include "shardgan/checkpoint/checkpoint.h"
+#include "shardgan/comm/mpi_communicator.h"
+#include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/preflight.h"
 
 using namespace shardgan;
@@ -113,6 +124,91 @@ TEST(DiskPreflight, ReportCreditsOnlyThisRunsOffloadFiles) {
   EXPECT_GT(e["offload_available_bytes"].get<int64_t>(), 0);
   EXPECT_TRUE(e["same_filesystem"].get<bool>());
   fs::remove_all(dir);
+}
+
+// A crashed save leaves step-* directories that are not committed: counted with their bytes,
+// and credited against the checkpoints' need once the first save's commit deletes them
+// (never below one checkpoint: the first save writes before its commit).
+TEST(DiskPreflight, CountsACrashedSavesLeftovers) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardgan-leftovers-" + std::to_string(::getpid()));
+  const fs::path ckpts = dir / "run" / "checkpoints";
+  auto put = [&](const std::string& sub, int64_t bytes) {
+    fs::create_directories((ckpts / sub).parent_path());
+    std::ofstream(ckpts / sub) << std::string(static_cast<size_t>(bytes), 'x');
+  };
+  put("step-00000003/rank-00000.h5", 700);      // committed
+  put("step-00000006.del/rank-00000.h5", 700);  // a rotation the crash interrupted
+  put("step-00000009.tmp/rank-00000.h5", 300);  // the save the crash interrupted
+  put("step-00000009.tmp/rank-00001.h5", 200);
+  put("step-00000006.old/index.h5", 50);
+  put("other.tmp/x", 1000);                     // not a save's
+  std::ofstream(ckpts / "step-00000012.tmp") << "a file, not a save's folder";
+  TrainConfig c = run(10, 3, true, /*keep=*/2);  // 4 saves
+  c.run_dir = (dir / "run").string();
+  const nlohmann::json d = disk_report(c, 0, 700);
+  EXPECT_EQ(d["checkpoints_present"].get<int64_t>(), 1);
+  EXPECT_EQ(d["leftovers_present"].get<int64_t>(), 3);
+  EXPECT_EQ(d["leftover_bytes"].get<int64_t>(), 1250);
+  EXPECT_EQ(d["checkpoints_at_once"].get<int64_t>(), 2);  // 1 there + 2 new = keep + 1
+  EXPECT_EQ(d["checkpoint_bytes_needed"].get<int64_t>(), 700);  // 2 x 700 - 1250, but one at least
+  EXPECT_EQ(checkpoint_bytes_needed(36 * GB, 2, 10 * GB), 62 * GB);
+  EXPECT_EQ(checkpoint_bytes_needed(36 * GB, 2, 0), 72 * GB);
+  EXPECT_EQ(checkpoint_bytes_needed(36 * GB, 0, 10 * GB), 0);
+  // check_disk: 2 checkpoints of 36 GB with 40 GB free fit once 36 GB of leftovers go
+  nlohmann::json r = report(0, 0, 40 * GB, 36 * GB, 2, 40 * GB, false);
+  EXPECT_NE(refusal(c, r), "");  // without the leftovers: refused (the control)
+  r["disk"]["leftovers_present"] = 2;
+  r["disk"]["leftover_bytes"] = 36 * GB;
+  EXPECT_EQ(refusal(c, r), "");
+  r["disk"]["checkpoint_available_bytes"] = 30 * GB;  // not even the first save fits
+  const std::string m = refusal(c, r);
+  EXPECT_NE(m.find("deletes the 2 leftover(s) of interrupted saves there (*.tmp, *.old, *.del: 36.00 GB)"),
+            std::string::npos) << m;
+  fs::remove_all(dir);
+}
+
+// A save must not write while the last save's rotated checkpoints are being deleted, or the
+// disk holds them and the new one at once (more than the keep + 1 the pre-flight counts). The
+// rotated checkpoint gets thousands of files, so that its deletion takes a while; a watcher
+// thread looks for the next save's folder while the doomed one still exists. Control
+// save_skips_deletion_wait (ctest disk_preflight_deletion_wait_control) must fail here.
+TEST(DiskPreflight, SaveWaitsForPendingDeletion) {
+  namespace fs = std::filesystem;
+  MpiCommunicator self(MPI_COMM_SELF, 60.0);
+  auto lin = torch::nn::Linear(4, 3);
+  ShardingConfig sc;
+  sc.stage = 0;
+  ShardedModel model("m", self, sc);
+  model.add_unit("lin", lin.ptr(), [lin](const at::Tensor& x) mutable { return lin->forward(x); });
+  const fs::path run_dir = fs::temp_directory_path() / ("shardgan-deletion-" + std::to_string(::getpid()));
+  const fs::path ckpts = run_dir / "checkpoints";
+  TrainCounters counters;
+  counters.noise_rng_state = torch::zeros({8}, torch::kUInt8);
+  counters.step = 1;
+  save_checkpoint(run_dir.string(), counters, {{&model, nullptr}}, "test", self, /*keep_last=*/1);
+  for (int i = 0; i < 6000; ++i) std::ofstream(ckpts / "step-00000001" / ("junk" + std::to_string(i))) << i;
+  std::atomic<bool> stop{false}, overlap{false}, saw_deletion{false};
+  std::thread watcher([&] {
+    std::error_code ec;
+    while (!stop.load()) {
+      const bool doomed = fs::exists(ckpts / "step-00000001.del", ec);
+      saw_deletion = saw_deletion || doomed;
+      if (doomed && fs::exists(ckpts / "step-00000003.tmp", ec)) overlap = true;
+    }
+  });
+  counters.step = 2;  // rotates step 1 out: renamed to .del, deleted in the background
+  save_checkpoint(run_dir.string(), counters, {{&model, nullptr}}, "test", self, 1);
+  counters.step = 3;
+  save_checkpoint(run_dir.string(), counters, {{&model, nullptr}}, "test", self, 1);
+  stop = true;
+  watcher.join();
+  wait_for_checkpoint_cleanup();
+  EXPECT_TRUE(saw_deletion.load()) << "the deletion ended before the watcher saw it: the test saw nothing";
+  EXPECT_FALSE(overlap.load()) << "step 3's save wrote while step 1's deletion was still running";
+  EXPECT_FALSE(fs::exists(ckpts / "step-00000001.del"));
+  EXPECT_TRUE(fs::exists(ckpts / "step-00000003"));
+  fs::remove_all(run_dir);
 }
 
 }  // namespace

@@ -1,16 +1,23 @@
 // The activation probe of the memory pre-flight (train/activation_probe.h) and the stand-in
-// communicator it runs on (comm/shadow_communicator.h).
+// communicator it runs on (comm/shadow_communicator.h); the pre-flight's node ranks under
+// split placement, a paired folder's image count and the snapshot in every stage's hint
+// (issue 58, review findings 2 and 3).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "shardgan/comm/shadow_communicator.h"
+#include "shardgan/models/family.h"
 #include "shardgan/train/activation_probe.h"
 #include "shardgan/train/config.h"
 #include "shardgan/train/preflight.h"
+#include "data/image_files.h"
 
 using namespace shardgan;
 
@@ -115,6 +122,91 @@ TEST(MemoryPreflight, SuggestedStageUsesThePrediction) {
   r["configured"].erase("predicted");  // without a probe: the padded bound, and nothing fits
   r["configured"]["node_bytes_checked"] = 2 * (23 * G + (int64_t{5} << 28));
   EXPECT_GT(stage_need_bytes(r, 3), 15 * G);
+}
+
+// Finding 2: under split placement a node's G ranks are its own world ranks below K, not
+// min(K, local ranks) on every node. 2 nodes x 4 ranks, K = 4: the second node holds D only.
+// Control in the test: the old count says 4 G ranks there, and must differ.
+TEST(MemoryPreflight, SplitCountsThisNodesOwnWorldRanks) {
+  EXPECT_EQ(contiguous_node_ranks(5, 4, 8), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(contiguous_node_ranks(1, 4, 8), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(contiguous_node_ranks(6, 4, 7), (std::vector<int>{4, 5, 6}));  // the last node's block, cut
+  using Ranks = std::pair<int64_t, int64_t>;
+  EXPECT_EQ(split_ranks_on_node(4, {0, 1, 2, 3}), Ranks(4, 0));
+  EXPECT_EQ(split_ranks_on_node(4, {4, 5, 6, 7}), Ranks(0, 4));
+  EXPECT_EQ(split_ranks_on_node(4, {1, 3, 5, 7}), Ranks(2, 2));  // mapped round-robin by node
+  EXPECT_EQ(split_ranks_on_node(3, {2, 3, 4, 5}), Ranks(1, 3));
+  const int64_t old_g_on_second_node = std::min<int64_t>(4, 4);
+  EXPECT_NE(split_ranks_on_node(4, contiguous_node_ranks(5, 4, 8)).first, old_g_on_second_node);
+}
+
+// Finding 3: a paired folder holds what its listing says (not 60,000 images), and the
+// report counts the uint8 copy decoded beside the model-dtype one. Control in the test: the
+// old fixed count must differ.
+TEST(MemoryPreflight, PairedFolderCountsItsFiles) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardgan-paired-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "pairs" / "sub.png");  // a folder, not a file: not read
+  for (const char* name : {"1.png", "2.jpg", "3.JPEG", "notes.txt"}) std::ofstream(dir / "pairs" / name) << "x";
+  TrainConfig cfg = load_config(SHARDGAN_SOURCE_DIR "/configs/fmnist-pix2pix.yaml",
+                                {"run.dir=" + (dir / "run").string(), "data.source=paired",
+                                 "data.path=" + (dir / "pairs").string(), "train.memory_probe=false"});
+  const int64_t want = data::is_image_file("3.JPEG") ? 3 : 2;
+  EXPECT_EQ(data_image_count(cfg), want);
+  EXPECT_NE(data_image_count(cfg), 60000);
+  ShadowCommunicator one(1);
+  const nlohmann::json r = memory_preflight(cfg, one, 1, 1);
+  EXPECT_EQ(r["data"]["images"].get<int64_t>(), want);
+  const ImageShape s = cfg.family->image_shape();
+  EXPECT_EQ(r["data"]["decode_bytes_per_rank"].get<int64_t>(), want * 2 * s.channels * s.height * s.width);
+  cfg.data_path = (dir / "missing").string();
+  EXPECT_EQ(data_image_count(cfg), 0);  // the reader names the folder later
+  cfg.data_source = "synthetic";
+  EXPECT_EQ(data_image_count(cfg), cfg.synthetic_size);
+  fs::remove_all(dir);
+}
+
+// Finding 3: every stage's hint counts the async checkpoint's snapshot at that stage, with
+// the probe's prediction and without it. Control in the test: the figure without the
+// snapshot must differ.
+TEST(MemoryPreflight, EveryStageHintCountsTheSnapshot) {
+  const int64_t G = int64_t{1} << 30;
+  auto stage = [&](int64_t state, int64_t transient, int64_t snapshot, int64_t staging) {
+    nlohmann::json m = {{"peak_bytes", (state / 2 + transient) * G}, {"transient_bytes", transient * G}};
+    return nlohmann::json{{"generator", m},
+                          {"discriminator", m},
+                          {"state_bytes", state * G},
+                          {"total_peak_bytes", (state + 2 * transient) * G},
+                          {"checkpoint_snapshot_bytes", snapshot * G},
+                          {"checkpoint_staging_bytes", staging * G}};
+  };
+  nlohmann::json r;
+  r["ranks_on_node"] = 2;
+  // fork snapshots (outside the rank): 4 GiB at stage 0, 1 at stage 3
+  for (int s = 0; s < 3; ++s) r["per_rank"]["stage" + std::to_string(s)] = stage(10, 1, 4, 0);
+  r["per_rank"]["stage3"] = stage(2, 1, 1, 0);
+  r["configured"] = {{"generator_stage", 0}, {"discriminator_stage", 0}, {"state_bytes", 10 * G},
+                     {"predicted", {{"vmhwm_bytes_per_rank", 13 * G}, {"checkpoint_staging_bytes", 0}}}};
+  // (13 - 10 + 2) GiB in the rank + 1 GiB of snapshot outside it, 2 ranks
+  EXPECT_EQ(stage_need_bytes(r, 3), 12 * G);
+  EXPECT_EQ(stage_need_bytes(r, 0), (13 + 4) * 2 * G);
+  // copy snapshots: staging buffers in the rank, swapped per stage
+  r["per_rank"]["stage0"] = stage(10, 1, 4, 4);
+  r["per_rank"]["stage3"] = stage(2, 1, 1, 1);
+  r["configured"]["predicted"]["checkpoint_staging_bytes"] = 4 * G;
+  r["configured"]["predicted"]["vmhwm_bytes_per_rank"] = 17 * G;
+  EXPECT_EQ(stage_need_bytes(r, 3), (17 - 10 + 2 - 4 + 1) * 2 * G);
+  EXPECT_EQ(stage_need_bytes(r, 0), 17 * 2 * G);
+  // Without the probe: the padded estimate of stage 3's peak with its staging, plus outside.
+  r["configured"].erase("predicted");
+  const int64_t margin = int64_t{5} << 28;
+  const int64_t padded = static_cast<int64_t>(kPreflightFactor * static_cast<double>((4 + 1) * G)) + margin;
+  EXPECT_EQ(stage_need_bytes(r, 3), padded * 2);
+  r["per_rank"]["stage3"] = stage(2, 1, 1, 0);  // fork: the same bytes outside the rank
+  EXPECT_EQ(stage_need_bytes(r, 3),
+            (static_cast<int64_t>(kPreflightFactor * static_cast<double>(4 * G)) + margin + G) * 2);
+  const int64_t without_snapshot = (static_cast<int64_t>(kPreflightFactor * static_cast<double>(4 * G)) + margin) * 2;
+  EXPECT_NE(stage_need_bytes(r, 3), without_snapshot);
 }
 
 }  // namespace

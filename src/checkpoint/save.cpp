@@ -17,6 +17,7 @@
 #include "shardgan/device/host_copy.h"
 #include "shardgan/optim/optimizer.h"
 #include "shardgan/sharding/sharded_model.h"
+#include "shardgan/util/test_control.h"
 
 namespace shardgan {
 namespace fs = std::filesystem;
@@ -92,8 +93,10 @@ std::vector<std::string> all_gather_strings(Communicator& comm, const std::strin
 
 // Deleting old checkpoints (hundreds of MB) is done off the critical path: the doomed
 // directories are renamed to *.del at once (so nothing ever mistakes them for committed
-// checkpoints) and removed by a background task. The next save, or process exit (the
-// future's destructor), waits for it.
+// checkpoints) and removed by a background task. The next save waits for it before it
+// writes anything (prepare_tmp_dir), so that the disk never holds the rotated checkpoints
+// and a new one at once (the disk pre-flight counts keep + 1); process exit (the future's
+// destructor) waits for it too.
 std::future<void>& pending_deletion() {
   static std::future<void> f;
   return f;
@@ -283,6 +286,10 @@ void prepare_tmp_dir(const SaveParts& p, Communicator& comm) {
   std::string error;
   if (comm.rank() == 0) {
     try {
+      // The last save's rotated checkpoints go first: every rank writes only after the
+      // agreement below, which waits for rank 0. Control "save_skips_deletion_wait"
+      // (tests/test_disk_preflight.cpp) writes while they are still being deleted.
+      if (!test_control("save_skips_deletion_wait")) wait_for_checkpoint_cleanup();
       fs::remove_all(p.tmp_dir);
       fs::create_directories(p.tmp_dir);
     } catch (const std::exception& e) {

@@ -131,6 +131,7 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
     e.gathered_units = whole ? static_cast<int>(gathered.size()) : std::min<int>(3, static_cast<int>(gathered.size()));
     e.gathered_unit_bytes = gathered.front();
     for (int i = 0; i < e.gathered_units; ++i) e.gathered_peak_bytes += gathered[i];
+    for (int64_t b : gathered) e.whole_gathered_bytes += b;
   }
   const int64_t autograd_grad = max_t * cb;
   switch (spec.stage) {
@@ -148,6 +149,15 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
       break;
   }
   return e;
+}
+
+int64_t alive_bytes(const ModelMemoryEstimate& e, const ModelAlive& a) {
+  if (!a.held) return 0;
+  int64_t b = e.persistent_bytes() - e.grad_released_bytes + (a.grad_shard ? e.grad_released_bytes : 0);
+  if (a.gathered == ModelAlive::Gathered::kWindow) b += e.gathered_peak_bytes;
+  if (a.gathered == ModelAlive::Gathered::kWhole) b += e.whole_gathered_bytes;
+  if (a.grad_buffers) b += e.grad_transient_bytes;
+  return b;
 }
 
 int64_t gan_state_bytes(const ModelMemoryEstimate& g, const ModelMemoryEstimate& d) {

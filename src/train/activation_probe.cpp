@@ -63,8 +63,11 @@ int64_t probe_once(const TrainConfig& cfg, int64_t micro_batch, const std::strin
     labels = torch::rand({p.global_batch, family->condition_channels(), s.height, s.width}, torch::dtype(p.model_dtype)) * 2 - 1;
   }
   Trainer trainer(p, shadow, images, labels);
-  // The gradient shards are state, which the prediction counts apart (gan_state_bytes): kept
-  // and allocated here, before the count starts, they are not counted as the step's.
+  // The gradient shards are state, which the prediction counts apart (the step's phases,
+  // train/step_phases.h, say whose are alive at once: both models' in the simultaneous
+  // update's shared D forward and with d_steps > 1, which this one-D-step probe could not
+  // show): kept and allocated here, before the count starts, they are not counted as the
+  // step's.
   for (ShardedModel* m : {&trainer.generator(), &trainer.discriminator()}) {
     m->set_release_grad_shards(false);
     for (auto& u : m->units()) u->grad_shard();

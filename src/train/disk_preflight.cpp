@@ -8,6 +8,7 @@
 #include <string>
 #include <system_error>
 
+#include "checkpoint/save_parts.h"  // ckpt_detail::committed_step: the rotation's own rule
 #include "shardgan/checkpoint/checkpoint.h"
 #include "shardgan/train/preflight.h"
 
@@ -53,6 +54,24 @@ int64_t existing_offload_bytes(const fs::path& dir) {
   return n;
 }
 
+// Leftovers of interrupted saves in checkpoints folder `dir`: step-* directories that are not
+// committed (*.tmp, *.old, *.del; ckpt_detail::committed_step), which the next save's commit
+// deletes, and the bytes of their files.
+std::pair<int64_t, int64_t> leftover_checkpoints(const fs::path& dir) {
+  std::error_code ec;
+  int64_t n = 0, bytes = 0;
+  if (!fs::is_directory(dir, ec)) return {0, 0};
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || !e.is_directory(ec) || ckpt_detail::committed_step(name) >= 0) continue;
+    ++n;
+    for (fs::recursive_directory_iterator it(e.path(), ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->is_regular_file(ec)) bytes += static_cast<int64_t>(it->file_size(ec));
+    }
+  }
+  return {n, bytes};
+}
+
 std::string gb(int64_t b) {
   char s[32];
   std::snprintf(s, sizeof(s), "%.2f GB", static_cast<double>(b) / 1e9);
@@ -60,6 +79,13 @@ std::string gb(int64_t b) {
 }
 
 }  // namespace
+
+int64_t checkpoint_bytes_needed(int64_t checkpoint_bytes, int64_t at_once, int64_t leftover_bytes) {
+  if (at_once <= 0) return 0;
+  // The first save writes before anything is deleted; its commit deletes the leftovers with
+  // the rotated checkpoints, and each later save waits for that deletion before it writes.
+  return std::max(checkpoint_bytes, checkpoint_bytes * at_once - std::max<int64_t>(leftover_bytes, 0));
+}
 
 int64_t checkpoint_saves(const TrainConfig& cfg) {
   const int64_t periodic = cfg.checkpoint_every > 0 ? cfg.steps / cfg.checkpoint_every : 0;
@@ -88,6 +114,10 @@ nlohmann::json disk_report(const TrainConfig& cfg, int64_t offload_bytes, int64_
   d["checkpoint_saves"] = saves;
   d["checkpoints_present"] = present;
   d["checkpoints_at_once"] = copies;
+  const auto [leftovers, leftover_bytes] = leftover_checkpoints(ckpt_dir);
+  d["leftovers_present"] = leftovers;
+  d["leftover_bytes"] = leftover_bytes;
+  d["checkpoint_bytes_needed"] = checkpoint_bytes_needed(checkpoint_bytes, copies, leftover_bytes);
   d["checkpoint_available_bytes"] = available_bytes(ckpt_fs);
   d["same_filesystem"] = device_of(off_fs) == device_of(ckpt_fs);
   return d;
@@ -97,7 +127,10 @@ void check_disk(const TrainConfig& cfg, const nlohmann::json& report) {
   if (!report.contains("disk")) return;
   const nlohmann::json& d = report["disk"];
   const int64_t off = d["offload_bytes"].get<int64_t>() - d["offload_bytes_present"].get<int64_t>();
-  const int64_t ckpt = d["checkpoint_bytes"].get<int64_t>() * d["checkpoints_at_once"].get<int64_t>();
+  const int64_t leftovers = d.value("leftovers_present", int64_t{0});
+  const int64_t leftover_bytes = d.value("leftover_bytes", int64_t{0});
+  const int64_t ckpt = checkpoint_bytes_needed(d["checkpoint_bytes"].get<int64_t>(),
+                                               d["checkpoints_at_once"].get<int64_t>(), leftover_bytes);
   const int64_t off_avail = d["offload_available_bytes"].get<int64_t>();
   const int64_t ckpt_avail = d["checkpoint_available_bytes"].get<int64_t>();
   if (off_avail < 0 || ckpt_avail < 0) return;  // unknown: the writes report ENOSPC themselves
@@ -121,8 +154,11 @@ void check_disk(const TrainConfig& cfg, const nlohmann::json& report) {
         gb(d["checkpoint_bytes"].get<int64_t>()) + " under '" + d["checkpoint_path"].get<std::string>() +
         "' (the run saves " + std::to_string(d["checkpoint_saves"].get<int64_t>()) + ", keeps the newest " +
         std::to_string(cfg.keep_checkpoints) + " with the " + std::to_string(d.value("checkpoints_present", int64_t{0})) +
-        " there now, and holds one more while a save commits), " + gb(ckpt) +
-        " in all, but only " + gb(ckpt_room) +
+        " there now, and holds one more while a save commits), " + gb(ckpt) + " in all" +
+        (leftovers > 0 ? " after the first save's commit deletes the " + std::to_string(leftovers) +
+                             " leftover(s) of interrupted saves there (*.tmp, *.old, *.del: " + gb(leftover_bytes) + ")"
+                       : "") +
+        ", but only " + gb(ckpt_room) +
         " are free there" + (same && off > 0 ? " once the offload files (" + gb(off) + ") are written" : "") + ". " +
         ckpt_keys + skip);
   }

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <string>
+#include <system_error>
 
 #include <torch/torch.h>
 
@@ -15,6 +17,8 @@
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/activation_probe.h"
 #include "shardgan/util/proc_status.h"
+#include "data/image_files.h"
+#include "train/step_phases.h"
 
 namespace shardgan {
 namespace {
@@ -65,21 +69,41 @@ nlohmann::json stage_json(const ModelMemoryEstimate& e) {
 // model exists. -1 if unreadable.
 int64_t current_rss_bytes() { return proc_status_bytes("VmRSS"); }
 
-// The training images the trainer keeps in memory (model dtype) with their labels, or, for an
-// image-to-image model, their input images A: data.source synthetic holds
-// data.synthetic_size, fashion-mnist its 60000 training images, paired its folder's pairs (not
-// known before reading it: counted as 60000); hdf5 streams them (data.prefetch_batches
-// micro-batches ahead).
-int64_t data_bytes(const TrainConfig& cfg, int world_size) {
+// Bytes of one training image in the model dtype with its label, or, for an image-to-image
+// model, its input image A.
+int64_t image_bytes(const TrainConfig& cfg) {
   const ImageShape s = cfg.family->image_shape();
   const int64_t label = cfg.family->condition_channels() > 0
                             ? cfg.family->condition_channels() * s.height * s.width * dtype_bytes(cfg.model_dtype)
                             : 8;
-  const int64_t image = s.channels * s.height * s.width * dtype_bytes(cfg.model_dtype) + label;
+  return s.channels * s.height * s.width * dtype_bytes(cfg.model_dtype) + label;
+}
+
+// The training images the trainer keeps in memory (model dtype) with their labels or input
+// images A (data_image_count of them); hdf5 streams them (data.prefetch_batches micro-batches
+// ahead).
+int64_t data_bytes(const TrainConfig& cfg, int world_size) {
   if (cfg.data_source == "hdf5") {
-    return (cfg.prefetch_batches + 1) * std::max<int64_t>(1, cfg.global_batch / cfg.micro_batches / world_size) * image;
+    return (cfg.prefetch_batches + 1) * std::max<int64_t>(1, cfg.global_batch / cfg.micro_batches / world_size) *
+           image_bytes(cfg);
   }
-  return (cfg.data_source == "synthetic" ? cfg.synthetic_size : 60000) * image;
+  return data_image_count(cfg) * image_bytes(cfg);
+}
+
+// data.source paired: read_paired_folder's uint8 A and B of every pair, alive while the
+// trainer scales them to the model dtype (Trainer::load_images), before any model exists.
+int64_t decode_bytes(const TrainConfig& cfg) {
+  if (cfg.data_source != "paired") return 0;
+  const ImageShape s = cfg.family->image_shape();
+  return data_image_count(cfg) * 2 * s.channels * s.height * s.width;
+}
+
+// One local micro-batch of G's images (model dtype) and their labels: what a phase that
+// keeps G's images holds per micro-batch (StepPhase::kept_image_micro_batches).
+int64_t image_micro_batch_bytes(const TrainConfig& cfg, int data_ranks) {
+  const ImageShape s = cfg.family->image_shape();
+  const int64_t micro = std::max<int64_t>(1, cfg.global_batch / cfg.micro_batches / std::max(data_ranks, 1));
+  return micro * (s.channels * s.height * s.width * dtype_bytes(cfg.model_dtype) + 8);
 }
 
 }  // namespace
@@ -110,7 +134,39 @@ std::string gib(int64_t b) {
 
 }  // namespace
 
-nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int world_size, int local_ranks) {
+std::vector<int> contiguous_node_ranks(int rank, int local_ranks, int world_size) {
+  const int n = std::max(local_ranks, 1);
+  const int first = std::max(rank, 0) / n * n;
+  std::vector<int> r;
+  for (int i = first; i < std::min(first + n, std::max(world_size, 1)); ++i) r.push_back(i);
+  return r;
+}
+
+std::pair<int64_t, int64_t> split_ranks_on_node(int k, const std::vector<int>& node_world_ranks) {
+  const auto g = std::count_if(node_world_ranks.begin(), node_world_ranks.end(), [k](int r) { return r < k; });
+  return {static_cast<int64_t>(g), static_cast<int64_t>(node_world_ranks.size()) - static_cast<int64_t>(g)};
+}
+
+int64_t data_image_count(const TrainConfig& cfg) {
+  if (cfg.data_source == "synthetic") return cfg.synthetic_size;
+  if (cfg.data_source == "paired") {
+    // read_paired_folder's files: the regular files directly in the folder with an image
+    // extension (a listing, nothing decoded); 0 when the folder cannot be read (the
+    // reader then names it).
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    int64_t n = 0;
+    for (fs::directory_iterator it(cfg.data_path, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->is_regular_file(ec) && data::is_image_file(it->path())) ++n;
+    }
+    return n;
+  }
+  if (cfg.data_source == "hdf5") return 0;
+  return 60000;  // fashion-mnist's training images
+}
+
+nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int world_size, int local_ranks,
+                                const std::vector<int>& node_world_ranks) {
   // Under HSDP a model is sharded over its replica group only (world size / R ranks; with
   // R = auto, one node's ranks).
   auto shard_ways = [&](int R) { return R == 1 ? world_size : R == 0 ? std::max(local_ranks, 1) : std::max(world_size / R, 1); };
@@ -132,20 +188,17 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     for (auto x : v) n += x;
     return n;
   };
-  nlohmann::json j;
-  j["generator_params"] = sum(g.unit_numels);
-  j["discriminator_params"] = sum(d.unit_numels);
-  j["world_size"] = world_size;
-  j["ranks_on_node"] = local_ranks;
-  j["generator_largest_unit_params"] = *std::max_element(g.unit_numels.begin(), g.unit_numels.end());
-  j["discriminator_largest_unit_params"] = *std::max_element(d.unit_numels.begin(), d.unit_numels.end());
-  for (int s = 0; s < 4; ++s) {
-    const std::string k = "stage" + std::to_string(s);
-    j["per_rank"][k]["generator"] = stage_json(ge[s]);
-    j["per_rank"][k]["discriminator"] = stage_json(de[s]);
-    j["per_rank"][k]["state_bytes"] = gan_state_bytes(ge[s], de[s]);
-    j["per_rank"][k]["total_peak_bytes"] = gan_peak_bytes(ge[s], de[s]);
-  }
+  const int gs = cfg.g_sharding.stage, ds = cfg.d_sharding.stage;
+  // The step's phases (step_phases.h) at stages `sg` and `sd`, for a rank holding both
+  // models, or under split one of them; each count is the largest phase's.
+  auto phases = [&](int sg, int sd, PhaseShape::Placement where) {
+    PhaseShape shape = phase_shape(cfg, split, where != PhaseShape::Placement::kSplitDiscriminator);
+    shape.placement = where;
+    shape.g_stage = sg;
+    shape.d_stage = sd;
+    return step_phases(shape);
+  };
+  const int64_t kept_image_bytes = image_micro_batch_bytes(cfg, split ? world_size - k : world_size);
   // checkpoint.async: a rank's checkpoint (its master shards, optimizer states and EMA) is
   // held twice while a save is in flight. Copy snapshots keep staging buffers of that size in
   // this process for the whole run; a fork snapshot costs the node at most as much (the pages
@@ -156,14 +209,56 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   auto ckpt_bytes = [&](const ModelMemoryEstimate& e, const ModelMemorySpec& s) {
     return e.shard_numel * master_elem * (1 + s.optimizer_states) + e.ema_bytes;
   };
-  const int64_t ckpt_snapshot =
-      cfg.checkpoint_async ? ckpt_bytes(ge[cfg.g_sharding.stage], g) + ckpt_bytes(de[cfg.d_sharding.stage], d) : 0;
-  const int64_t in_process = cfg.checkpoint_snapshot == "copy" ? ckpt_snapshot : 0;
+  const bool copy = cfg.checkpoint_snapshot == "copy";
+  auto snapshot = [&](int sg, int sd) {
+    return cfg.checkpoint_async ? ckpt_bytes(ge[sg], g) + ckpt_bytes(de[sd], d) : 0;
+  };
+  nlohmann::json j;
+  j["generator_params"] = sum(g.unit_numels);
+  j["discriminator_params"] = sum(d.unit_numels);
+  j["world_size"] = world_size;
+  j["ranks_on_node"] = local_ranks;
+  j["generator_largest_unit_params"] = *std::max_element(g.unit_numels.begin(), g.unit_numels.end());
+  j["discriminator_largest_unit_params"] = *std::max_element(d.unit_numels.begin(), d.unit_numels.end());
+  const int64_t images = data_image_count(cfg);
+  j["data"] = {{"source", cfg.data_source},
+               {"images", images},
+               {"bytes_per_rank", data_bytes(cfg, split ? std::max(world_size - k, 1) : world_size)},
+               {"decode_bytes_per_rank", decode_bytes(cfg)}};
+  for (int s = 0; s < 4; ++s) {
+    const std::string key = "stage" + std::to_string(s);
+    const auto ph = phases(s, s, PhaseShape::Placement::kShared);
+    j["per_rank"][key]["generator"] = stage_json(ge[s]);
+    j["per_rank"][key]["discriminator"] = stage_json(de[s]);
+    j["per_rank"][key]["state_bytes"] = step_peak(ph, ge[s], de[s], false).bytes;
+    j["per_rank"][key]["total_peak_bytes"] = step_peak(ph, ge[s], de[s], true, kept_image_bytes).bytes;
+    j["per_rank"][key]["state_bytes_without_phases"] = gan_state_bytes(ge[s], de[s]);
+    j["per_rank"][key]["checkpoint_snapshot_bytes"] = snapshot(s, s);
+    j["per_rank"][key]["checkpoint_staging_bytes"] = copy ? snapshot(s, s) : 0;
+  }
+  const ModelMemoryEstimate& eg = ge[gs];
+  const ModelMemoryEstimate& ed = de[ds];
+  const auto shared_phases = phases(gs, ds, PhaseShape::Placement::kShared);
+  const StepPeak state_peak = step_peak(shared_phases, eg, ed, false);
+  const StepPeak peak = step_peak(shared_phases, eg, ed, true, kept_image_bytes);
+  const int64_t ckpt_snapshot = snapshot(gs, ds);
+  const int64_t in_process = copy ? ckpt_snapshot : 0;
   const int64_t outside = ckpt_snapshot - in_process;
-  const int64_t per_rank = gan_peak_bytes(ge[cfg.g_sharding.stage], de[cfg.d_sharding.stage]) + in_process;
-  j["configured"] = {{"generator_stage", cfg.g_sharding.stage},
-                     {"discriminator_stage", cfg.d_sharding.stage},
-                     {"state_bytes", gan_state_bytes(ge[cfg.g_sharding.stage], de[cfg.d_sharding.stage])},
+  const int64_t per_rank = peak.bytes + in_process;
+  nlohmann::json phase_list = nlohmann::json::array();
+  for (const StepPhase& p : shared_phases) {
+    phase_list.push_back({{"name", p.name},
+                          {"source", p.source},
+                          {"state_bytes", phase_bytes(p, eg, ed, false)},
+                          {"bytes", phase_bytes(p, eg, ed, true, kept_image_bytes)}});
+  }
+  j["configured"] = {{"generator_stage", gs},
+                     {"discriminator_stage", ds},
+                     {"step_phases", phase_list},
+                     {"state_bytes", state_peak.bytes},
+                     {"state_phase", shared_phases[state_peak.phase].name},
+                     {"state_bytes_without_phases", gan_state_bytes(eg, ed)},
+                     {"peak_phase", shared_phases[peak.phase].name},
                      {"checkpoint_snapshot_bytes", ckpt_snapshot},
                      {"per_rank_peak_bytes", per_rank},
                      {"node_peak_bytes", (per_rank + outside) * local_ranks},
@@ -176,66 +271,77 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
                        (o.gradient == OffloadDevice::kDisk ? 1 : 0);
     return e.shard_numel * master_elem * arrays;
   };
-  j["configured"]["offload_disk_bytes"] = {{"generator", disk_bytes(ge[cfg.g_sharding.stage], cfg.g_optim)},
-                                           {"discriminator", disk_bytes(de[cfg.d_sharding.stage], cfg.d_optim)}};
+  j["configured"]["offload_disk_bytes"] = {{"generator", disk_bytes(eg, cfg.g_optim)},
+                                           {"discriminator", disk_bytes(ed, cfg.d_optim)}};
   // The node's memory is read once, before the probe: the ranks' probes are transient.
   const HostMemory host = read_host_memory();
-  const ModelMemoryEstimate& eg = ge[cfg.g_sharding.stage];
-  const ModelMemoryEstimate& ed = de[cfg.d_sharding.stage];
   // This node's ranks holding G and holding D: every one holds both, except under split
-  // placement, where G's K ranks come first.
-  const int64_t k_on_node = split ? std::min<int64_t>(k, local_ranks) : local_ranks;
-  const int64_t d_on_node = split ? std::max<int64_t>(local_ranks - k_on_node, 0) : local_ranks;
+  // placement, where world ranks [0, K) hold G: this node's own world ranks (given, from a
+  // shared-memory split; else the aligned block of local_ranks around this rank).
+  const std::vector<int> node_ranks =
+      node_world_ranks.empty() ? contiguous_node_ranks(comm.rank(), local_ranks, world_size) : node_world_ranks;
+  const auto [k_on_node, d_on_node] =
+      split ? split_ranks_on_node(k, node_ranks) : std::pair<int64_t, int64_t>{local_ranks, local_ranks};
   // The disk: every rank of this node writes its offload files and checkpoint shards.
   j["disk"] = disk_report(cfg, disk_bytes(eg, cfg.g_optim) * k_on_node + disk_bytes(ed, cfg.d_optim) * d_on_node,
                           ckpt_bytes(eg, g) * k_on_node + ckpt_bytes(ed, d) * d_on_node);
   if (split) {
-    // Each rank holds one model's state and transient buffers (and D's ranks the data, and
-    // G's too for an image-to-image model, whose input images G's ranks read):
-    // every rank of a group needs the same, and the node holds both groups' ranks.
-    // checkpoint.async: a rank snapshots only the model it holds (in the rank for copy,
-    // outside it, on the node, for fork).
-    const int64_t g_snap = cfg.checkpoint_async ? ckpt_bytes(eg, g) : 0, d_snap = cfg.checkpoint_async ? ckpt_bytes(ed, d) : 0;
-    const bool copy = cfg.checkpoint_snapshot == "copy";
+    // Each rank holds one model's state and transient buffers in its side's phases (and
+    // D's ranks the data, and G's too for an image-to-image model, whose input images G's
+    // ranks read): every rank of a group needs the same, and the node holds its own ranks
+    // of each group. checkpoint.async: a rank snapshots only the model it holds (in the
+    // rank for copy, outside it, on the node, for fork).
+    const int64_t g_snap = cfg.checkpoint_async ? ckpt_bytes(eg, g) : 0;
+    const int64_t d_snap = cfg.checkpoint_async ? ckpt_bytes(ed, d) : 0;
     const int64_t g_data = cfg.family->condition_channels() > 0 ? data_bytes(cfg, k) : 0;
-    const int64_t g_rank = eg.peak_bytes() + g_data + (copy ? g_snap : 0),
-                  d_rank = ed.peak_bytes() + data_bytes(cfg, std::max(world_size - k, 1)) + (copy ? d_snap : 0);
+    const auto g_phases = phases(gs, ds, PhaseShape::Placement::kSplitGenerator);
+    const auto d_phases = phases(gs, ds, PhaseShape::Placement::kSplitDiscriminator);
+    const int64_t g_step = step_peak(g_phases, eg, ed, true).bytes;
+    const int64_t d_step = step_peak(d_phases, eg, ed, true, kept_image_bytes).bytes;
+    const int64_t d_data = data_bytes(cfg, std::max(world_size - k, 1));
+    const int64_t g_rank = std::max(g_step, g_data > 0 ? decode_bytes(cfg) : 0) + g_data + (copy ? g_snap : 0),
+                  d_rank = std::max(d_step, decode_bytes(cfg)) + d_data + (copy ? d_snap : 0);
     const int64_t g_out = copy ? 0 : g_snap, d_out = copy ? 0 : d_snap;
     const int64_t node = (with_margin(g_rank) + g_out) * k_on_node + (with_margin(d_rank) + d_out) * d_on_node;
     j["split"] = {{"generator_ranks", k},
                   {"discriminator_ranks", world_size - k},
+                  {"generator_ranks_on_node", k_on_node},
+                  {"discriminator_ranks_on_node", d_on_node},
+                  {"node_world_ranks", node_ranks},
                   {"generator_rank_peak_bytes", g_rank},
                   {"discriminator_rank_peak_bytes", d_rank},
                   {"generator_rank_snapshot_bytes", g_snap},
                   {"discriminator_rank_snapshot_bytes", d_snap},
-                  {"generator_state_bytes", eg.persistent_bytes()},
-                  {"discriminator_state_bytes", ed.persistent_bytes()}};
+                  {"generator_state_bytes", step_peak(g_phases, eg, ed, false).bytes},
+                  {"discriminator_state_bytes", step_peak(d_phases, eg, ed, false).bytes}};
     j["configured"]["checkpoint_snapshot_bytes"] = std::max(g_snap, d_snap);
     j["configured"]["per_rank_peak_bytes"] = std::max(g_rank, d_rank);
-    j["configured"]["state_bytes"] = std::max(eg.persistent_bytes(), ed.persistent_bytes());
+    j["configured"]["state_bytes"] = std::max(j["split"]["generator_state_bytes"].get<int64_t>(),
+                                              j["split"]["discriminator_state_bytes"].get<int64_t>());
     j["configured"]["node_peak_bytes"] = (g_rank + g_out) * k_on_node + (d_rank + d_out) * d_on_node;
     j["configured"]["node_bytes_checked"] = node;
     j["node_memory"] = {{"total_bytes", host.total_bytes}, {"available_bytes", host.available_bytes}};
     return j;  // the probe measures a rank holding both models: not run here
   }
+  const int64_t data = data_bytes(cfg, world_size), decode = decode_bytes(cfg);
   // The prediction: what this process holds once the probe has run (LibTorch, oneDNN and
   // OpenMP loaded and used once, MPI; the probe's own memory given back to the OS), the
-  // persistent training state (exact, the code's own accounting), the data, and one step's
-  // transient bytes as the probe measured them at this micro-batch, plus
+  // persistent training state of the step's largest phase (exact, the code's own
+  // accounting; both models' gradient shards where a phase holds both), the data, and one
+  // step's transient bytes as the probe measured them at this micro-batch, plus
   // kPredictionMarginBytes.
   const int64_t rss_before = current_rss_bytes();
   if (cfg.memory_probe && !cfg.compute_device.is_cuda() && cfg.g_replicate_degree == 1 && cfg.d_replicate_degree == 1 &&
       rss_before > 0) {
     const int64_t micro = std::max<int64_t>(1, cfg.global_batch / cfg.micro_batches / world_size);
-    const int64_t persistent = gan_state_bytes(ge[cfg.g_sharding.stage], de[cfg.d_sharding.stage]);
-    const int64_t data = data_bytes(cfg, world_size);
+    const int64_t persistent = state_peak.bytes;
     // The probe holds what a rank of the real run holds outside the gathered units: at stages
     // 0-2 the replicated parameters (and more). When the persistent state alone cannot fit,
     // refuse without it, using the estimate's bound on the transient buffers instead.
     const int64_t floor_bytes = rss_before + persistent + data + kPredictionMarginBytes;
     int64_t rss_now = rss_before, transient = 0;
     if (floor_bytes * local_ranks > host.available_bytes) {
-      transient = ge[cfg.g_sharding.stage].transient_bytes() + de[cfg.d_sharding.stage].transient_bytes();
+      transient = peak.bytes - state_peak.bytes;
       j["probe"] = {{"skipped", "the persistent state alone exceeds the available memory; the transient "
                                 "term is the estimate's bound"}};
     } else {
@@ -260,11 +366,14 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     };
     const int64_t shared_pools =
         pool(cfg.g_sharding, cfg.g_replicate_degree, ge[3]) + pool(cfg.d_sharding, cfg.d_replicate_degree, de[3]);
-    const int64_t predicted = rss_now + persistent + data + transient + shared_pools + in_process + kPredictionMarginBytes;
+    // The step, or the paired folder's decoding before it (the data's uint8 copy).
+    const int64_t step = persistent + transient + shared_pools + in_process;
+    const int64_t predicted = rss_now + std::max(step, decode) + data + kPredictionMarginBytes;
     j["configured"]["predicted"] = {{"process_rss_bytes", rss_now},
                                     {"process_rss_before_probe_bytes", rss_before},
                                     {"persistent_state_bytes", persistent},
                                     {"data_bytes", data},
+                                    {"data_decode_bytes", decode},
                                     {"step_transient_bytes", transient},
                                     {"node_shared_pool_bytes", shared_pools},
                                     {"checkpoint_staging_bytes", in_process},
@@ -279,30 +388,36 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
 
 int64_t stage_need_bytes(const nlohmann::json& report, int stage) {
   const int ranks = report["ranks_on_node"].get<int>();
-  // bytes(s, model, key): one model's figure at stage s. The state of both models ("state_bytes",
-  // per stage and configured) is gan_state_bytes().
+  const nlohmann::json& at = report["per_rank"]["stage" + std::to_string(stage)];
+  // bytes(s, model, key): one model's figure at stage s. The state of both models
+  // ("state_bytes", per stage and configured) is the step's largest phase's (step_phases.h).
   auto bytes = [&](int s, const char* model, const char* key) {
     return report["per_rank"]["stage" + std::to_string(s)][model][key].get<int64_t>();
   };
+  // checkpoint.async at `stage`: the copy snapshot's staging buffers in the rank, and the
+  // fork snapshot's pages outside it (absent from reports without async: 0).
+  const int64_t staging = at.value("checkpoint_staging_bytes", int64_t{0});
+  const int64_t outside = at.value("checkpoint_snapshot_bytes", int64_t{0}) - staging;
   const nlohmann::json& c = report["configured"];
   if (!c.contains("predicted")) {
-    return with_margin(report["per_rank"]["stage" + std::to_string(stage)]["total_peak_bytes"].get<int64_t>()) * ranks;
+    return (with_margin(at["total_peak_bytes"].get<int64_t>() + staging) + outside) * ranks;
   }
-  // The prediction of the configured stages with their persistent state swapped for that of
-  // `stage`. The measured transient stays (activations do not depend on the stage); where
-  // the estimate's transient bound is larger at `stage` (more gathered units), the
-  // difference is added.
+  // The prediction of the configured stages with their persistent state and staging buffers
+  // swapped for those of `stage`. The measured transient stays (activations do not depend on
+  // the stage); where the estimate's transient bound is larger at `stage` (more gathered
+  // units), the difference is added.
   const int gs = c["generator_stage"].get<int>(), ds = c["discriminator_stage"].get<int>();
   const int64_t configured_persistent = c["state_bytes"].get<int64_t>();
+  const int64_t configured_staging = c["predicted"].value("checkpoint_staging_bytes", int64_t{0});
   const int64_t configured_transient =
       bytes(gs, "generator", "transient_bytes") + bytes(ds, "discriminator", "transient_bytes");
-  const int64_t stage_persistent = report["per_rank"]["stage" + std::to_string(stage)]["state_bytes"].get<int64_t>();
+  const int64_t stage_persistent = at["state_bytes"].get<int64_t>();
   const int64_t extra_transient = std::max<int64_t>(
       0, bytes(stage, "generator", "transient_bytes") + bytes(stage, "discriminator", "transient_bytes") -
              configured_transient);
   const int64_t per_rank = c["predicted"]["vmhwm_bytes_per_rank"].get<int64_t>() - configured_persistent +
-                           stage_persistent + extra_transient;
-  return per_rank * ranks;
+                           stage_persistent + extra_transient - configured_staging + staging;
+  return (per_rank + outside) * ranks;
 }
 
 void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
@@ -334,7 +449,8 @@ void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
   }
   const int64_t snap = report["configured"].value("checkpoint_snapshot_bytes", int64_t{0});
   if (snap > 0) {
-    fits += ". checkpoint.async counts " + gib(snap) + " per rank for the checkpoint snapshot (" +
+    fits += ". checkpoint.async counts " + gib(snap) + " per rank at the configured stages for the checkpoint "
+            "snapshot, and each stage's figure above its own (" +
             (cfg.checkpoint_snapshot == "fork" ? "the fork snapshot's worst case, pages rewritten while the child writes"
                                                : "copy snapshot: staging buffers") +
             "); set checkpoint.async: false to save synchronously";

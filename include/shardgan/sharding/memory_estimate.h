@@ -101,6 +101,9 @@ struct ModelMemoryEstimate {
   /// With reshard_after_forward and prefetch that is 3 (the unit computing, the one
   /// prefetched, and in backward the one being reduced; docs/design.md), else every unit.
   int64_t gathered_peak_bytes = 0;
+  /// Stage 3: every unit gathered at once, sum of P * compute bytes (ShardedModel::
+  /// begin_higher_order keeps them so: the shared D forward, R1); else 0.
+  int64_t whole_gathered_bytes = 0;
   /// == MemoryStats::comm_buffer_bytes after a backward that synced gradients: 0 at stage
   /// 0 (in-place all-reduce), max S * reduce at stage 1 (reduce-scatter output), and
   /// max (P + S) * reduce at stages 2-3 (flat gradient + output).
@@ -122,12 +125,33 @@ struct ModelMemoryEstimate {
   int64_t peak_bytes() const { return persistent_bytes() + transient_bytes(); }
 };
 
-/// Bytes per rank that a GAN's two models hold together between their updates and at
-/// either one's: both models' persistent_bytes(), of which the released gradient shards
-/// count only for the larger (D's update does not hold G's, nor G's D's).
+/// What of one model is alive at once in one phase of a training step (which phase holds
+/// what: train/step_phases.h, from the objective's order of events).
+struct ModelAlive {
+  enum class Gathered { kNone, kWindow, kWhole };
+  bool held = true;         ///< this rank holds the model (split placement: one of the two)
+  bool grad_shard = false;  ///< its released gradient shards are allocated (grad_released_bytes)
+  /// Stage 3: none, the rolling window of a forward or backward (gathered_peak_bytes), or
+  /// every unit (whole_gathered_bytes). Below stage 3 the estimate has no gathered bytes.
+  Gathered gathered = Gathered::kNone;
+  bool grad_buffers = false;  ///< its backward computes parameter gradients (grad_transient_bytes)
+};
+
+/// Bytes per rank of one model's buffers alive as `a` says: 0 when not held, else
+/// persistent_bytes() without the released gradient shards, plus grad_released_bytes when
+/// a.grad_shard, the gathered bytes of a.gathered, and grad_transient_bytes when
+/// a.grad_buffers. Local, pure.
+int64_t alive_bytes(const ModelMemoryEstimate& e, const ModelAlive& a);
+
+/// The count without the step's phases: both models' persistent_bytes(), of which the
+/// released gradient shards count only for the larger, as if no phase held both. That
+/// holds for the alternating update and for the simultaneous one with d_steps 1 and no
+/// shared D forward; with the shared D forward or d_steps > 1, G's shards wait for G's
+/// update while D's are allocated, and this under-counts by the smaller of the two (review
+/// finding 1 of issue 58). The pre-flight counts the phases instead (train/step_phases.h);
+/// this stays as the reference the phase count is compared with.
 int64_t gan_state_bytes(const ModelMemoryEstimate& g, const ModelMemoryEstimate& d);
-/// gan_state_bytes() plus both models' transient bounds: the two-model counterpart of
-/// peak_bytes(), an upper estimate of a GAN step's peak without activations.
+/// gan_state_bytes() plus both models' transient bounds (the old count, as above).
 int64_t gan_peak_bytes(const ModelMemoryEstimate& g, const ModelMemoryEstimate& d);
 
 /// State tensors per element of shardgan's optimizers: "adam"/"adamw" 2, "sgd" 0 or 1
