@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
     if (dry_run || !cfg.skip_memory_check || !cfg.skip_disk_check) {
       shardgan::TrainConfig pre = cfg;  // the disk check alone needs no activation probe
       if (!dry_run && cfg.skip_memory_check) pre.memory_probe = false;
-      report = shardgan::memory_preflight(pre, *comm, comm->world_size(), local_size);
+      report = shardgan::memory_preflight(pre, *comm, comm->world_size(), local_size,
+                                          shardgan::node_world_ranks(MPI_COMM_WORLD));
       if (dry_run) {
         if (rank == 0) std::printf("%s\n", report.dump(2).c_str());
         std::fflush(stdout);

@@ -1,5 +1,7 @@
 #include "shardgan/comm/factory.h"
 
+#include <algorithm>
+
 #include <stdexcept>
 
 #include "shardgan/comm/mpi_communicator.h"
@@ -19,6 +21,19 @@ std::pair<int, int> local_rank_and_size(MPI_Comm comm) {
   MPI_Comm_size(node, &n);
   MPI_Comm_free(&node);
   return {r, n};
+}
+
+std::vector<int> node_world_ranks(MPI_Comm comm) {
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int me = 0, n = 1;
+  MPI_Comm_rank(comm, &me);
+  MPI_Comm_size(node, &n);
+  std::vector<int> ranks(static_cast<size_t>(n));
+  MPI_Allgather(&me, 1, MPI_INT, ranks.data(), 1, MPI_INT, node);
+  MPI_Comm_free(&node);
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
 }
 
 std::string nccl_version() {

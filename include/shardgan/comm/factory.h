@@ -1,6 +1,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <mpi.h>
 
@@ -29,5 +30,12 @@ std::string nccl_version();
 
 /// Rank of this process among the ranks on its node (MPI_Comm_split_type), and their count.
 std::pair<int, int> local_rank_and_size(MPI_Comm comm);
+
+/// Collective over `comm` (MPI_Comm_split_type shared, then an all-gather over the node):
+/// the ranks in `comm` of the processes on this rank's node, ascending. The split
+/// placement's pre-flight counts G's and D's ranks on a node from it, whatever the
+/// launcher's mapping (by slot, round robin). Like local_rank_and_size it runs once at
+/// start-up, before the communicators with timeouts exist.
+std::vector<int> node_world_ranks(MPI_Comm comm);
 
 }  // namespace shardgan
