@@ -28,19 +28,28 @@ namespace shardgan::test_util {
 
 using Named = std::vector<std::pair<std::string, at::Tensor>>;
 
-/// `steps` global batches of float64 images in (-1, 1) [steps, B, 1, 32, 32] and labels in
-/// {0, 1, 2} [steps, B], B = 4 images per rank at 4 ranks for each of `micro` micro-batches.
+/// `steps` x `per_step` global batches of float64 images in (-1, 1) [steps * per_step, B,
+/// 1, 32, 32] and labels in {0, 1, 2} [steps * per_step, B], B = 4 images per rank at 4
+/// ranks for each of `micro` micro-batches. Step t's real batches are t * per_step ... (one
+/// per D step, the last one repeated when a step has more D steps than `per_step`); the
+/// labels G's latents are drawn for are those of the step's first batch, t * per_step.
+/// per_step 1 gives the same tensors as before it existed (one torch::randn and one
+/// torch::randint after manual_seed(3)).
 struct StepData {
-  int64_t global = 0;
+  int64_t global = 0, per_step = 1;
   at::Tensor x, y;
+  /// Index of step t's real batch for its D step s (0-based).
+  int64_t batch(int64_t t, int64_t s) const { return t * per_step + std::min(s, per_step - 1); }
+  int64_t steps() const { return x.size(0) / per_step; }
 };
 
-inline StepData make_step_data(int64_t steps, int64_t micro) {
+inline StepData make_step_data(int64_t steps, int64_t micro, int64_t per_step = 1) {
   StepData d;
   d.global = 4 * 4 * micro;
+  d.per_step = per_step;
   torch::manual_seed(3);
-  d.x = torch::randn({steps, d.global, 1, 32, 32}, torch::kDouble).tanh();
-  d.y = torch::randint(0, 3, {steps, d.global}, torch::kLong);
+  d.x = torch::randn({steps * per_step, d.global, 1, 32, 32}, torch::kDouble).tanh();
+  d.y = torch::randint(0, 3, {steps * per_step, d.global}, torch::kLong);
   return d;
 }
 
@@ -79,10 +88,11 @@ struct TrainedParams {
 };
 
 /// The objective under test: G and D of `cfg` built on `comm` at ZeRO `stage` (float64,
-/// seeds 11 and 12), plain SGD at `lr`, and data.x.size(0) steps of the objective that
-/// `make` returns (spectral norm paused). Each step's real micro-batch j is this rank's
-/// slice of data's micro-batch j; the latents are drawn from one generator seeded 5 with
-/// data.y's labels. `on_step` sees each step's metrics. Collective.
+/// seeds 11 and 12), plain SGD at `lr`, and data.steps() steps of the objective that
+/// `make` returns (spectral norm paused). Each D step's real micro-batch j is this rank's
+/// slice of micro-batch j of the step's next real batch (StepData::batch: StepInputs::real
+/// with micro 0 moves to the next one); the latents are drawn from one generator seeded 5
+/// with the labels of the step's first batch. `on_step` sees each step's metrics. Collective.
 inline TrainedParams run_objective(MpiCommunicator& comm, const BigGanConfig& cfg, int stage, const StepData& data,
                                    int64_t micro, double lr, const std::function<std::unique_ptr<GanObjective>()>& make,
                                    const std::function<void(const StepMetrics&)>& on_step = {}) {
@@ -99,16 +109,23 @@ inline TrainedParams run_objective(MpiCommunicator& comm, const BigGanConfig& cf
   const std::unique_ptr<GanObjective> obj = make();
   const int64_t w = comm.world_size(), per = data.global / micro / w;
   auto gen = at::detail::createCPUGenerator(5);
-  int64_t t = 0;
+  int64_t t = 0, s = -1;  // step, and its D step (the number of real batches begun, less one)
   StepInputs in;
   in.local = [&](const at::Tensor& a, int64_t j) { return a.narrow(0, (j * w + comm.rank()) * per, per); };
-  in.real = [&](int64_t j) { return TensorList{in.local(data.x[t], j), in.local(data.y[t], j)}; };
-  in.latents = [&] { return TensorList{fam.sample_latents(data.global, gen, at::kDouble), data.y[t]}; };
+  in.real = [&](int64_t j) {
+    if (j == 0) ++s;
+    const int64_t b = data.batch(t, std::max<int64_t>(s, 0));
+    return TensorList{in.local(data.x[b], j), in.local(data.y[b], j)};
+  };
+  in.latents = [&] {
+    return TensorList{fam.sample_latents(data.global, gen, at::kDouble), data.y[data.batch(t, 0)]};
+  };
   TrainedParams r;
   r.g_init = g->gather_full_parameters();
   r.d_init = d->gather_full_parameters();
   PowerIterationPause paused;
-  for (t = 0; t < data.x.size(0); ++t) {
+  for (t = 0; t < data.steps(); ++t) {
+    s = -1;
     const StepMetrics m = obj->step({g.get(), og.get(), &sg}, {d.get(), od.get(), &sd}, in);
     if (on_step) on_step(m);
   }
