@@ -21,3 +21,9 @@ shardgan_test(test_gpu)
 add_test(NAME test_gpu COMMAND $<TARGET_FILE:test_gpu>)
 set_tests_properties(test_gpu PROPERTIES TIMEOUT 600 LABELS gpu ENVIRONMENT "${SHARDGAN_TEST_ENV}"
                      SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\] [0-9]+ test")
+
+# poll_until, the wait loop of every blocking collective (issue 58): its timeout rule, and the
+# latency it adds to a blocking collective on an idle rank, measured with one peer (the
+# figures print as JSON lines; benchmarks/poll_latency.sh also sweeps the sleep cap).
+shardgan_test(test_poll)
+shardgan_mpi_test(test_poll 120 2)

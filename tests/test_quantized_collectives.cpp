@@ -2,6 +2,14 @@
 // element by element, within the bounds derived in comm/quantize.h. Each bound check has a
 // negative control that must fail it: the same payload with its scales made 10% larger.
 // Run under mpirun with 1, 2 and 4 ranks.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <thread>
+
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -78,6 +86,56 @@ TEST_P(QuantizeBlocks, ZerosNonFiniteAndAccumulate) {
   EXPECT_THROW(quantize_blocks(x, q, torch::empty({3}, torch::kByte)), std::invalid_argument);
   EXPECT_EQ(parse_quant_bits("int4"), 4);
   EXPECT_THROW(parse_quant_bits("int2"), std::invalid_argument);
+}
+
+// Non-finite input (NaN, +Inf, -Inf in some blocks, each block its own case): the codes are
+// defined values (0 in a block with a non-finite element, within [-q_max, q_max] elsewhere),
+// the padding between the codes and the scales is zero, and the dequantized values are
+// non-finite in exactly the blocks whose input was. The payload starts as 0xAB bytes, so that
+// an unwritten byte shows.
+TEST_P(QuantizeBlocks, NonFiniteInputGivesDefinedCodesZeroPaddingAndNonFiniteBlocks) {
+  const QuantSpec q{GetParam(), 8};
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), inf, -inf}) {
+    for (int64_t n : {5, 37, 64}) {
+      at::Tensor x = sample(n, 11 + n);
+      x[3] = bad;                 // block 0
+      if (n > 20) x[20] = bad;    // block 2
+      if (n > 60) x[60] = -bad;   // block 7: the other sign (NaN stays NaN)
+      const std::string what = "n " + std::to_string(n) + " bits " + std::to_string(q.bits) + " input " +
+                               std::to_string(bad);
+      at::Tensor payload = torch::full({quantized_bytes(n, q)}, 0xAB, torch::kByte), y = torch::empty({n});
+      quantize_blocks(x, q, payload);
+      const int64_t raw = q.bits == 8 ? n : (n + 1) / 2, cb = (raw + 3) / 4 * 4;
+      EXPECT_TRUE(payload.narrow(0, raw, cb - raw).eq(0).all().item<bool>()) << "padding not zero, " << what;
+      // The codes as integers, one per element (int4: sign-extended nibbles, low first).
+      at::Tensor codes;
+      if (q.bits == 8) {
+        codes = payload.narrow(0, 0, n).view(at::kChar).to(at::kInt);
+      } else {
+        at::Tensor b = payload.narrow(0, 0, raw).to(at::kInt);
+        at::Tensor nib = at::stack({b.bitwise_and(0xF), b.bitwise_right_shift(4)}, 1).view({-1});
+        codes = nib - nib.ge(8).to(at::kInt) * 16;
+        if (n % 2 == 1) {
+          EXPECT_EQ(codes[n].item<int>(), 0) << "the unused last nibble, " << what;
+        }
+        codes = codes.narrow(0, 0, n);
+      }
+      EXPECT_TRUE(codes.abs().le(q.qmax()).all().item<bool>()) << "a code outside [-q_max, q_max], " << what;
+      const at::Tensor finite = torch::isfinite(x);
+      // Per element: does its block hold only finite inputs?
+      const at::Tensor block_finite =
+          block_absmax((~finite).to(at::kFloat), q.block).eq(0);
+      EXPECT_TRUE(codes.masked_select(~block_finite).eq(0).all().item<bool>()) << "codes of a non-finite block, " << what;
+      dequantize_blocks(payload, q, y);
+      EXPECT_TRUE(torch::equal(torch::isfinite(y), block_finite)) << "non-finite blocks differ, " << what;
+      // The finite blocks are still within half a scale.
+      const at::Tensor xf = x.masked_select(block_finite), yf = y.masked_select(block_finite);
+      const at::Tensor bound = block_absmax(x.masked_fill(~block_finite, 0), q.block).masked_select(block_finite) /
+                                   (2.0 * q.qmax()) + fp32_slack(xf.abs());
+      EXPECT_TRUE(((yf - xf).abs() <= bound).all().item<bool>()) << what;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Bits, QuantizeBlocks, ::testing::Values(8, 4));
@@ -191,5 +249,98 @@ TEST_P(QuantizedCollectives, AllReduceAvgWithinBoundAndIdenticalOnEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Bits, QuantizedCollectives, ::testing::Values(8, 4));
+
+// ---- the error path: a collective abandoned in flight ----------------------------------------
+
+// Wraps LibTorch's CPU allocator for its lifetime and counts the bytes alive that it handed
+// out, so that a test can see whether a buffer was freed.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  CountingCpuAllocator() : inner_(c10::GetCPUAllocator()) { c10::SetCPUAllocator(this, 255); }
+  ~CountingCpuAllocator() override { c10::SetCPUAllocator(inner_, 255); }
+  CountingCpuAllocator(const CountingCpuAllocator&) = delete;
+  CountingCpuAllocator& operator=(const CountingCpuAllocator&) = delete;
+  c10::DataPtr allocate(size_t n) override {
+    auto* b = new Block{inner_->allocate(n), n};
+    live_ += static_cast<int64_t>(n);
+    return c10::DataPtr(b->inner.get(), b, &CountingCpuAllocator::release, c10::Device(c10::kCPU));
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+  int64_t live() const { return live_.load(); }
+
+ private:
+  struct Block {
+    c10::DataPtr inner;
+    size_t bytes;
+  };
+  static void release(void* p) {
+    auto* b = static_cast<Block*>(p);
+    live_ -= static_cast<int64_t>(b->bytes);
+    delete b;
+  }
+  c10::Allocator* inner_;
+  static std::atomic<int64_t> live_;  // static: a block may be freed after the allocator is gone
+};
+std::atomic<int64_t> CountingCpuAllocator::live_{0};
+
+// An exception unwinds past a quantized collective's Work before wait(): its MPI requests
+// stay in flight (the job is ending), so the send and receive buffers they use must stay
+// allocated, not be freed under them.
+TEST(QuantizedErrorPath, UnwindingKeepsTheInFlightBuffers) {
+  MpiCommunicator comm{MPI_COMM_WORLD, 60.0};
+  const int n = comm.world_size(), r = comm.rank();
+  const QuantSpec q{8, 64};
+  const int64_t s = 1000, pb = quantized_bytes(s, q);
+  at::Tensor shard = sample(s, 400 + r), full = sample(s * n, 450 + r), out = torch::empty({s});
+  CountingCpuAllocator counting;
+  for (const char* op : {"all_gather", "reduce_scatter"}) {
+    const int64_t before = counting.live();
+    int64_t during = 0;
+    try {
+      std::unique_ptr<Work> w = std::string(op) == "all_gather" ? quantized_all_gather_async(comm, full, shard, q)
+                                                                : quantized_reduce_scatter_async(comm, out, full, q);
+      during = counting.live();
+      throw std::runtime_error("an error while the collective is in flight");
+    } catch (const std::runtime_error&) {
+    }
+    const int64_t buffers = pb * (n + (std::string(op) == "all_gather" ? 1 : n));  // send + receive
+    EXPECT_GE(during - before, buffers) << op;
+    EXPECT_GE(counting.live() - before, buffers) << op << ": buffers freed under in-flight requests";
+  }
+  comm.barrier();  // the abandoned collectives progress here and complete
+}
+
+// Rank 0's wait times out (its peers join a second later): the requests are still in flight
+// when the Work goes, so its buffers must stay, the half-received exchange must not be
+// dequantized into `full` (the Work's destruction leaves it as it was), and the peers'
+// collective must still complete (rank 0 keeps progressing the abandoned requests inside its
+// next collective).
+TEST(QuantizedErrorPath, TimeoutKeepsTheInFlightBuffers) {
+  MpiCommunicator world{MPI_COMM_WORLD, 60.0};
+  const int n = world.world_size(), r = world.rank();
+  if (n < 2) {
+    std::printf("TimeoutKeepsTheInFlightBuffers needs a peer; nothing to check on 1 rank\n");
+    return;
+  }
+  MpiCommunicator comm{MPI_COMM_WORLD, r == 0 ? 0.2 : 60.0};
+  const QuantSpec q{8, 64};
+  const int64_t s = 1000, pb = quantized_bytes(s, q);
+  at::Tensor shard = sample(s, 500 + r), full = torch::empty({s * n});
+  CountingCpuAllocator counting;
+  world.barrier();
+  if (r == 0) {
+    const int64_t before = counting.live();
+    full.fill_(7);
+    std::unique_ptr<Work> w = quantized_all_gather_async(comm, full, shard, q);
+    EXPECT_THROW(w->wait(), CollectiveTimeout);
+    w.reset();
+    EXPECT_GE(counting.live() - before, pb * (n + 1)) << "buffers freed under in-flight requests";
+    EXPECT_TRUE(full.eq(7).all().item<bool>()) << "an unfinished exchange was dequantized into full";
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    quantized_all_gather_async(comm, full, shard, q)->wait();
+  }
+  world.barrier();
+}
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "progress_thread.h"
 #include "reduced_float.h"
+#include "shardgan/util/poll.h"
 
 namespace shardgan {
 using detail::is_16bit_float;
@@ -67,28 +68,49 @@ std::string describe(const char* op, int rank, int world, const at::Tensor& t) {
   return s.str();
 }
 
+// Keeps `buffers` (and whatever `extra` owns) allocated until the process ends: the error
+// path of a wait that left its requests in flight, which may still write them (the progress
+// thread, or the next MPI call of this rank, keeps driving them) until MPI_Abort.
+void keep_until_exit(std::vector<at::Tensor> buffers, std::function<void()> extra = nullptr) {
+  new std::vector<at::Tensor>(std::move(buffers));      // NOLINT: deliberate leak
+  if (extra) new std::function<void()>(std::move(extra));  // NOLINT: deliberate leak
+}
+
+// Runs `wait`; if it throws (a timeout, an MPI error), keeps `buffers` for the requests it
+// left in flight, then rethrows.
+template <class Wait>
+void wait_keeping(std::vector<at::Tensor> buffers, Wait&& wait) {
+  try {
+    wait();
+  } catch (...) {
+    keep_until_exit(std::move(buffers));
+    throw;
+  }
+}
+
 }  // namespace
 
 class MpiWork final : public Work {
  public:
-  MpiWork(MpiCommunicator& comm, std::vector<MPI_Request> reqs, std::string what,
+  /// `buffers`: every tensor the requests read or write; `on_done` (may own more) runs after
+  /// they complete.
+  MpiWork(MpiCommunicator& comm, std::vector<MPI_Request> reqs, std::string what, std::vector<at::Tensor> buffers,
           std::function<void()> on_done = nullptr)
-      : comm_(comm), reqs_(std::move(reqs)), what_(std::move(what)), on_done_(std::move(on_done)),
-        progress_(comm.progress_) {
+      : comm_(comm), reqs_(std::move(reqs)), what_(std::move(what)), buffers_(std::move(buffers)),
+        on_done_(std::move(on_done)), progress_(comm.progress_) {
     if (progress_) progress_->begin();
   }
-  MpiWork(MpiCommunicator& comm, MPI_Request req, std::string what, std::function<void()> on_done = nullptr)
-      : MpiWork(comm, std::vector<MPI_Request>{req}, std::move(what), std::move(on_done)) {}
+  MpiWork(MpiCommunicator& comm, MPI_Request req, std::string what, std::vector<at::Tensor> buffers,
+          std::function<void()> on_done = nullptr)
+      : MpiWork(comm, std::vector<MPI_Request>{req}, std::move(what), std::move(buffers), std::move(on_done)) {}
   ~MpiWork() override {
-    if (done_) return;
+    if (state_ != State::kInFlight) return;
     if (std::uncaught_exceptions() > 0) {
       // The error path: this rank is unwinding to its top-level handler, which ends the job
       // with MPI_Abort. Waiting here could take dist.timeout_s (the peers may be blocked on
-      // this very rank), so leave the requests in flight. Their buffers are kept (leaked) in
-      // case MPI progresses them before the abort; the caller's buffers are not ours to keep,
-      // but nothing calls MPI again on this rank except MPI_Abort.
+      // this very rank), so leave the requests in flight, with their buffers.
       std::fprintf(stderr, "shardgan: rank %d leaves %s in flight on an error path\n", comm_.rank(), what_.c_str());
-      new std::function<void()>(std::move(on_done_));  // NOLINT: deliberate leak
+      abandon();
       return;
     }
     try {
@@ -97,20 +119,36 @@ class MpiWork final : public Work {
     }
   }
   void wait() override {
-    if (done_) return;
-    done_ = true;
-    comm_.wait(reqs_, what_);  // on a throw the job ends (MPI_Abort); the thread may poll on
+    if (state_ != State::kInFlight) return;
+    try {
+      comm_.wait(reqs_, what_);  // on a throw the job ends (MPI_Abort); the thread may poll on
+    } catch (...) {
+      abandon();
+      throw;
+    }
+    state_ = State::kDone;
     if (progress_) progress_->end();
+    buffers_.clear();
     if (on_done_) on_done_();
   }
 
  private:
+  enum class State { kInFlight, kDone, kAbandoned };
+  // The requests stay in flight (nothing cancels them; MPI_Cancel of a collective is not
+  // allowed): their buffers, and `on_done` with the ones it owns, are kept until the process
+  // ends. A later wait() returns at once.
+  void abandon() {
+    state_ = State::kAbandoned;
+    keep_until_exit(std::move(buffers_), std::move(on_done_));
+  }
+
   MpiCommunicator& comm_;
   std::vector<MPI_Request> reqs_;
   std::string what_;
-  std::function<void()> on_done_;  // the local reduction and averaging; owns the buffers
+  std::vector<at::Tensor> buffers_;  // what the requests read and write, until they complete
+  std::function<void()> on_done_;    // the local reduction and averaging; owns its buffers
   std::shared_ptr<ProgressThread> progress_;  // polls while these requests are in flight
-  bool done_ = false;
+  State state_ = State::kInFlight;
 };
 
 const char* to_string(ReduceOp op) {
@@ -166,15 +204,17 @@ int64_t MpiCommunicator::progress_polls() const { return progress_ ? progress_->
 void MpiCommunicator::learn_hosts() {
   // One record per rank: its MPI_COMM_WORLD rank (decimal) and its host name.
   constexpr int kRank = 16, kRecord = kRank + MPI_MAX_PROCESSOR_NAME;
-  std::vector<char> all(static_cast<size_t>(world_size_) * kRecord, '\0');
-  char mine[kRecord] = {};
+  // This rank's record, then every rank's: one heap buffer, kept if the wait throws.
+  at::Tensor buf = at::zeros({static_cast<int64_t>(world_size_ + 1) * kRecord}, at::kChar);
+  char* mine = static_cast<char*>(buf.data_ptr());
+  char* all = mine + kRecord;
   int world_rank = 0, len = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   std::snprintf(mine, kRank, "%d", world_rank);
   MPI_Get_processor_name(mine + kRank, &len);
   MPI_Request req;
-  MPI_Iallgather(mine, kRecord, MPI_CHAR, all.data(), kRecord, MPI_CHAR, comm_, &req);
-  wait(req, "host name all-gather");
+  MPI_Iallgather(mine, kRecord, MPI_CHAR, all, kRecord, MPI_CHAR, comm_, &req);
+  wait_keeping({buf}, [&] { wait(req, "host name all-gather"); });
   host_ = "world rank " + std::to_string(world_rank) + " on " + std::string(mine + kRank);
   // Ranks in a row on one host form one entry, their world ranks as ranges:
   // "world ranks 0-1 on a, 2-3 on b" (or "world ranks 0 on a, 2 on b" for a split group).
@@ -206,35 +246,37 @@ void MpiCommunicator::wait(MPI_Request& req, const std::string& what) {
 }
 
 void MpiCommunicator::wait(std::vector<MPI_Request>& reqs, const std::string& what) {
-  using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s_);
-  // Spin briefly, then back off to sleeping: ranks are often oversubscribed on few cores.
-  auto nap = std::chrono::microseconds(0);
-  for (int polls = 0;; ++polls) {
-    int done = 0;
-    int rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+  auto test_all = [&] {
+    int flag = 0;
+    const int rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) {
       char msg[MPI_MAX_ERROR_STRING];
       int len = 0;
       MPI_Error_string(rc, msg, &len);
       throw CollectiveError(what + " failed: " + std::string(msg, len));
     }
-    if (done) return;
-    if (clock::now() > deadline) {
-      std::ostringstream s;
-      s << what << " timed out after " << timeout_s_ << " s: a peer rank never joined or died";
-      if (!hosts_.empty()) s << " (this is " << host_ << "; this collective's ranks: " << hosts_ << ")";
-      s << ". HINT: check that every rank calls the same collectives in the same order and that "
-           "the hosts reach each other, or raise dist.timeout_s";
-      throw CollectiveTimeout(s.str());
+    return flag != 0;
+  };
+  // Up to kTestsPerPoll calls per poll: Open MPI's MPI_Testall looks at the requests again
+  // after its progress call only when that call counted events, which libnbc's rounds do
+  // not, and a collective advances one round per call (a 2-rank all-reduce needs 3). With
+  // one call per poll, each round after the data arrived cost another nap: on an idle rank
+  // a 2-rank barrier returned ~40 us and a one-float all-reduce ~75 us later than with 4
+  // (tests/test_poll.cpp).
+  constexpr int kTestsPerPoll = 4;
+  const bool done = poll_until(deadline_after(timeout_s_), [&] {
+    for (int i = 0; i < kTestsPerPoll; ++i) {
+      if (test_all()) return true;
     }
-    if (polls > 64) {
-      nap = std::min(std::chrono::microseconds(1000), nap + std::chrono::microseconds(20));
-      std::this_thread::sleep_for(nap);
-    } else {
-      std::this_thread::yield();
-    }
-  }
+    return false;
+  });
+  if (done) return;
+  std::ostringstream s;
+  s << what << " timed out after " << timeout_s_ << " s: a peer rank never joined or died";
+  if (!hosts_.empty()) s << " (this is " << host_ << "; this collective's ranks: " << hosts_ << ")";
+  s << ". HINT: check that every rank calls the same collectives in the same order and that "
+       "the hosts reach each other, or raise dist.timeout_s";
+  throw CollectiveTimeout(s.str());
 }
 
 namespace {
@@ -318,13 +360,14 @@ MPI_Request MpiCommunicator::start_all_gather(at::Tensor& full, const at::Tensor
 
 void MpiCommunicator::all_gather(at::Tensor& full, const at::Tensor& shard) {
   MPI_Request req = start_all_gather(full, shard);
-  wait(req, describe("all_gather", rank_, world_size_, full));
+  wait_keeping({full, shard}, [&] { wait(req, describe("all_gather", rank_, world_size_, full)); });
 }
 
 
 std::unique_ptr<Work> MpiCommunicator::all_gather_async(at::Tensor& full, const at::Tensor& shard) {
   MPI_Request req = start_all_gather(full, shard);
-  return std::make_unique<MpiWork>(*this, req, describe("all_gather (prefetch)", rank_, world_size_, full));
+  return std::make_unique<MpiWork>(*this, req, describe("all_gather (prefetch)", rank_, world_size_, full),
+                                   std::vector<at::Tensor>{full, shard});
 }
 
 std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(at::Tensor& shard, const at::Tensor& full,
@@ -376,7 +419,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(at::Tensor& shard, c
     recv = at::Tensor();
   };
   return std::make_unique<MpiWork>(*this, std::move(reqs), describe("reduce_scatter", rank_, world_size_, full),
-                                   std::move(finish));
+                                   std::vector<at::Tensor>{full, shard, recv}, std::move(finish));
 }
 
 std::unique_ptr<Work> MpiCommunicator::all_to_all_async(at::Tensor& out, const at::Tensor& in) {
@@ -396,7 +439,8 @@ std::unique_ptr<Work> MpiCommunicator::all_to_all_async(at::Tensor& out, const a
               static_cast<size_t>(block_bytes));
   std::vector<MPI_Request> reqs = post_block_exchange(comm_, rank_, n, kAllToAllTag, in, s, max_count_,
                                                       [&](int from) { return dst + from * block_bytes; });
-  return std::make_unique<MpiWork>(*this, std::move(reqs), describe("all_to_all", rank_, n, in));
+  return std::make_unique<MpiWork>(*this, std::move(reqs), describe("all_to_all", rank_, n, in),
+                                   std::vector<at::Tensor>{out, in});
 }
 
 std::unique_ptr<Work> MpiCommunicator::send_recv_async(const std::vector<PeerBuffer>& sends,
@@ -429,7 +473,10 @@ std::unique_ptr<Work> MpiCommunicator::send_recv_async(const std::vector<PeerBuf
   for (const auto& b : sends) post(b, true);
   for (MPI_Datatype& t : types) MPI_Type_free(&t);
   stats_.send_recv_calls++;
-  return std::make_unique<MpiWork>(*this, std::move(reqs), what + ")");
+  std::vector<at::Tensor> buffers;
+  for (const auto& b : recvs) buffers.push_back(b.t);
+  for (const auto& b : sends) buffers.push_back(b.t);
+  return std::make_unique<MpiWork>(*this, std::move(reqs), what + ")", std::move(buffers));
 }
 
 void MpiCommunicator::reduce_scatter(at::Tensor& shard, const at::Tensor& full, ReduceOp op) {
@@ -447,7 +494,7 @@ void MpiCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
     MPI_Request req;
     MPI_Iallreduce(MPI_IN_PLACE, part.data_ptr(), static_cast<int>(part.numel()),
                    mpi_type(buf.scalar_type()), mpi_op(op), comm_, &req);
-    wait(req, describe("all_reduce", rank_, world_size_, t));
+    wait_keeping({buf}, [&] { wait(req, describe("all_reduce", rank_, world_size_, t)); });
   }
   if (op == ReduceOp::kAvg) buf.div_(world_size_);
   if (up) t.copy_(buf);
@@ -466,7 +513,7 @@ void MpiCommunicator::broadcast(at::Tensor& t, int root) {
     MPI_Request req;
     MPI_Ibcast(part.data_ptr(), static_cast<int>(part.numel()), mpi_type(t.scalar_type()), root,
                comm_, &req);
-    wait(req, describe("broadcast", rank_, world_size_, t));
+    wait_keeping({t}, [&] { wait(req, describe("broadcast", rank_, world_size_, t)); });
   }
 }
 

@@ -14,7 +14,6 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
-#include <thread>
 
 #include <ATen/ATen.h>
 
@@ -22,6 +21,7 @@
 #include "shardgan/comm/watchdog.h"
 #include "comm/counted.h"
 #include "comm/reduced_float.h"
+#include "shardgan/util/poll.h"
 
 namespace shardgan {
 using detail::is_16bit_float;
@@ -69,29 +69,6 @@ std::string describe(const char* op, int rank, int world, const at::Tensor& t) {
   s << op << " (rank " << rank << " of " << world << ", numel " << t.numel() << ", dtype "
     << c10::toString(t.scalar_type()) << ", " << t.numel() * t.element_size() << " bytes)";
   return s.str();
-}
-
-/// Now + `seconds`, clamped to a year so that a huge timeout cannot overflow.
-Clock::time_point deadline_after(double seconds) {
-  const double s = std::min(std::max(seconds, 0.0), 365.0 * 24 * 3600);
-  return Clock::now() +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-}
-
-/// Calls `done` until it returns true (-> true) or `deadline` passes (-> false). Spins
-/// briefly, then backs off to sleeping, as the MPI backend does.
-bool poll_until(Clock::time_point deadline, const std::function<bool()>& done) {
-  auto nap = std::chrono::microseconds(0);
-  for (int polls = 0;; ++polls) {
-    if (done()) return true;
-    if (Clock::now() > deadline) return false;
-    if (polls > 64) {
-      nap = std::min(std::chrono::microseconds(1000), nap + std::chrono::microseconds(20));
-      std::this_thread::sleep_for(nap);
-    } else {
-      std::this_thread::yield();
-    }
-  }
 }
 
 }  // namespace

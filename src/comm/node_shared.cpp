@@ -1,24 +1,22 @@
 #include "shardgan/comm/node_shared.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <functional>
 #include <random>
 #include <stdexcept>
-#include <thread>
 
 #include <ATen/ATen.h>
 
 #include "shardgan/comm/communicator.h"
 #include "shardgan/comm/factory.h"
 #include "shardgan/comm/mpi_communicator.h"
+#include "shardgan/util/poll.h"
 
 namespace shardgan {
 
@@ -142,33 +140,17 @@ void NodeSharedPool::wait_until(const char* what, int64_t seq, int64_t want, boo
     }
     return true;
   };
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  for (int64_t i = 0;; ++i) {
-    if (ready()) return;
-    // A short spin while the other ranks finish, then give the core away (ranks may
-    // outnumber cores), then nap; the MPI progress engine runs in between.
-    if (i < 256) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    } else if (i < 4096) {
-      sched_yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    if ((i & 63) == 63 && progress) progress();
-    if ((i & 255) == 255 && std::chrono::duration<double>(Clock::now() - start).count() > timeout_s) {
-      std::string missing;
-      for (int r = 0; r < world_; ++r) {
-        if (row[r].load(std::memory_order_acquire) < want) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-      throw CollectiveTimeout("node-shared gather of '" + name_ + "' on rank " + std::to_string(rank_) + ": rank(s) " +
-                              missing + " have not " + what + " gather " + std::to_string(want) + " (slot " +
-                              std::to_string(s) + ") within " + std::to_string(timeout_s) +
-                              " s (dist.timeout_s); a rank died or the ranks run different steps");
-    }
+  // Spins, yields, then naps of at most 20 us (util/poll.h); the MPI progress engine runs
+  // in between, for the rank's other requests in flight.
+  if (poll_until(deadline_after(timeout_s), ready, progress)) return;
+  std::string missing;
+  for (int r = 0; r < world_; ++r) {
+    if (row[r].load(std::memory_order_acquire) < want) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
   }
+  throw CollectiveTimeout("node-shared gather of '" + name_ + "' on rank " + std::to_string(rank_) + ": rank(s) " +
+                          missing + " have not " + what + " gather " + std::to_string(want) + " (slot " +
+                          std::to_string(s) + ") within " + std::to_string(timeout_s) +
+                          " s (dist.timeout_s); a rank died or the ranks run different steps");
 }
 
 }  // namespace shardgan

@@ -57,17 +57,29 @@ void quantize_blocks(const at::Tensor& x, const QuantSpec& q, at::Tensor out) {
   torch::NoGradGuard no_grad;
   const int64_t cb = code_bytes(n, q), nb = ceil_div(n, q.block);
   at::Tensor blocks = as_blocks(x, q);
+  // amax propagates NaN: a block holding a NaN or an Inf gets a NaN or Inf scale, which
+  // carries the non-finiteness (every element of it dequantizes to 0 x Inf or 0 x NaN = NaN).
   at::Tensor scale = blocks.abs().amax(1).div_(q.qmax());
   scale.masked_fill_(scale == 0, 1.0);  // an all-zero block: codes 0, scale 1
-  at::Tensor codes = blocks.div(scale.unsqueeze(1)).round_().clamp_(-q.qmax(), q.qmax()).to(at::kChar).view({-1});
+  // Such a block's quotients are NaN (x / NaN, Inf / Inf) or 0 (finite / Inf): nan_to_num
+  // makes every code a defined value before the cast to int8 (a NaN's cast is undefined).
+  at::Tensor codes = blocks.div(scale.unsqueeze(1))
+                         .round_()
+                         .nan_to_num_(0.0, q.qmax(), -q.qmax())
+                         .clamp_(-q.qmax(), q.qmax())
+                         .to(at::kChar)
+                         .view({-1});
+  const int64_t raw = q.bits == 8 ? n : ceil_div(n, 2);  // code bytes before the padding
   if (q.bits == 8) {
     out.narrow(0, 0, n).copy_(codes.narrow(0, 0, n).view(at::kByte));
   } else {
-    // Two's-complement nibbles: element 2k low, 2k + 1 high.
-    at::Tensor c = codes.narrow(0, 0, ceil_div(n, 2) * 2).to(at::kInt).bitwise_and_(0xF).view({-1, 2});
+    // Two's-complement nibbles: element 2k low, 2k + 1 high (an odd n's last high nibble is
+    // the zero padding's code, 0).
+    at::Tensor c = codes.narrow(0, 0, raw * 2).to(at::kInt).bitwise_and_(0xF).view({-1, 2});
     at::Tensor packed = c.select(1, 0).bitwise_or(c.select(1, 1).bitwise_left_shift(4)).to(at::kByte);
-    out.narrow(0, 0, packed.numel()).copy_(packed);
+    out.narrow(0, 0, raw).copy_(packed);
   }
+  out.narrow(0, raw, cb - raw).zero_();  // the padding travels too: no uninitialized bytes
   out.narrow(0, cb, 4 * nb).view(at::kFloat).copy_(scale);
 }
 

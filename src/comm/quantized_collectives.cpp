@@ -10,23 +10,34 @@ namespace shardgan {
 namespace {
 
 // A quantized collective in flight: wait() waits for the exchange, then runs `finish` (the
-// dequantization), which owns the buffers. Destroyed unwaited, it waits, except while an
-// exception unwinds (the job is ending; MpiWork leaves its requests in flight then too).
+// dequantization), which owns the buffers the exchange reads and writes. Destroyed unwaited,
+// it waits, except while an exception unwinds (the job is ending; MpiWork leaves its
+// requests in flight then too). Whenever the requests are left in flight, on that path or
+// when the wait throws (a timeout), `finish` and so the buffers are kept until the process
+// ends (MPI_Abort), since MPI and the progress thread may still write them.
 class DequantizeWork final : public Work {
  public:
   DequantizeWork(std::unique_ptr<Work> inner, std::function<void()> finish)
       : inner_(std::move(inner)), finish_(std::move(finish)) {}
   ~DequantizeWork() override {
-    if (inner_ && std::uncaught_exceptions() == 0) {
-      try {
-        wait();
-      } catch (...) {  // never throw from a destructor; the error surfaces elsewhere
-      }
+    if (!inner_) return;
+    if (std::uncaught_exceptions() > 0) {
+      abandon();
+      return;
+    }
+    try {
+      wait();
+    } catch (...) {  // never throw from a destructor; the error surfaces elsewhere
     }
   }
   void wait() override {
     if (!inner_) return;
-    inner_->wait();
+    try {
+      inner_->wait();
+    } catch (...) {
+      abandon();
+      throw;
+    }
     inner_.reset();
     torch::NoGradGuard no_grad;
     finish_();
@@ -34,6 +45,13 @@ class DequantizeWork final : public Work {
   }
 
  private:
+  // Keeps the buffers (leaks `finish`, which owns them) and lets the inner Work go: it keeps
+  // its own until the process ends too. A later wait() returns at once.
+  void abandon() {
+    new std::function<void()>(std::move(finish_));  // NOLINT: deliberate leak
+    inner_.reset();
+  }
+
   std::unique_ptr<Work> inner_;
   std::function<void()> finish_;
 };

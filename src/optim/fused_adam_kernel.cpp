@@ -22,7 +22,7 @@
 #include <stdexcept>
 #include <string>
 
-#include <c10/util/Half.h>
+#include "sharding/torch_internals.h"
 
 namespace shardgan {
 
@@ -278,7 +278,7 @@ uint16_t float_to_bf16_bits(float f) {
   return static_cast<uint16_t>((u + ((u >> 16) & 1u) + 0x7FFFu) >> 16);
 }
 
-uint16_t float_to_fp16_bits(float f) { return c10::detail::fp16_ieee_from_fp32_value(f); }
+uint16_t float_to_fp16_bits(float f) { return detail::fp16_bits(f); }
 
 AdamCoefficients adam_coefficients(double lr, double beta1, double beta2, double eps,
                                    double weight_decay, bool decoupled, int64_t step) {

@@ -8,10 +8,9 @@
 #include <memory>
 #include <mutex>
 
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
+#include "sharding/torch_internals.h"
 #include "sharding/unit_runtime.h"
 
 namespace shardgan {
@@ -101,23 +100,6 @@ class SegmentsScope {
   bool before_;
 };
 
-// Drops the checkpoint's own reference to the incoming gradient when the replayed graph's
-// root node starts: by then the engine holds the gradient in that node's input buffer, so
-// it is freed once the nodes that read it have run, not when the whole replayed backward
-// ends. Registered only where the engine runs from a single root, which it starts from a
-// copy of the gradient and never reads the caller's list again.
-class ReleaseRootGradient : public torch::autograd::FunctionPreHook {
- public:
-  explicit ReleaseRootGradient(std::shared_ptr<variable_list> grads) : grads_(std::move(grads)) {}
-  variable_list operator()(const variable_list& inputs) override {
-    grads_->clear();
-    return inputs;
-  }
-
- private:
-  std::shared_ptr<variable_list> grads_;
-};
-
 TensorList expand(const Replay& r, const variable_list& defined) {
   TensorList full(r.n_inputs);
   for (size_t i = 0; i < defined.size(); ++i) full[r.defined_at[i]] = defined[i];
@@ -166,38 +148,23 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     // does inside, but the output tensors are dropped first: their data is not needed to
     // differentiate them, so it goes before the backward runs unless a node saved it (tanh,
     // relu). That is one output-sized buffer less per checkpointed unit or segment at the
-    // peak, with the same arithmetic.
-    torch::autograd::edge_list root_edges, wrt_edges;
-    auto root_grads = std::make_shared<variable_list>();
-    for (size_t i = 0; i < outs.size() && i < grads.size(); ++i) {
-      if (grads[i].defined() && outs[i].defined() && outs[i].requires_grad()) {
-        root_edges.push_back(torch::autograd::impl::gradient_edge(outs[i]));
-        root_grads->push_back(std::move(grads[i]));
-      }
-    }
-    grads.clear();
-    outs.clear();
-    if (root_edges.size() == 1) {
-      root_edges.front().function->add_pre_hook(std::make_unique<ReleaseRootGradient>(root_grads));
-    }
+    // peak, with the same arithmetic. With a single root the incoming gradient goes as soon
+    // as the root node starts (torch_internals.h).
+    TensorList wrt;
     std::vector<size_t> slot;  // position of each wrt entry in the result
     for (size_t i = 0; i < detached.size(); ++i) {
       if (replay->input_requires_grad[i]) {
-        wrt_edges.push_back(torch::autograd::impl::gradient_edge(detached[i]));
+        wrt.push_back(detached[i]);
         slot.push_back(i);
       }
     }
     for (size_t j = 0; j < replay->params.size(); ++j) {
-      wrt_edges.push_back(torch::autograd::impl::gradient_edge(replay->params[j]));
+      wrt.push_back(replay->params[j]);
       slot.push_back(saved.size() + j);
     }
     variable_list result(saved.size() + replay->params.size() + 1);  // + the Replay argument
-    if (!root_edges.empty() && !wrt_edges.empty()) {
-      variable_list g = torch::autograd::Engine::get_default_engine().execute(
-          root_edges, *root_grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false,
-          wrt_edges);
-      for (size_t k = 0; k < g.size(); ++k) result[slot[k]] = g[k];
-    }
+    const variable_list g = detail::backward_from_roots(outs, grads, wrt);
+    for (size_t k = 0; k < g.size(); ++k) result[slot[k]] = g[k];
     return result;
   }
 };

@@ -7,6 +7,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/util/Half.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -88,5 +89,50 @@ void visit_graph_leaves(const std::vector<at::Tensor>& outputs,
     }
   }
 }
+
+namespace {
+
+// Drops the checkpoint's own reference to the incoming gradient when the replayed graph's
+// root node starts: by then the engine holds the gradient in that node's input buffer, so
+// it is freed once the nodes that read it have run, not when the whole replayed backward
+// ends. Registered only where the engine runs from a single root, which it starts from a
+// copy of the gradient and never reads the caller's list again.
+class ReleaseRootGradient : public torch::autograd::FunctionPreHook {
+ public:
+  explicit ReleaseRootGradient(std::shared_ptr<torch::autograd::variable_list> grads) : grads_(std::move(grads)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& inputs) override {
+    grads_->clear();
+    return inputs;
+  }
+
+ private:
+  std::shared_ptr<torch::autograd::variable_list> grads_;
+};
+
+}  // namespace
+
+std::vector<at::Tensor> backward_from_roots(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& grads,
+                                            const std::vector<at::Tensor>& wrt) {
+  torch::autograd::edge_list root_edges, wrt_edges;
+  auto root_grads = std::make_shared<torch::autograd::variable_list>();
+  for (size_t i = 0; i < outputs.size() && i < grads.size(); ++i) {
+    if (grads[i].defined() && outputs[i].defined() && outputs[i].requires_grad()) {
+      root_edges.push_back(torch::autograd::impl::gradient_edge(outputs[i]));
+      root_grads->push_back(std::move(grads[i]));
+    }
+  }
+  grads.clear();
+  outputs.clear();
+  if (root_edges.size() == 1) {
+    root_edges.front().function->add_pre_hook(std::make_unique<ReleaseRootGradient>(root_grads));
+  }
+  wrt_edges.reserve(wrt.size());
+  for (const at::Tensor& w : wrt) wrt_edges.push_back(torch::autograd::impl::gradient_edge(w));
+  if (root_edges.empty() || wrt_edges.empty()) return {};
+  return torch::autograd::Engine::get_default_engine().execute(
+      root_edges, *root_grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false, wrt_edges);
+}
+
+uint16_t fp16_bits(float f) { return c10::detail::fp16_ieee_from_fp32_value(f); }
 
 }  // namespace shardgan::detail

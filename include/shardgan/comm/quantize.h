@@ -10,12 +10,16 @@
 /// and each element the code c_i = round(x_i / s_b) clamped to [-q_max, q_max], so that the
 /// dequantized value c_i * s_b is off by at most s_b / 2 = max|x_b| / (2 q_max): 1/254 of
 /// the block's largest magnitude for int8, 1/14 for int4 (plus float32 rounding of the
-/// product). Non-finite inputs give non-finite scales, so a NaN or Inf gradient stays
-/// non-finite after dequantization (the trainer's non-finite check still sees it).
+/// product). Non-finite input: a block holding a NaN, +Inf or -Inf gets a NaN or Inf scale
+/// and all-zero codes (defined values: its NaN quotients become 0 before the cast), so
+/// every element of that block dequantizes to NaN (0 x Inf, 0 x NaN) and the other blocks
+/// are unaffected: a NaN or Inf gradient stays non-finite after dequantization (the
+/// trainer's non-finite check still sees it), block for block.
 ///
 /// Payload layout (uint8, quantized_bytes(n) bytes): the codes (int8: n bytes; int4: two
-/// per byte, element 2k in the low nibble, ceil(n / 2) bytes), padded to a multiple of 4
-/// bytes, then the float32 scales, one per block. Host or device tensors alike (ATen ops);
+/// per byte, element 2k in the low nibble, ceil(n / 2) bytes, an odd n's last high nibble
+/// 0), zero bytes up to a multiple of 4 bytes, then the float32 scales, one per block. Every
+/// byte is written. Host or device tensors alike (ATen ops);
 /// local, no collectives.
 #include <cstdint>
 #include <string>
