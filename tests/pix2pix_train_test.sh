@@ -13,8 +13,15 @@
 #     to the in-RAM edge pairs, and of a folder of A|B side-by-side images stores the left
 #     halves as A and the right halves as B (read back with h5py); data.source paired reads
 #     that folder and trains bit-identically to its converted file.
+#   - A key set that has no effect (checkpoint.snapshot without checkpoint.async) is warned
+#     about once in the job (rank 0; not again by the memory probe's stand-in world).
+#   - Evaluation (with the FID classifier: the 5th argument, or <build>/fid/fmnist-classifier.h5
+#     from the fid_classifier fixture; reported as not run without it): on the A|B folder it
+#     scores Fashion-MNIST's edges, another task, so rank 0 warns once and the record carries
+#     eval_set: fashion-mnist-edges; on the converted Fashion-MNIST pairs it does not warn.
 #   - Configs it cannot take end every rank naming the key.
 TRAIN=$1; CKPT=$2; SRC=$3; DATA=$4
+CLASSIFIER=${5:-$(dirname "$TRAIN")/fid/fmnist-classifier.h5}
 PY=${SHARDGAN_PYTHON:-python3}
 FMNIST=/usr/share/datasets/fashion-mnist
 source "$(dirname "$0")/lib.sh"
@@ -97,9 +104,34 @@ for i in range(12):
 assert (f["imgs"][()] == b).all()
 PY
 # data.source paired reads the folder itself, as the converted file gives it.
-run folder 2 2 --set data.source=paired --set data.path="$T/ab" || bad "data.source paired: $(tail -3 "$T/folder.log")"
+# (With a key that has no effect, checkpoint.snapshot without async: warned about once, on rank 0.)
+run folder 2 2 --set data.source=paired --set data.path="$T/ab" --set checkpoint.snapshot=copy \
+  || bad "data.source paired: $(tail -3 "$T/folder.log")"
+n=$(grep -c "key 'checkpoint.snapshot' is set to copy but has no effect" "$T/folder.log")
+[ "$n" -eq 1 ] && ok "a key set that has no effect: one warning" || bad "checkpoint.snapshot without async: $n warnings"
 run folderh5 2 2 --set data.source=hdf5 --set data.path="$T/ab.h5" || bad "its HDF5: $(tail -3 "$T/folderh5.log")"
 same_checkpoint "$(ckpt folder 2)" "$(ckpt folderh5 2)" "(data.source paired against its converted file)"
+
+# Evaluating on data that is not Fashion-MNIST's pairs: one warning, and the records' eval_set.
+if [ -s "$CLASSIFIER" ]; then
+  EV=(--set eval.enabled=true --set eval.classifier="$CLASSIFIER" --set train.eval_samples=8)
+  run evalab 2 1 --set data.source=paired --set data.path="$T/ab" "${EV[@]}" || bad "eval on the folder: $(tail -3 "$T/evalab.log")"
+  n=$(grep -c "scores another task" "$T/evalab.log")
+  [ "$n" -eq 1 ] && grep -q "data.source paired" "$T/evalab.log" && ok "eval on an A|B folder: one warning that it scores another task" \
+    || bad "eval on an A|B folder: $n warnings: $(grep "another task" "$T/evalab.log" | head -2)"
+  "$PY" - "$T/evalab/metrics.jsonl" <<'PY' && ok "eval on an A|B folder: the record carries eval_set fashion-mnist-edges" \
+    || bad "eval on an A|B folder: no eval_set in the record"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"fid"' in l]
+sys.exit(0 if rows and all(r.get("eval_set") == "fashion-mnist-edges" for r in rows) else 1)
+PY
+  run evalh5 2 1 --set data.source=hdf5 --set data.path="$T/pairs.h5" "${EV[@]}" || bad "eval on the pairs: $(tail -3 "$T/evalh5.log")"
+  grep -q '"eval_set":"fashion-mnist-edges"' "$T/evalh5/metrics.jsonl" && ! grep -q "another task" "$T/evalh5.log" \
+    && ok "eval on Fashion-MNIST's converted pairs: no warning, eval_set fashion-mnist-edges" \
+    || bad "eval on Fashion-MNIST's converted pairs: $(grep "another task" "$T/evalh5.log" | head -1)"
+else
+  echo "NOT RUN: the evaluation-set checks need the FID classifier ($CLASSIFIER; the fid_classifier fixture)"
+fi
 
 refused() {  # refused NAME KEY ARGS...: fails on both ranks naming KEY
   local name=$1 key=$2; shift 2

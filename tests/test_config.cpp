@@ -1,9 +1,17 @@
-// Config parsing: defaults, overrides, and errors that name the file and the key.
+// Config parsing: defaults, overrides, and errors that name the file and the key; keys set
+// that have no effect; pix2pix's evaluation set.
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
 #include <sstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include "shardgan/data/convert.h"
 #include "shardgan/train/config.h"
+#include "shardgan/train/evaluation.h"
 #include "shardgan/util/progress.h"
 #include "shardgan/util/threads.h"
 
@@ -138,6 +146,181 @@ TEST(Config, BadValuesAreNamed) {
                 .aux_class_weight, 0.5);
   EXPECT_NE(error_of("", {"train.steps"}).find("expected key=value"), std::string::npos);
   EXPECT_NE(error_of("train: [1, 2]\n").find("'train'"), std::string::npos);
+}
+
+// Keys that do nothing: a key set (file or --set) to a non-default value that the resolved
+// config ignores warns once, naming the key and why; a key left at its default, or set to it
+// (as --print-config's output spells out every default), warns about nothing.
+size_t warnings_naming(const TrainConfig& c, const std::string& key) {
+  return static_cast<size_t>(std::count_if(c.warnings.begin(), c.warnings.end(), [&](const std::string& w) {
+    return w.find("key '" + key + "'") != std::string::npos;
+  }));
+}
+
+std::string warning_naming(const TrainConfig& c, const std::string& key) {
+  for (const std::string& w : c.warnings) {
+    if (w.find("key '" + key + "'") != std::string::npos) return w;
+  }
+  return "";
+}
+
+TEST(ConfigWarnings, SharedDForwardUnderTheAlternatingUpdate) {
+  const std::string key = "train.shared_d_forward";
+  EXPECT_EQ(warnings_naming(parse_config("", "t.yaml", {}), key), 0u);  // the default
+  const TrainConfig c = parse_config("train: {shared_d_forward: false}\n", "t.yaml", {});
+  EXPECT_EQ(warnings_naming(c, key), 1u);
+  const std::string w = warning_naming(c, key);
+  EXPECT_NE(w.find("t.yaml"), std::string::npos) << w;
+  EXPECT_NE(w.find("train.update alternating"), std::string::npos) << w;
+  EXPECT_EQ(warnings_naming(parse_config("", "t.yaml", {"train.shared_d_forward=false"}), key), 1u);  // --set
+  EXPECT_EQ(warnings_naming(parse_config("train: {shared_d_forward: true}\n", "t.yaml", {}), key), 0u);
+  EXPECT_EQ(warnings_naming(parse_config("train: {update: simultaneous, shared_d_forward: false}\n", "t.yaml", {}),
+                            key), 0u);
+}
+
+TEST(ConfigWarnings, PlacementKeysUnderSharedPlacement) {
+  for (const char* key : {"placement.generator_ranks", "placement.defer_figures"}) {
+    const std::string set = std::string(key) + (std::string(key) == "placement.generator_ranks" ? "=2" : "=false");
+    EXPECT_EQ(warnings_naming(parse_config("", "t.yaml", {}), key), 0u) << key;
+    const TrainConfig c = parse_config("", "t.yaml", {set});
+    EXPECT_EQ(warnings_naming(c, key), 1u) << key;
+    EXPECT_NE(warning_naming(c, key).find("train.placement shared"), std::string::npos) << warning_naming(c, key);
+    EXPECT_EQ(warnings_naming(parse_config("", "t.yaml", {set, "train.placement=split"}), key), 0u) << key;
+  }
+  EXPECT_EQ(warnings_naming(parse_config("placement: {generator_ranks: 0.5}\n", "t.yaml", {}),
+                            "placement.generator_ranks"), 0u);  // its default
+}
+
+TEST(ConfigWarnings, SnapshotWithoutAsyncCheckpoints) {
+  const std::string key = "checkpoint.snapshot";
+  EXPECT_EQ(warnings_naming(parse_config("", "t.yaml", {}), key), 0u);
+  const TrainConfig c = parse_config("checkpoint: {snapshot: copy}\n", "t.yaml", {});
+  EXPECT_EQ(warnings_naming(c, key), 1u);
+  EXPECT_NE(warning_naming(c, key).find("checkpoint.async false"), std::string::npos) << warning_naming(c, key);
+  EXPECT_EQ(warnings_naming(parse_config("checkpoint: {async: true, snapshot: copy}\n", "t.yaml", {}), key), 0u);
+  // The shipped config spells out snapshot: fork (the default) with async: false.
+  EXPECT_TRUE(load_config(SHARDGAN_SOURCE_DIR "/configs/fmnist-dcgan.yaml", {}).warnings.empty());
+}
+
+TEST(ConfigWarnings, QuantizationBlockWithoutQuantization) {
+  const std::string g = "sharding.generator.quantization_block", d = "sharding.discriminator.quantization_block";
+  EXPECT_EQ(warnings_naming(parse_config("", "t.yaml", {}), g), 0u);
+  const TrainConfig c = parse_config("sharding: {generator: {quantization_block: 128}}\n", "t.yaml", {});
+  EXPECT_EQ(warnings_naming(c, g), 1u);
+  EXPECT_EQ(warnings_naming(c, d), 0u);
+  EXPECT_NE(warning_naming(c, g).find("sharding.generator.quantized_weights"), std::string::npos);
+  for (const char* q : {"sharding.generator.quantized_weights=int8", "sharding.generator.quantized_gradients=int4"}) {
+    EXPECT_EQ(warnings_naming(parse_config("", "t.yaml", {g + "=128", q}), g), 0u) << q;
+  }
+  EXPECT_EQ(warnings_naming(parse_config("", "t.yaml", {d + "=64"}), d), 1u);
+}
+
+// One warning per key, whatever else is set; every family's defaults and --print-config's
+// output of a config with ignored keys warn about nothing new.
+TEST(ConfigWarnings, OncePerKeyAndNeverForDefaults) {
+  const TrainConfig c = parse_config(
+      "train: {shared_d_forward: false}\nplacement: {generator_ranks: 3, defer_figures: false}\n"
+      "checkpoint: {snapshot: copy}\nsharding: {generator: {quantization_block: 64}, discriminator: "
+      "{quantization_block: 64}}\n", "t.yaml", {});
+  EXPECT_EQ(c.warnings.size(), 6u);
+  for (const std::string& w : c.warnings) EXPECT_EQ(std::count(c.warnings.begin(), c.warnings.end(), w), 1) << w;
+  const TrainConfig back = parse_config(c.resolved_nested_yaml, "resolved.yaml", {});
+  EXPECT_EQ(back.warnings.size(), 6u);  // still set, still ignored
+  for (const char* arch : {"dcgan", "biggan", "pix2pix"}) {
+    const TrainConfig d = parse_config("", "t.yaml", {std::string("model.arch=") + arch});
+    EXPECT_TRUE(d.warnings.empty()) << arch << ": " << d.warnings.front();
+    EXPECT_TRUE(parse_config(d.resolved_nested_yaml, "resolved.yaml", {}).warnings.empty()) << arch;
+  }
+}
+
+// sharding.<model>.node_shared_gather would silently bypass qwZ's int8 weights and hpZ's
+// secondary copy: refused at config time, naming both keys.
+TEST(Config, NodeSharedGatherRefusedWithQwzOrHpz) {
+  const std::string qw = error_of("sharding: {generator: {node_shared_gather: true, quantized_weights: int8}}\n");
+  EXPECT_NE(qw.find("sharding.generator.node_shared_gather"), std::string::npos) << qw;
+  EXPECT_NE(qw.find("sharding.generator.quantized_weights"), std::string::npos) << qw;
+  for (const char* k : {"2", "auto"}) {
+    const std::string hpz = error_of(std::string("sharding: {discriminator: {node_shared_gather: true, "
+                                                 "hpz_partition_size: ") + k + "}}\n");
+    EXPECT_NE(hpz.find("sharding.discriminator.node_shared_gather"), std::string::npos) << hpz;
+    EXPECT_NE(hpz.find("sharding.discriminator.hpz_partition_size"), std::string::npos) << hpz;
+  }
+  // Each alone, and the gather of one model beside the other's qwZ, are taken.
+  EXPECT_TRUE(parse_config("sharding: {generator: {node_shared_gather: true}}\n", "t", {}).g_sharding.node_shared_gather);
+  EXPECT_EQ(parse_config("sharding: {generator: {quantized_weights: int8}}\n", "t", {}).g_sharding.quantized_weights_bits, 8);
+  EXPECT_EQ(parse_config("sharding: {generator: {hpz_partition_size: 2}}\n", "t", {}).g_sharding.hpz_partition_size, 2);
+  EXPECT_EQ(error_of("sharding: {generator: {node_shared_gather: true}, discriminator: {quantized_weights: int8}}\n"),
+            "");
+}
+
+// placement.generator_ranks is a double in the file: a count is range-checked there, and
+// bounded by the world size before split_generator_ranks converts it to int.
+TEST(Config, GeneratorRanksBounded) {
+  for (const char* v : {"1e12", "4294967297", "1048577"}) {
+    const std::string e = error_of("", {std::string("placement.generator_ranks=") + v});
+    EXPECT_NE(e.find("placement.generator_ranks"), std::string::npos) << v << ": " << e;
+    EXPECT_NE(e.find("1048576"), std::string::npos) << v << ": " << e;
+  }
+  TrainConfig c = parse_config("", "t", {"train.placement=split", "placement.generator_ranks=1048576"});
+  EXPECT_EQ(split_generator_ranks(c, 4), 4);  // the caller refuses K = N
+  c.generator_ranks = 1e300;                  // past int, as no config can give it
+  EXPECT_EQ(split_generator_ranks(c, 8), 8);
+  c.generator_ranks = 3;
+  EXPECT_EQ(split_generator_ranks(c, 4), 3);
+  c.generator_ranks = 0.25;
+  EXPECT_EQ(split_generator_ranks(c, 8), 2);
+  c.generator_ranks = 0.99;
+  EXPECT_EQ(split_generator_ranks(c, 4), 3);  // the fraction keeps a rank for D
+}
+
+// pix2pix's evaluation scores the edge maps of Fashion-MNIST's t10k images: on a paired folder,
+// or on an HDF5 file that is not Fashion-MNIST's edge pairs, that is another task, named by a
+// warning; the record carries eval_set.
+TEST(Pix2pixEvalSet, ScoredSetIsNamedAndAMismatchWarns) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("shardgan-evalset-" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  auto pairs_file = [&](const std::string& name, bool fmnist_classes) {
+    const std::string path = dir + "/" + name;
+    std::vector<uint8_t> img(2 * 32 * 32, 7), a(2 * 32 * 32, 0);
+    std::vector<int64_t> labels{0, 1};
+    data::Hdf5Writer w(path, 2, 1, 32, 32, 0, 1);
+    w.append(img.data(), labels.data(), 2, a.data());
+    if (fmnist_classes) w.set_classes(data::kFashionMnistClassNames);
+    w.commit();
+    return path;
+  };
+  const std::string fmnist = pairs_file("fmnist-pairs.h5", true), other = pairs_file("other-pairs.h5", false);
+  const std::vector<std::string> p2p{"model.arch=pix2pix"};
+  auto cfg = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), p2p.begin(), p2p.end());
+    return parse_config("", "t.yaml", more);
+  };
+  EXPECT_EQ(image_eval_set(cfg({})), "fashion-mnist-edges");
+  EXPECT_EQ(image_eval_mismatch(cfg({})), "");
+  EXPECT_EQ(image_eval_set(cfg({"data.source=synthetic"})), "synthetic-edges");
+  EXPECT_EQ(image_eval_mismatch(cfg({"data.source=synthetic"})), "");
+  EXPECT_EQ(image_eval_mismatch(cfg({"data.source=hdf5", "data.path=" + fmnist})), "");
+  const std::string h5 = image_eval_mismatch(cfg({"data.source=hdf5", "data.path=" + other}));
+  EXPECT_NE(h5.find(other), std::string::npos) << h5;
+  EXPECT_NE(h5.find("eval_set: fashion-mnist-edges"), std::string::npos) << h5;
+  const std::string folder = image_eval_mismatch(cfg({"data.source=paired", "data.path=/some/ab"}));
+  EXPECT_NE(folder.find("data.source paired"), std::string::npos) << folder;
+  EXPECT_EQ(image_eval_set(cfg({"data.source=paired", "data.path=/some/ab"})), "fashion-mnist-edges");
+  EXPECT_EQ(image_eval_set(parse_config("", "t.yaml", {})), "");  // DCGAN: no pairs
+  EXPECT_EQ(image_eval_mismatch(parse_config("", "t.yaml", {"data.source=hdf5", "data.path=" + other})), "");
+  // The record's tag, once, without a suffix; none for a family without pairs.
+  EvalResult r;
+  r.eval_set = "fashion-mnist-edges";
+  nlohmann::json j;
+  put_scores(j, r);
+  put_scores(j, r, "_ema");
+  EXPECT_EQ(j.value("eval_set", ""), "fashion-mnist-edges");
+  EXPECT_FALSE(j.contains("eval_set_ema"));
+  nlohmann::json plain;
+  put_scores(plain, EvalResult{});
+  EXPECT_FALSE(plain.contains("eval_set"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Config, MissingFileIsNamed) {

@@ -14,7 +14,9 @@
 #include "shardgan/models/family.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/config.h"
+#include "shardgan/data/convert.h"
 #include "shardgan/data/edges.h"
+#include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/data/images.h"
 #include "shardgan/eval/image_quality.h"
 #include "shardgan/train/inference.h"
@@ -30,6 +32,33 @@ void put_scores(nlohmann::json& j, const EvalResult& r, const std::string& suffi
     j["ssim" + suffix] = r.ssim;
   }
   j["class_fractions" + suffix] = r.class_fractions;
+  if (!r.eval_set.empty()) j["eval_set"] = r.eval_set;
+}
+
+std::string image_eval_set(const TrainConfig& cfg) {
+  if (!cfg.family || cfg.family->condition_channels() == 0) return "";
+  return cfg.data_source == "synthetic" ? "synthetic-edges" : "fashion-mnist-edges";
+}
+
+std::string image_eval_mismatch(const TrainConfig& cfg) {
+  if (!cfg.family || cfg.family->condition_channels() == 0) return "";
+  std::string what;
+  if (cfg.data_source == "paired") {
+    what = "data.source paired (the A|B images of '" + cfg.data_path + "')";
+  } else if (cfg.data_source == "hdf5") {
+    const data::Hdf5Dataset ds(cfg.data_path);
+    const bool fmnist_edges = ds.channels() == 1 && ds.height() == 32 && ds.width() == 32 &&
+                              ds.condition_channels() == 1 && ds.class_names() == data::kFashionMnistClassNames;
+    if (fmnist_edges) return "";
+    what = "data.source hdf5 ('" + cfg.data_path + "', not Fashion-MNIST's edge pairs from `shardgan-data convert "
+           "--paired`)";
+  } else {
+    return "";
+  }
+  return cfg.source + ": evaluating model.arch " + cfg.family->arch() + " trained on " + what +
+         " scores another task: the evaluation translates the edge maps of Fashion-MNIST's t10k images (" +
+         cfg.eval_reference + ") and compares them with those images; its records carry eval_set: " +
+         image_eval_set(cfg);
 }
 
 namespace {
@@ -75,6 +104,7 @@ struct Evaluator::State {
   bool class_accuracy = false;  // conditional with the classifier's 10 classes
   at::Tensor held_out;          // image-to-image: the held-out images B (held_out_images)
   at::Tensor held_out_a;        // and their edge maps A, the inputs G translates
+  std::string eval_set;         // image-to-image: image_eval_set
 };
 
 Evaluator::Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFamily& family)
@@ -106,6 +136,10 @@ Evaluator::Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFami
     s_->held_out = cfg.data_source == "fashion-mnist" ? real.narrow(0, 0, std::min<int64_t>(cfg.eval_samples, n))
                                                       : held_out_images(cfg, cfg.eval_samples);
     s_->held_out_a = data::sobel_edges(s_->held_out, family.condition_channels());
+    s_->eval_set = image_eval_set(cfg);
+    const std::string mismatch = image_eval_mismatch(cfg);
+    // Not from the memory probe's stand-in world (activation_probe.h), which every rank builds.
+    if (!mismatch.empty() && comm.rank() == 0 && comm.backend() != "shadow") spdlog::warn("{}", mismatch);
   }
 }
 
@@ -172,6 +206,7 @@ EvalResult Evaluator::evaluate(ShardedModel& g, bool identity, double truncation
   }
   res.samples = m.n;
   res.truncation = truncation > 0 ? truncation : 0;
+  res.eval_set = s_->eval_set;
   res.time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }

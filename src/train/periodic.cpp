@@ -68,7 +68,11 @@ std::vector<int64_t> report_memory(const TrainConfig& cfg, Communicator& comm, c
   return per_rank;
 }
 
-PeriodicActions::PeriodicActions(const TrainConfig& cfg, Communicator& comm) : cfg_(cfg), comm_(comm) {}
+PeriodicActions::PeriodicActions(const TrainConfig& cfg, Communicator& comm) : cfg_(cfg), comm_(comm) {
+  // Not from the memory probe's stand-in world (activation_probe.h), which every rank builds.
+  if (comm_.rank() != 0 || comm_.backend() == "shadow") return;
+  for (const std::string& w : cfg_.warnings) spdlog::warn("{}", w);  // keys set that have no effect
+}
 
 bool PeriodicActions::log_due(int64_t step) const {
   return step % cfg_.log_every == 0 || step == cfg_.steps;

@@ -90,6 +90,14 @@ void ConfigReader::require(bool ok, const std::string& key, const std::string& w
   if (!ok) throw ConfigError(source_ + ": key '" + key + "' " + what);
 }
 
+void ConfigReader::warn_if_ignored(bool ignored, const std::string& key, const std::string& why) {
+  ConfigKeyInfo& info = info_[key];
+  const std::string rule = "warns when set: " + why;
+  if (std::find(info.rules.begin(), info.rules.end(), rule) == info.rules.end()) info.rules.push_back(rule);
+  if (!ignored || !has(key) || info.value_text == info.default_text || !warned_.insert(key).second) return;
+  warnings_.push_back(source_ + ": key '" + key + "' is set to " + info.value_text + " but " + why);
+}
+
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;

@@ -23,6 +23,12 @@ struct TrainConfig {
   std::string resolved_yaml; ///< every key with its final value, stored in checkpoints
   /// The same as nested YAML (`shardgan-train --print-config`); parses back to this config.
   std::string resolved_nested_yaml;
+  /// Keys the file or --set gives a non-default value that has no effect in this config, one
+  /// message each naming the key and why (ConfigReader::warn_if_ignored): train.shared_d_forward
+  /// under the alternating update, placement.* under shared placement, checkpoint.snapshot
+  /// without checkpoint.async, sharding.<model>.quantization_block without quantized
+  /// collectives. parse_config only collects them; PeriodicActions logs them once on rank 0.
+  std::vector<std::string> warnings;
 
   std::string run_dir = "runs/fmnist-dcgan";  ///< run.dir: samples, metrics, checkpoints
   /// run.device: cpu | cuda. With cuda each rank computes on cuda:<local rank> (from the
@@ -94,8 +100,8 @@ struct TrainConfig {
   /// group sharding its model over its own communicator; only G's images and their
   /// gradients cross between the groups). See split_placement.h.
   std::string placement = "shared";
-  /// placement.generator_ranks: K, G's ranks under split placement: a count >= 1, or a
-  /// fraction in (0, 1) of the world size (rounded, at least 1 and at most N - 1).
+  /// placement.generator_ranks: K, G's ranks under split placement: a count from 1 to
+  /// 1048576, or a fraction in (0, 1) of the world size (rounded, at least 1 and at most N - 1).
   double generator_ranks = 0.5;
   /// placement.defer_figures: under split placement, wait for a step's world figures
   /// (losses, NaN/Inf verdicts, preemption and time-limit votes) only after the next step
@@ -187,8 +193,10 @@ struct TrainConfig {
 };
 
 /// train.placement split: G's ranks K on a world of `world_size` (>= 2) ranks:
-/// placement.generator_ranks itself when it is a count, else the fraction of the world
-/// rounded and kept in [1, world_size - 1]. Local; no check that K < world_size.
+/// placement.generator_ranks itself when it is a count, bounded by `world_size` before the
+/// conversion to int (a count of world_size or more gives world_size), else the fraction of
+/// the world rounded and kept in [1, world_size - 1]. Local; the caller refuses K ==
+/// world_size (no rank left for D).
 int split_generator_ranks(const TrainConfig& cfg, int world_size);
 
 /// Reads `path` and applies `overrides` ("key=value", e.g. "train.steps=200"). Throws

@@ -32,11 +32,30 @@ struct EvalResult {
   /// averaged over the samples; -1 otherwise.
   double l1 = -1, psnr = -1, ssim = -1;
   double time_s = 0;         ///< wall time of the evaluation on this rank (seconds)
+  /// Image-to-image families: the held-out pairs scored (image_eval_set), written to the
+  /// metrics record as `eval_set`; empty otherwise.
+  std::string eval_set;
 };
+
+/// Local. The held-out pairs an image-to-image family's evaluation translates and scores:
+/// "fashion-mnist-edges" (the Sobel edge maps of Fashion-MNIST's t10k images, from data.path
+/// for data.source fashion-mnist and from eval.reference for hdf5 and paired) or
+/// "synthetic-edges" (data.source synthetic: held_out_images' synthetic images); "" for a
+/// family that is not image-to-image.
+std::string image_eval_set(const TrainConfig& cfg);
+
+/// Local. Why evaluating `cfg`'s image-to-image model scores another task than the one it
+/// trains on, or "" when it does not: data.source paired (a folder of A|B images), or hdf5
+/// whose file is not Fashion-MNIST's edge pairs (`shardgan-data convert --paired` of
+/// Fashion-MNIST: 1x32x32 images B, a 1-channel A and Fashion-MNIST's class names), scored on
+/// Fashion-MNIST's edges all the same. "" for other families and sources. Opens the hdf5
+/// file's header (throws DataError naming it when it cannot be read).
+std::string image_eval_mismatch(const TrainConfig& cfg);
 
 /// Writes `r`'s scores into `j` under the keys of metrics.jsonl's evaluation records, each
 /// followed by `suffix` ("" for G, "_ema", "_trunc", "_ema_trunc"): fid, class_acc (when
-/// conditional), l1, psnr and ssim (image-to-image), class_fractions. Local.
+/// conditional), l1, psnr and ssim (image-to-image), class_fractions; and, image-to-image,
+/// eval_set without a suffix (the same for every model of a record). Local.
 void put_scores(nlohmann::json& j, const EvalResult& r, const std::string& suffix = "");
 
 class Evaluator {
@@ -45,8 +64,10 @@ class Evaluator {
   /// from cfg.eval_classifier (an error naming the file and `shardgan-fid train-classifier`
   /// if missing) and featurizes its share of the reference images: the t10k split (10,000
   /// images) of the Fashion-MNIST folder cfg.eval_reference. Throws ConfigError if the
-  /// family's images are not 1x32x32 (the classifier's input). `comm` and `family` must
-  /// outlive this object.
+  /// family's images are not 1x32x32 (the classifier's input). An image-to-image family
+  /// whose evaluation scores another task than its training data (image_eval_mismatch)
+  /// warns once, on rank 0 of `comm` (not in the memory probe's stand-in world, backend
+  /// "shadow"). `comm` and `family` must outlive this object.
   Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFamily& family);
   ~Evaluator();
 

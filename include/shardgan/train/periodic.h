@@ -18,7 +18,9 @@ struct TrainConfig;
 
 class PeriodicActions {
  public:
-  /// `cfg` and `comm` must outlive this object.
+  /// `cfg` and `comm` must outlive this object. Rank 0 of `comm` logs the config's warnings
+  /// (TrainConfig::warnings: keys set that have no effect) once, here, unless `comm` is the
+  /// memory probe's stand-in world (backend "shadow", built on every rank). Local.
   PeriodicActions(const TrainConfig& cfg, Communicator& comm);
 
   /// Whether step `step` (steps done) logs, samples or checkpoints. Local.

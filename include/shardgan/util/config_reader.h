@@ -49,6 +49,18 @@ class ConfigReader {
   /// Whether the config sets `key` (does not mark it as known).
   bool has(const std::string& key) const { return values_.count(key) != 0; }
 
+  /// A key the resolved config ignores. When `ignored` and the config sets `key` explicitly
+  /// (the file or --set) to a value other than its default, records one warning, once per
+  /// key: "<source>: key '<key>' is set to <value> but <why>". A key left at its default, or
+  /// set to it (as --print-config's output spells out every default), is never warned about.
+  /// `why` ("has no effect with ...") is recorded as a rule of `key` for the config reference
+  /// either way ("warns when set: <why>"). Call after get(key); throws nothing.
+  void warn_if_ignored(bool ignored, const std::string& key, const std::string& why);
+
+  /// The warnings warn_if_ignored recorded, in the order of the calls. The reader only
+  /// collects them; the trainer logs them (on rank 0).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
   /// Throws ConfigError for the first key that no get() asked for. The message suggests
   /// the nearest known key ("did you mean ...", by edit distance) and points at
   /// docs/config.md, instead of listing every key.
@@ -73,6 +85,8 @@ class ConfigReader {
   std::set<std::string> known_;
   std::vector<std::string> order_;
   std::map<std::string, ConfigKeyInfo> info_;
+  std::vector<std::string> warnings_;
+  std::set<std::string> warned_;  // keys with a warning already
 };
 
 /// Levenshtein distance between `a` and `b` (insertions, deletions, substitutions).
