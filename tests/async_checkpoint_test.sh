@@ -6,6 +6,8 @@
 #     file through the read-ahead thread (which the fork snapshot pauses). A resume from an
 #     async checkpoint with async saves equals the straight run. The comparison can fail:
 #     step 2 against step 4 differs.
+#  1b (issue 58). checkpoint.snapshot: auto (the default) forks under shared memory and TCP
+#     only and copies under the libfabric btl, with the selection forced through OMPI_MCA_*.
 #  2. kill -9 of a rank while its background write is in flight (a step-*.tmp exists and
 #     the rank's writer child is alive): the newest committed checkpoint verifies and
 #     --resume trains on. kill -9 of the writer child alone: every rank exits non-zero,
@@ -62,6 +64,20 @@ same_checkpoint "$T/dcgan-resume/checkpoints/step-00000006" "$T/dcgan-sync/check
 h5diff -q "$T/dcgan-fork/checkpoints/step-00000002/rank-00000.h5" "$T/dcgan-fork/checkpoints/step-00000004/rank-00000.h5" \
   /generator /generator > /dev/null 2>&1 && bad "h5diff saw no difference between step 2 and step 4" \
   || ok "the comparison can fail: h5diff tells step 2 from step 4"
+
+# 1b. checkpoint.snapshot: auto, the default (issue 58), follows the transports Open MPI
+# selected, forced through the MCA environment: shared memory and TCP only -> fork; the
+# libfabric btl (ofi) -> copy. Rank 0 logs the choice, and the saves use it.
+for sel in "fork:OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp" "copy:OMPI_MCA_btl=self,vader,tcp,ofi"; do
+  want=${sel%%:*}
+  env ${sel#*:} timeout 300 "${MPIRUN[@]}" -np 2 --bind-to none "$TRAIN" "${DCGAN[@]}" "${COMMON[@]}" --set train.steps=4 \
+    --set checkpoint.async=true --set run.dir="$T/auto-$want" > "$T/auto-$want.log" 2>&1 \
+    || bad "auto ($want): $(grep -m1 -E 'error|checkpoint.snapshot' "$T/auto-$want.log")"
+  n=$(grep -c "saving step [0-9]* in the background ($want snapshot)" "$T/auto-$want.log")
+  grep -q "checkpoint.snapshot auto: $want snapshots" "$T/auto-$want.log" && [ "$n" = 1 ] \
+    && ok "${sel#*:}: $(grep -o "checkpoint.snapshot auto: .*" "$T/auto-$want.log" | cut -c1-160)" \
+    || bad "auto under ${sel#*:}: $n $want saves; $(grep -m1 'checkpoint.snapshot' "$T/auto-$want.log")"
+done
 
 # 2. kill -9 during a background write. Every step saves, and each background writer first
 # sleeps 1.5 s (SHARDGAN_TEST_CKPT_WRITE_DELAY_MS), so a write is in flight most of the time.

@@ -17,5 +17,8 @@ add_test(NAME image_quality
 set_tests_properties(image_quality PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}" SKIP_RETURN_CODE 77)
 add_test(NAME pix2pix_train
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/pix2pix_train_test.sh $<TARGET_FILE:shardgan-train>
-                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR} $<TARGET_FILE:shardgan-data>)
-set_tests_properties(pix2pix_train PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR} $<TARGET_FILE:shardgan-data>
+                 ${CMAKE_BINARY_DIR}/fid/fmnist-classifier.h5)
+# The classifier (eval_tests.cmake's fid_classifier fixture) lets it check pix2pix's eval_set tag.
+set_tests_properties(pix2pix_train PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2
+                     FIXTURES_REQUIRED fid_classifier)

@@ -1,15 +1,21 @@
 #include "shardgan/checkpoint/async_checkpoint.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <tuple>
@@ -22,6 +28,7 @@
 #include "shardgan/checkpoint/shard_io.h"
 #include "shardgan/comm/communicator.h"
 #include "shardgan/device/host_copy.h"
+#include "shardgan/util/test_control.h"
 
 namespace shardgan {
 using namespace ckpt_detail;
@@ -130,16 +137,50 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
-std::string read_all(int fd) {
+// Reads the writer's report until the pipe's end and reaps the writer, both by `timeout_s`
+// after `t0`. Past it, kills the writer (SIGKILL), reaps it (for at most 5 s more: a writer
+// in uninterruptible I/O may take longer, and is then left to init) and throws.
+std::string await_writer(pid_t pid, int fd, clock_type::time_point t0, double timeout_s, int* status) {
+  // Control "ckpt_writer_ignores_timeout": waits without a deadline, as before issue 58
+  // (tests/async_checkpoint_timeout_test.sh must then fail).
+  if (test_control("ckpt_writer_ignores_timeout")) timeout_s = 1e9;
+  const auto deadline = t0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(timeout_s));
+  auto left_ms = [&] {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now()).count();
+    return static_cast<int>(std::clamp<int64_t>(left, 0, 100));  // wake at least every 0.1 s
+  };
   std::string s;
   char buf[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    s.append(buf, static_cast<size_t>(n));
+  bool eof = false, reaped = false;
+  while (!(eof && reaped) && clock_type::now() < deadline) {
+    if (!eof) {
+      pollfd p{fd, POLLIN, 0};
+      const int r = ::poll(&p, 1, left_ms());
+      if (r < 0 && errno != EINTR) eof = true;
+      if (r > 0) {
+        const ssize_t n = ::read(fd, buf, sizeof(buf));
+        if (n > 0) s.append(buf, static_cast<size_t>(n));
+        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) eof = true;
+      }
+    } else {
+      const pid_t w = ::waitpid(pid, status, WNOHANG);
+      if (w == pid || (w < 0 && errno != EINTR)) {
+        reaped = true;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(left_ms(), 5)));
+      }
+    }
   }
-  return s;
+  if (eof && reaped) return s;
+  ::kill(pid, SIGKILL);
+  const auto give_up = clock_type::now() + std::chrono::seconds(5);
+  while (::waitpid(pid, status, WNOHANG) == 0 && clock_type::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::ostringstream msg;
+  msg << "the checkpoint writer process (pid " << pid << ") did not finish within dist.timeout_s = " << timeout_s
+      << " s of the fork (" << (eof ? "it reported but did not exit" : "no report") << "); killed it";
+  throw CheckpointError(msg.str());
 }
 
 // Forks the writer process of this rank's file; returns its pid and the read end of its report.
@@ -185,10 +226,100 @@ std::pair<pid_t, int> fork_writer(const SaveParts& parts, int rank, const std::v
 SnapshotKind parse_snapshot_kind(const std::string& name) {
   if (name == "fork") return SnapshotKind::kFork;
   if (name == "copy") return SnapshotKind::kCopy;
-  throw std::invalid_argument("unknown snapshot kind '" + name + "' (expected fork or copy)");
+  if (name == "auto") return SnapshotKind::kAuto;
+  throw std::invalid_argument("checkpoint.snapshot: unknown snapshot kind '" + name + "' (expected auto, fork or copy)");
 }
 
-const char* snapshot_kind_name(SnapshotKind k) { return k == SnapshotKind::kFork ? "fork" : "copy"; }
+const char* snapshot_kind_name(SnapshotKind k) {
+  return k == SnapshotKind::kFork ? "fork" : k == SnapshotKind::kCopy ? "copy" : "auto";
+}
+
+namespace {
+
+// Transports a fork cannot break: shared memory and TCP (and the loopback "self").
+bool safe_btl(const std::string& c) { return c == "self" || c == "vader" || c == "sm" || c == "tcp"; }
+
+std::string joined(const std::set<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// OMPI_MCA_pml / OMPI_MCA_btl as "; OMPI_MCA_x=v" (for the reason), or "".
+std::string mca_env() {
+  std::string s;
+  for (const char* k : {"OMPI_MCA_pml", "OMPI_MCA_btl"}) {
+    if (const char* v = std::getenv(k)) s += std::string("; ") + k + "=" + v;
+  }
+  return s;
+}
+
+// The fallback when no component is visible: the environment forces ob1 over safe btls.
+SnapshotChoice choose_from_env(const std::string& why) {
+  const char* pml = std::getenv("OMPI_MCA_pml");
+  const char* btl = std::getenv("OMPI_MCA_btl");
+  bool safe = pml && std::string(pml) == "ob1" && btl && *btl && *btl != '^';
+  if (safe) {
+    std::stringstream list(btl);
+    for (std::string c; std::getline(list, c, ',');) safe = safe && safe_btl(c);
+  }
+  if (safe) return {SnapshotKind::kFork, why + ", but the environment forces pml ob1 over shared memory and TCP" + mca_env()};
+  return {SnapshotKind::kCopy, why + ", and the environment does not force pml ob1 with btls of shared memory and TCP only" +
+                                   mca_env()};
+}
+
+}  // namespace
+
+SnapshotChoice choose_snapshot_kind() {
+  // Control "snapshot_auto_ignores_transports": always fork (the copy cases of
+  // test_async_snapshot must then fail).
+  if (test_control("snapshot_auto_ignores_transports")) return {SnapshotKind::kFork, "test control"};
+#ifndef OPEN_MPI
+  return {SnapshotKind::kCopy, "the MPI library is not Open MPI, whose transport selection this check reads"};
+#else
+  // Open MPI's component DSOs mapped in this process: framework -> components.
+  std::map<std::string, std::set<std::string>> loaded;
+  std::set<std::string> rdma_libs;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const size_t slash = line.rfind('/');
+    if (slash == std::string::npos) continue;
+    const std::string file = line.substr(slash + 1);
+    if (file.rfind("mca_", 0) == 0 && file.size() > 7 && file.compare(file.size() - 3, 3, ".so") == 0) {
+      const std::string body = file.substr(4, file.size() - 7);  // "<framework>_<component>"
+      const size_t u = body.find('_');
+      if (u != std::string::npos) loaded[body.substr(0, u)].insert(body.substr(u + 1));
+    }
+    for (const char* lib : {"libucp.so", "libuct.so", "libhcoll.so", "libsharp.so", "libsharp_coll.so"}) {
+      if (file.rfind(lib, 0) == 0) rdma_libs.insert(lib);
+    }
+  }
+  std::set<std::string> pml = loaded["pml"];
+  pml.erase("monitoring");  // a wrapper around the selected pml
+  if (pml.empty()) return choose_from_env("no Open MPI pml component is visible in this process (a static build?)");
+  std::set<std::string> unsafe;
+  for (const std::string& c : pml) {
+    if (c != "ob1") unsafe.insert("pml " + c);
+  }
+  for (const std::string& c : loaded["btl"]) {
+    if (!safe_btl(c)) unsafe.insert("btl " + c);
+  }
+  for (const std::string& c : loaded["osc"]) {
+    if (c != "sm" && c != "pt2pt" && c != "rdma" && c != "monitoring") unsafe.insert("osc " + c);  // rdma: over the btls
+  }
+  for (const char* c : {"hcoll", "fca", "ucc"}) {
+    if (loaded["coll"].count(c)) unsafe.insert(std::string("coll ") + c);
+  }
+  for (const std::string& l : rdma_libs) unsafe.insert(l);
+  const std::string selected = "pml " + joined(pml) + ", btl " + (loaded["btl"].empty() ? "(none)" : joined(loaded["btl"]));
+  if (!unsafe.empty()) {
+    return {SnapshotKind::kCopy, "Open MPI loaded " + joined(unsafe) + " (" + selected +
+                                     "), which may register memory for RDMA: a fork child would not see those pages" +
+                                     mca_env()};
+  }
+  return {SnapshotKind::kFork, "Open MPI selected " + selected + ": shared memory and TCP only" + mca_env()};
+#endif
+}
 
 struct AsyncCheckpointer::State {
   std::shared_ptr<Communicator> comm;
@@ -197,6 +328,7 @@ struct AsyncCheckpointer::State {
   pid_t child = -1;         // kFork: the writer process
   int pipe_fd = -1;         // kFork: its report (the rank's record as JSON, or an error)
   int rank = 0;
+  double timeout_s = 600;      // kFork: the writer's bound (the training communicator's timeout)
   std::string snapshot_error;  // the snapshot failed here: the commit fails on every rank
   std::exception_ptr error;
   double write_s = 0;
@@ -207,12 +339,18 @@ struct AsyncCheckpointer::State {
     std::string error = snapshot_error;
     if (error.empty()) try {
       if (child > 0) {
-        const std::string report = read_all(pipe_fd);
+        int status = 0;
+        std::string report;
+        try {
+          report = await_writer(child, pipe_fd, t0, timeout_s, &status);
+        } catch (...) {
+          ::close(pipe_fd);
+          pipe_fd = -1;
+          child = -1;
+          throw;
+        }
         ::close(pipe_fd);
         pipe_fd = -1;
-        int status = 0;
-        while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-        }
         child = -1;
         if (report.rfind("OK", 0) == 0) {
           parts.mine = ckpt::manifest_from_json(report.substr(2), "the checkpoint writer's record");
@@ -256,6 +394,27 @@ AsyncCheckpointer::AsyncCheckpointer(Communicator& comm, SnapshotKind kind) : tr
                           " backend cannot make the background commit a communicator of its own (" + e.what() +
                           "); set checkpoint.async: false");
   }
+  if (kind_ == SnapshotKind::kAuto) resolve_auto();
+}
+
+void AsyncCheckpointer::resolve_auto() {
+  const SnapshotChoice mine = choose_snapshot_kind();
+  // Every rank's verdict; the first copying rank's reason goes to rank 0's log.
+  at::Tensor copying = torch::zeros({train_comm_.world_size()}, torch::kDouble);
+  if (mine.kind == SnapshotKind::kCopy) copying[train_comm_.rank()] = 1.0;
+  train_comm_.all_reduce(copying, ReduceOp::kSum);
+  const at::Tensor first = copying.nonzero();
+  const int src = first.numel() > 0 ? static_cast<int>(first[0][0].item<int64_t>()) : 0;
+  kind_ = first.numel() > 0 ? SnapshotKind::kCopy : SnapshotKind::kFork;
+  at::Tensor len = torch::tensor({static_cast<int64_t>(mine.reason.size())}, torch::kLong);
+  train_comm_.broadcast(len, src);
+  at::Tensor text = torch::zeros({len.item<int64_t>()}, torch::kUInt8);
+  if (train_comm_.rank() == src) std::memcpy(text.data_ptr(), mine.reason.data(), mine.reason.size());
+  if (text.numel() > 0) train_comm_.broadcast(text, src);
+  if (train_comm_.rank() == 0) {
+    spdlog::info("checkpoint.snapshot auto: {} snapshots (rank {}: {})", snapshot_kind_name(kind_), src,
+                 std::string(static_cast<const char*>(text.data_ptr()), static_cast<size_t>(text.numel())));
+  }
 }
 
 AsyncCheckpointer::~AsyncCheckpointer() {
@@ -298,6 +457,9 @@ std::string AsyncCheckpointer::save(const std::string& run_dir, const TrainCount
   auto s = std::make_shared<State>();
   s->comm = comm_;
   s->rank = rank;
+  s->timeout_s = train_comm_.timeout_s();
+  // A peer may spend one timeout on its write before it joins the commit (see the header).
+  comm_->set_timeout_s(2 * train_comm_.timeout_s());
   s->parts = plan_save(run_dir, counters, models, config_yaml, rank, train_comm_.world_size(), keep_last);
   prepare_tmp_dir(s->parts, train_comm_);
   const auto t_snap = clock_type::now();

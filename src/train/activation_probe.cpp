@@ -45,6 +45,8 @@ int64_t probe_once(const TrainConfig& cfg, int64_t micro_batch, const std::strin
   p.run_dir = dir;
   p.preempt_grace_s = 0;
   p.checkpoint_async = false;  // the probe saves nothing, and the shadow backend cannot split
+  p.eval_enabled = false;      // no evaluator: its classifier and reference images are not the step's
+  p.warnings.clear();          // the real run logs the config's warnings
   // Nor split off hpZ's secondary groups: their blocks are persistent state, which the
   // estimate counts exactly (ModelMemoryEstimate::secondary_param_bytes).
   p.g_sharding.hpz_partition_size = 1;

@@ -16,10 +16,12 @@ void read_checkpoint(Reader& r, TrainConfig& c) {
             "state back into memory (set checkpoint.async: false)");
   }
   c.checkpoint_snapshot = r.get<std::string>("checkpoint.snapshot", c.checkpoint_snapshot,
-      "with checkpoint.async: fork (a copy-on-write child process writes the files) or copy (host staging "
-      "buffers as big as the rank's checkpoint, written by a thread)");
-  require(c.checkpoint_snapshot == "fork" || c.checkpoint_snapshot == "copy", r, "checkpoint.snapshot",
-          "must be fork or copy");
+      "with checkpoint.async: auto (fork when every transport Open MPI selected is shared memory or TCP, "
+      "copy otherwise: a fork is unsafe once an RDMA transport has registered memory), fork (a copy-on-write "
+      "child process writes the files) or copy (host staging buffers as big as the rank's checkpoint, written "
+      "by a thread)");
+  require(c.checkpoint_snapshot == "auto" || c.checkpoint_snapshot == "fork" || c.checkpoint_snapshot == "copy", r,
+          "checkpoint.snapshot", "must be auto, fork or copy");
   r.warn_if_ignored(!c.checkpoint_async, "checkpoint.snapshot",
                     "has no effect with checkpoint.async false: it chooses how a background save snapshots the "
                     "state, and every save is synchronous");

@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include "shardgan/checkpoint/async_checkpoint.h"
 #include "shardgan/models/family.h"
 #include "shardgan/optim/factory.h"
 #include "shardgan/sharding/memory_estimate.h"
@@ -22,6 +23,12 @@
 
 namespace shardgan {
 namespace {
+// checkpoint.snapshot: whether the snapshot copies (copy, or auto resolved to copy on this
+// rank's transports: choose_snapshot_kind is local) rather than forks.
+bool snapshot_copies(const TrainConfig& cfg) {
+  if (cfg.checkpoint_snapshot == "auto") return choose_snapshot_kind().kind == SnapshotKind::kCopy;
+  return cfg.checkpoint_snapshot == "copy";
+}
 
 int dtype_bytes(at::ScalarType t) { return static_cast<int>(c10::elementSize(t)); }
 
@@ -209,7 +216,7 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   auto ckpt_bytes = [&](const ModelMemoryEstimate& e, const ModelMemorySpec& s) {
     return e.shard_numel * master_elem * (1 + s.optimizer_states) + e.ema_bytes;
   };
-  const bool copy = cfg.checkpoint_snapshot == "copy";
+  const bool copy = snapshot_copies(cfg);
   auto snapshot = [&](int sg, int sd) {
     return cfg.checkpoint_async ? ckpt_bytes(ge[sg], g) + ckpt_bytes(de[sd], d) : 0;
   };
@@ -451,7 +458,7 @@ void check_memory(const TrainConfig& cfg, const nlohmann::json& report) {
   if (snap > 0) {
     fits += ". checkpoint.async counts " + gib(snap) + " per rank at the configured stages for the checkpoint "
             "snapshot, and each stage's figure above its own (" +
-            (cfg.checkpoint_snapshot == "fork" ? "the fork snapshot's worst case, pages rewritten while the child writes"
+            (!snapshot_copies(cfg) ? "the fork snapshot's worst case, pages rewritten while the child writes"
                                                : "copy snapshot: staging buffers") +
             "); set checkpoint.async: false to save synchronously";
   }

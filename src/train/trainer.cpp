@@ -143,8 +143,8 @@ bool Trainer::make_split_placement() {
   if (n < 2) throw ConfigError(where + "needs at least 2 ranks (one for G, one for D); use train.placement: shared");
   const int k = split_generator_ranks(cfg_, n);
   if (k >= n) {
-    throw ConfigError(where + "placement.generator_ranks = " + std::to_string(k) + " leaves no rank for D; give G 1 to " +
-                      std::to_string(n - 1) + " ranks");
+    throw ConfigError(where + "placement.generator_ranks = " + fmt::format("{}", cfg_.generator_ranks) +
+                      " leaves no rank for D; give G 1 to " + std::to_string(n - 1) + " ranks");
   }
   const int64_t micro = cfg_.global_batch / cfg_.micro_batches;
   if (micro % k != 0 || micro % (n - k) != 0) {

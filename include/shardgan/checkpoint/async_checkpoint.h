@@ -16,10 +16,21 @@
 ///  - kCopy: every tensor is copied into host staging buffers reused from save to save
 ///    (pinned when the tensor is on a GPU), and a thread writes the file. The stall is the
 ///    copy; the memory is the rank's checkpoint bytes, held for the whole run.
+///  - kAuto: kFork when every transport Open MPI selected in this job is shared memory or
+///    TCP, kCopy otherwise (choose_snapshot_kind). A fork is unsafe once an RDMA transport
+///    has registered memory: verbs mark registered pages MADV_DONTFORK, so the child would
+///    not see them (and UCX, libfabric or PSM may hold such registrations).
 /// In both, a thread of this process then waits for the file and commits the checkpoint
 /// over a communicator of its own (Communicator::split), so that its collectives never
 /// interleave with training's. At most one save is in flight: the next save, wait() and
 /// the destructor wait for it.
+///
+/// Bounds: the fork writer must report and exit within the training communicator's
+/// timeout_s() (dist.timeout_s) of the fork; otherwise it is killed (SIGKILL) and the save
+/// fails on every rank (CheckpointError at the next save or wait()). The commit's own
+/// communicator therefore waits twice that timeout per collective: a peer may spend one
+/// timeout on its write before it joins. A kCopy write runs on a thread and has no bound
+/// of its own (its peers' commit collectives time out instead).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,11 +42,31 @@
 
 namespace shardgan {
 
-enum class SnapshotKind { kFork, kCopy };
+enum class SnapshotKind { kFork, kCopy, kAuto };
 
-/// "fork" or "copy" -> the kind; throws std::invalid_argument otherwise.
+/// "fork", "copy" or "auto" -> the kind; throws std::invalid_argument otherwise (naming
+/// checkpoint.snapshot). kAuto is resolved by AsyncCheckpointer (collective) or, locally, by
+/// choose_snapshot_kind().
 SnapshotKind parse_snapshot_kind(const std::string& name);
 const char* snapshot_kind_name(SnapshotKind k);
+
+/// What checkpoint.snapshot: auto resolves to in this process, and why (one sentence).
+struct SnapshotChoice {
+  SnapshotKind kind = SnapshotKind::kCopy;  ///< kFork or kCopy, never kAuto
+  std::string reason;
+};
+
+/// Local, no MPI call; valid after MPI_Init (the transports are chosen there). Reads which
+/// Open MPI components this process has loaded (/proc/self/maps: Open MPI keeps the DSOs of
+/// the components it selected and unloads the others) and the OMPI_MCA_pml / OMPI_MCA_btl
+/// environment. kFork only when the pml is ob1 and every btl is self, vader, sm or tcp, no
+/// UCX, HCOLL or SHARP library is loaded, and no other pml, btl, osc or coll component that
+/// may register memory is (ucx, cm, openib, uct, ofi, usnic, smcuda, ...). When the
+/// components cannot be seen (a static Open MPI, another MPI), kFork only if the
+/// environment forces OMPI_MCA_pml=ob1 and an OMPI_MCA_btl list of those four; else kCopy.
+/// MPI_T is not used: Open MPI 4.1.4 exposes the pml/btl include lists as cvars, not the
+/// selection, and MPI_T_cvar_read of an unset string cvar crashes there.
+SnapshotChoice choose_snapshot_kind();
 
 /// What an asynchronous save cost (seconds; bytes of this rank's file).
 struct AsyncSaveStats {
@@ -54,9 +85,12 @@ struct AsyncSaveTotals {
 
 class AsyncCheckpointer {
  public:
-  /// Collective over `comm` (one split: a barrier and MPI_Comm_split). Throws
-  /// CheckpointError when the background commit cannot have a communicator of its own
-  /// (a backend that cannot split, or MPI initialized without MPI_THREAD_MULTIPLE).
+  /// Collective over `comm` (one split: a barrier and MPI_Comm_split; with kAuto also one
+  /// all-reduce and two broadcasts). kAuto becomes kCopy on every rank if any rank's
+  /// choose_snapshot_kind() says kCopy, else kFork; rank 0 logs the choice and the reason
+  /// (the first copying rank's). Throws CheckpointError when the background commit cannot
+  /// have a communicator of its own (a backend that cannot split, or MPI initialized
+  /// without MPI_THREAD_MULTIPLE).
   AsyncCheckpointer(Communicator& comm, SnapshotKind kind);
   /// Waits for the save in flight (errors are logged, not thrown), unless the stack is
   /// unwinding from an exception: then the background thread is left to the process's end.
@@ -72,6 +106,8 @@ class AsyncCheckpointer {
   /// save at this point bit for bit. Returns the directory the checkpoint will have once
   /// committed. Nothing here may run concurrently with another thread that calls HDF5
   /// under kFork (see Hdf5Loader::pause_reads). Throws CheckpointError if fork() fails.
+  /// A fork writer that has not finished within the training communicator's timeout_s()
+  /// is killed, and the save fails on every rank (see the bounds above).
   std::string save(const std::string& run_dir, const TrainCounters& counters,
                    const std::vector<ModelAndOptimizer>& models, const std::string& config_yaml,
                    int keep_last, AsyncSaveStats* stats = nullptr);
@@ -83,10 +119,12 @@ class AsyncCheckpointer {
   /// Whether a save is in flight (local).
   bool in_flight() const { return state_ != nullptr; }
   const AsyncSaveTotals& totals() const { return totals_; }
+  /// kFork or kCopy (kAuto resolved at construction).
   SnapshotKind kind() const { return kind_; }
 
  private:
   struct State;  // a save in flight: what its thread needs, shared with the thread
+  void resolve_auto();  // collective over train_comm_: kAuto -> kFork or kCopy, logged
   std::shared_ptr<Communicator> comm_;  // the commit's own communicator
   Communicator& train_comm_;
   SnapshotKind kind_;

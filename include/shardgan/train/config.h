@@ -77,7 +77,7 @@ struct TrainConfig {
   /// (async_checkpoint.h); the final save and a preemption save wait for the one in flight
   /// and then save synchronously.
   bool checkpoint_async = false;
-  std::string checkpoint_snapshot = "fork";  ///< checkpoint.snapshot: fork | copy
+  std::string checkpoint_snapshot = "auto";  ///< checkpoint.snapshot: auto | fork | copy
 
   int64_t d_steps = 1;            ///< train.d_steps: D steps per G step (BigGAN uses 2)
   /// train.d_joint_pass: D sees the fake and the real images of a micro-batch in one
