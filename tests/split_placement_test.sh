@@ -23,6 +23,8 @@
 #     to the uninterrupted run bit for bit.
 #   - ZeRO++ hpZ inside a group (G on 4 of 6 ranks, secondary groups of 2) is bit-identical
 #     to the same split without it; HSDP inside each group equals it within 1e-9.
+#   - Negative controls in every run: without G's L1 term on G's side (pix2pix), or without
+#     G's class term on D's side (BigGAN), split no longer equals shared.
 #   - pix2pix (paired data): split equals shared within 1e-9 (G on 1 or 2 ranks, D on 1-2),
 #     with the same logged L1 and adversarial losses, and resumes bit for bit.
 #   - Bad settings end every rank naming the key.
@@ -117,6 +119,23 @@ for x, y in zip(a, b):
     for k in ("loss_l1", "loss_g", "loss_d"):
         assert abs(x[k] - y[k]) <= 1e-9 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
 PY
+# Negative controls (test-only switches): G's side drops its L1 term (split_drop_l1), and,
+# on the BigGAN with the alternating update, D's side leaves G's class term out of the
+# gradient it returns (split_drop_class_fake). Each run must train and fail the parity.
+control_fails() {  # control_fails LABEL A B: ckpt_close must report a difference
+  local out
+  if out=$("${SHARDGAN_PYTHON:-python3}" "$(dirname "$0")/ckpt_close.py" "$2" "$3" 1e-9 2>&1); then
+    bad "$1: the parity still holds: $out"
+  elif [ -d "$2" ]; then ok "$1: the parity fails: $out"
+  else bad "$1: the control run wrote no checkpoint"; fi
+}
+export SHARDGAN_TEST_CONTROL=split_drop_l1
+p2p p2p-control 3 4 $(split 1)
+export SHARDGAN_TEST_CONTROL=split_drop_class_fake
+run split-class-control 3 4 --set train.update=alternating $(split 1) || bad "class control run: $(tail -3 "$T/split-class-control.log")"
+unset SHARDGAN_TEST_CONTROL
+control_fails "control, pix2pix without G's L1 term" "$(ckpt p2p-control 4)" "$(ckpt p2p-shared 4)"
+control_fails "control, BigGAN without G's class term on D's side" "$(ckpt split-class-control 4)" "$(ckpt shared-alternating 4)"
 p2p p2p-half 3 2 $(split 2) --set train.checkpoint_every=2
 p2p p2p-half 3 4 $(split 2) --resume "$T/p2p-half"
 same_checkpoint "$(ckpt p2p-split-np3-k2 4)" "$(ckpt p2p-half 4)" "(pix2pix split, resumed at step 2)"

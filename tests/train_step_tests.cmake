@@ -34,3 +34,8 @@ add_test(NAME split_nonfinite_control COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/s
                                               $<TARGET_FILE:shardgan-train> $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR} 1)
 set_tests_properties(split_nonfinite split_nonfinite_control PROPERTIES TIMEOUT 180
                      ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+# Split placement: D's ranks wait through G's sample grids and evaluations explicitly
+# (eval.timeout_s); the control with eval.timeout_s 0 must end the job naming the key.
+add_test(NAME split_eval_wait COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/split_eval_wait_test.sh
+                                      $<TARGET_FILE:shardgan-train> $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(split_eval_wait PROPERTIES TIMEOUT 240 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)

@@ -25,6 +25,12 @@ void read_eval(Reader& r, TrainConfig& c) {
           "must be 0 (off) or at least 0.05");
   require(c.eval_truncation == 0 || c.family->gaussian_latents(), r, "eval.truncation",
           "must be 0 (off) for model.arch pix2pix, whose latents are dropout seeds, not Gaussian");
+  c.eval_timeout_s = r.get<double>("eval.timeout_s", c.eval_timeout_s,
+      "train.placement split: how long D's ranks wait for G's ranks to finish an evaluation or a sample "
+      "grid, beyond dist.timeout_s (seconds)");
+  require(c.eval_timeout_s >= 0 && c.eval_timeout_s <= 1e9, r, "eval.timeout_s", "must be 0 to 1e9 (seconds)");
+  r.warn_if_ignored(c.placement != "split", "eval.timeout_s",
+                    "has no effect with train.placement shared: every rank evaluates and writes the samples");
 }
 
 }  // namespace shardgan::config_sections

@@ -153,7 +153,8 @@ void SplitStepExecutor::g_side(TrainedModel g, const StepInputs& in, StepStats& 
         fake.backward(g.scaler->scale_loss(grad));
         continue;
       }
-      const at::Tensor l1 = (fake.to(md) - target.to(fake.device(), md)).abs().mean() / k;
+      at::Tensor l1 = (fake.to(md) - target.to(fake.device(), md)).abs().mean() / k;
+      if (test_control("split_drop_l1")) l1 = l1 * 0;  // negative control of split_placement's pix2pix parity
       if (o.adversarial_weight_ != 1.0) grad.mul_(o.adversarial_weight_);
       torch::autograd::backward({fake, l1 * o.l1_weight_}, {grad, torch::ones_like(l1)});
       st.loss_l1 += host(l1.detach().reshape({1}))[0].item<double>();
@@ -196,7 +197,9 @@ GanObjective::MicroFakes SplitStepExecutor::score_for_g(TrainedModel d, int32_t 
   const TensorList d_out = d.model->forward(TensorList{x, y});
   at::Tensor loss = o.g_loss(d_out.at(0).reshape({-1}).to(md)) / k;
   const at::Tensor class_fake = o.class_loss(d_out, y, md);  // AC-GAN, as the shared g_pass
-  const at::Tensor total = class_fake.defined() ? loss + class_fake * (o.aux_class_weight_ / k) : loss;
+  // Negative control of split_placement's class-term parity: D's side leaves G's class term out.
+  const bool with_class = class_fake.defined() && !test_control("split_drop_class_fake");
+  const at::Tensor total = with_class ? loss + class_fake * (o.aux_class_weight_ / k) : loss;
   total.backward();
   st.loss_g += host(loss.detach().reshape({1}))[0].item<double>();  // summed over micro-batches, as g_pass
   if (class_fake.defined()) st.class_fake += host(class_fake.detach().reshape({1}))[0].item<double>() / k;

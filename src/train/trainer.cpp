@@ -8,6 +8,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -23,6 +24,7 @@
 #include "shardgan/train/preemption.h"
 #include "shardgan/train/run_summary.h"
 #include "shardgan/util/progress.h"
+#include "shardgan/util/test_control.h"
 
 namespace shardgan {
 namespace {
@@ -269,6 +271,21 @@ StepMetrics Trainer::run_step() {
   return r;
 }
 
+void Trainer::await_generator_ranks(const char* what) {
+  if (!split_) return;
+  const double t = comm_.timeout_s();
+  comm_.set_timeout_s(t + cfg_.eval_timeout_s);
+  try {
+    comm_.barrier();
+  } catch (const CollectiveTimeout& e) {
+    comm_.set_timeout_s(t);
+    throw CollectiveTimeout(std::string(e.what()) + " (rank " + std::to_string(comm_.rank()) + ", waiting for G's ranks " +
+                            "to finish " + what + " under split placement: raise eval.timeout_s, now " +
+                            fmt::format("{}", cfg_.eval_timeout_s) + " s beyond dist.timeout_s)");
+  }
+  comm_.set_timeout_s(t);
+}
+
 void Trainer::check_nonfinite(StepMetrics& r) {
   if (!r.nonfinite_d && !r.nonfinite_g) {
     nonfinite_in_a_row_ = 0;
@@ -304,6 +321,8 @@ MemoryStats Trainer::memory_stats(ShardedModel& m) const {
 
 std::string Trainer::write_samples() {
   if (!g_) return {};  // split placement: G's ranks write them
+  // Test-only (split_eval_wait): a sample grid that takes longer than dist.timeout_s.
+  if (test_control("slow_samples")) std::this_thread::sleep_for(std::chrono::duration<double>(1.5 * cfg_.timeout_s));
   return periodic_->write_samples(*g_, ema_.get(), fixed_inputs_, counters_.step, sample_nrow_);
 }
 
@@ -476,6 +495,7 @@ void Trainer::run(const nlohmann::json& preflight) {
       last_samples = write_samples();
       if (comm_.rank() == 0 && cfg_.plots) write_plots(cfg_.run_dir);
     }
+    if (evaluated || sampled) await_generator_ranks(evaluated ? "an evaluation" : "a sample grid");
     if (saved) {
       last_ckpt = save_async();  // synchronous unless checkpoint.async
       if (comm_.rank() == 0) spdlog::info("checkpoint {}", last_ckpt);
@@ -503,7 +523,10 @@ void Trainer::run(const nlohmann::json& preflight) {
   }
   // The peak of training itself, before the final evaluation, save and sample grid add theirs.
   const std::vector<int64_t> training_rss = gather_peak_rss(comm_);
-  if (cfg_.eval_enabled && !evaluated) summary.add_eval(evaluate());  // once, also at a time-limit stop
+  if (cfg_.eval_enabled && !evaluated) {
+    summary.add_eval(evaluate());  // once, also at a time-limit stop
+    await_generator_ranks("the final evaluation");
+  }
   if (!saved && cfg_.final_checkpoint) {
     last_ckpt = save();  // waits for a background write in flight first
   } else {
@@ -513,6 +536,7 @@ void Trainer::run(const nlohmann::json& preflight) {
   }
   ckpt_->log_totals();
   last_samples = write_samples();
+  await_generator_ranks("the final sample grid");
   ProgressLine::finish();
   const std::vector<int64_t> rss =
       report_memory(cfg_, comm_, stats_of(g_), stats_of(d_), preflight, training_rss);

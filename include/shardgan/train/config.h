@@ -146,6 +146,9 @@ struct TrainConfig {
   /// entries above it in magnitude are redrawn (BigGAN's truncation trick,
   /// ModelFamily::sample_truncated_latents; keys *_trunc); Gaussian latents only
   double eval_truncation = 0;
+  /// eval.timeout_s: under split placement G's ranks evaluate and write the sample grids
+  /// alone; D's ranks wait for them up to this long beyond dist.timeout_s (seconds).
+  double eval_timeout_s = 3600;
   bool plots = true;              ///< train.plots: write plots/*.png with gnuplot (warns once if missing)
   int64_t max_nonfinite_steps = 10; ///< train.max_nonfinite_steps: skipped steps in a row
                                     ///<   before the job ends anyway (>= 1)

@@ -117,6 +117,12 @@ class Trainer {
   /// Counts a step whose update was skipped for a NaN or Inf, and throws NonFiniteError
   /// when the policy says so (identically on every rank: the flags were voted).
   void check_nonfinite(StepMetrics& r);
+  /// Split placement, collective over the world (a no-op otherwise): G's ranks have just
+  /// evaluated or written a sample grid (`what`), which D's ranks do not take part in; every
+  /// rank meets in a barrier whose timeout is dist.timeout_s + eval.timeout_s, so D's ranks
+  /// wait through G's work explicitly instead of timing out in the next step's first
+  /// transfer. Throws CollectiveTimeout naming eval.timeout_s.
+  void await_generator_ranks(const char* what);
   /// Collective. The step itself: under split placement without its world figures
   /// (StepExecutor::post_figures), else complete but for check_nonfinite.
   StepMetrics run_step();
