@@ -18,11 +18,6 @@
 namespace shardgan {
 namespace F = torch::nn::functional;
 
-namespace {
-// A step's losses and D outputs go to the host in float64, as the engine's other scalars.
-at::Tensor host(const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); }
-}  // namespace
-
 GanObjective::GanObjective(std::string loss, int64_t d_steps, int64_t micro_batches,
                            double grad_clip, Communicator& comm, double r1_gamma, int64_t r1_every)
     : loss_(std::move(loss)), d_steps_(d_steps), micro_(micro_batches), grad_clip_(grad_clip),
@@ -35,6 +30,8 @@ GanObjective::GanObjective(std::string loss, int64_t d_steps, int64_t micro_batc
 }
 
 GanObjective::~GanObjective() = default;
+
+at::Tensor GanObjective::host(const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); }
 
 void GanObjective::set_paired(bool on, double l1_weight, double adversarial_weight) {
   if (on && aux_class_weight_ > 0) throw std::invalid_argument("the auxiliary class loss does not take paired data");

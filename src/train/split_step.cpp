@@ -22,7 +22,6 @@
 namespace shardgan {
 
 namespace {
-at::Tensor host(const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); }
 using T = ScheduledTransfer;
 }  // namespace
 
@@ -157,7 +156,7 @@ void SplitStepExecutor::g_side(TrainedModel g, const StepInputs& in, StepStats& 
       if (test_control("split_drop_l1")) l1 = l1 * 0;  // negative control of split_placement's pix2pix parity
       if (o.adversarial_weight_ != 1.0) grad.mul_(o.adversarial_weight_);
       torch::autograd::backward({fake, l1 * o.l1_weight_}, {grad, torch::ones_like(l1)});
-      st.loss_l1 += host(l1.detach().reshape({1}))[0].item<double>();
+      st.loss_l1 += GanObjective::host(l1.detach().reshape({1}))[0].item<double>();
     }
     return finite;
   };
@@ -181,7 +180,7 @@ namespace {
 // micro-batch is not finite on this rank.
 at::Tensor with_verdict(at::Tensor gx, const at::Tensor& g_loss) {
   if (test_control("split_drop_g_verdict")) return gx;  // negative control of split_nonfinite
-  if (!std::isfinite(host(g_loss.reshape({1}))[0].item<double>())) {
+  if (!std::isfinite(GanObjective::host(g_loss.reshape({1}))[0].item<double>())) {
     gx = torch::full_like(gx, std::numeric_limits<double>::quiet_NaN());
   }
   return gx;
@@ -201,8 +200,11 @@ GanObjective::MicroFakes SplitStepExecutor::score_for_g(TrainedModel d, int32_t 
   const bool with_class = class_fake.defined() && !test_control("split_drop_class_fake");
   const at::Tensor total = with_class ? loss + class_fake * (o.aux_class_weight_ / k) : loss;
   total.backward();
-  st.loss_g += host(loss.detach().reshape({1}))[0].item<double>();  // summed over micro-batches, as g_pass
-  if (class_fake.defined()) st.class_fake += host(class_fake.detach().reshape({1}))[0].item<double>() / k;
+  // Summed over micro-batches, as g_pass.
+  st.loss_g += GanObjective::host(loss.detach().reshape({1}))[0].item<double>();
+  if (class_fake.defined()) {
+    st.class_fake += GanObjective::host(class_fake.detach().reshape({1}))[0].item<double>() / k;
+  }
   grads(j, with_verdict(x.grad(), total.detach()));
   return {x.detach(), y};
 }
