@@ -156,7 +156,7 @@ void SplitStepExecutor::g_side(TrainedModel g, const StepInputs& in, StepStats& 
       if (test_control("split_drop_l1")) l1 = l1 * 0;  // negative control of split_placement's pix2pix parity
       if (o.adversarial_weight_ != 1.0) grad.mul_(o.adversarial_weight_);
       torch::autograd::backward({fake, l1 * o.l1_weight_}, {grad, torch::ones_like(l1)});
-      st.loss_l1 += GanObjective::host(l1.detach().reshape({1}))[0].item<double>();
+      st.loss_l1 += l1.item<double>();
     }
     return finite;
   };
@@ -178,12 +178,9 @@ void SplitStepExecutor::g_side(TrainedModel g, const StepInputs& in, StepStats& 
 namespace {
 // D's verdict on G's loss, sent with the gradient: NaN gradients when the loss of the
 // micro-batch is not finite on this rank.
-at::Tensor with_verdict(at::Tensor gx, const at::Tensor& g_loss) {
+at::Tensor with_verdict(at::Tensor gx, bool g_loss_finite) {
   if (test_control("split_drop_g_verdict")) return gx;  // negative control of split_nonfinite
-  if (!std::isfinite(GanObjective::host(g_loss.reshape({1}))[0].item<double>())) {
-    gx = torch::full_like(gx, std::numeric_limits<double>::quiet_NaN());
-  }
-  return gx;
+  return g_loss_finite ? gx : torch::full_like(gx, std::numeric_limits<double>::quiet_NaN());
 }
 }  // namespace
 
@@ -200,12 +197,12 @@ GanObjective::MicroFakes SplitStepExecutor::score_for_g(TrainedModel d, int32_t 
   const bool with_class = class_fake.defined() && !test_control("split_drop_class_fake");
   const at::Tensor total = with_class ? loss + class_fake * (o.aux_class_weight_ / k) : loss;
   total.backward();
-  // Summed over micro-batches, as g_pass.
-  st.loss_g += GanObjective::host(loss.detach().reshape({1}))[0].item<double>();
-  if (class_fake.defined()) {
-    st.class_fake += GanObjective::host(class_fake.detach().reshape({1}))[0].item<double>() / k;
-  }
-  grads(j, with_verdict(x.grad(), total.detach()));
+  // Summed over micro-batches, as g_pass; the same host values give D's verdict on the loss.
+  const double loss_v = loss.item<double>();
+  const double class_v = class_fake.defined() ? class_fake.item<double>() : 0.0;
+  st.loss_g += loss_v;
+  st.class_fake += class_v / k;
+  grads(j, with_verdict(x.grad(), std::isfinite(loss_v) && (!with_class || std::isfinite(class_v))));
   return {x.detach(), y};
 }
 
@@ -247,7 +244,7 @@ void SplitStepExecutor::d_side(TrainedModel d, DynamicLossScaler* g_scaler, cons
     o.d_update_sharing_forward(
         d, g_scaler, in, in.latents(), [&](int64_t j) { return images(T::kGPass, static_cast<int32_t>(j)); },
         [&](int64_t j, const at::Tensor& gx, const at::Tensor& lg) {
-          grads(static_cast<int32_t>(j), with_verdict(gx, lg));
+          grads(static_cast<int32_t>(j), with_verdict(gx, std::isfinite(lg.item<double>())));
         },
         st, g_finite);
     first_d_step = 1;

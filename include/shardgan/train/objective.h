@@ -167,9 +167,6 @@ class GanObjective {
   at::Tensor d_loss_fake(const at::Tensor& fake_logits) const;
   /// G's loss on D's logits [B] of fake images. Local.
   at::Tensor g_loss(const at::Tensor& fake_logits) const;
-  /// A step's losses and D outputs on the host in float64, as the engine's other scalars
-  /// (one copy and one wait on a GPU). Local.
-  static at::Tensor host(const at::Tensor& t);
 
   /// Collective. One step of the shared placement (SharedStepExecutor): d_steps D updates
   /// (G under no_grad; real and fake images each get a forward and a backward of their
@@ -184,6 +181,9 @@ class GanObjective {
  private:
   friend class SharedStepExecutor;
   friend class SplitStepExecutor;
+  /// A step's losses and D outputs on the host in float64, as the engine's other scalars
+  /// (one copy and one wait on a GPU). Local.
+  static at::Tensor host(const at::Tensor& t);
   /// One micro-batch of G's images (detached) and their labels (undefined if unconditional).
   struct MicroFakes {
     at::Tensor images, labels;
