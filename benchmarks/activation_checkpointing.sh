@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Activation checkpointing at a batch where activations dominate (issue 21): the BigGAN of
+# Activation checkpointing at a batch where activations dominate: the BigGAN of
 # CONFIG (configs/biggan-1b.yaml) at width CH (15: 59.4M parameters), float32 compute, global batch
 # BATCH (32 per rank on 2 ranks), ZeRO stage 3, trained STEPS steps with
 # sharding.*.activation_checkpointing off and then on, one run after the other. Prints one

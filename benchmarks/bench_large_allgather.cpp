@@ -1,4 +1,4 @@
-// Peak memory of an all-gather above INT_MAX elements per rank (issue 22): the derived-
+// Peak memory of an all-gather above INT_MAX elements per rank: the derived-
 // datatype path of MpiCommunicator against the staged split it replaced (reproduced here as
 // the baseline: per call, a clone of the shard's column range and a world_size x len
 // staging buffer). uint8 elements, so that 2^31 + 7 of them fit this 24 GiB machine.

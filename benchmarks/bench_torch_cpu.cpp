@@ -1,7 +1,7 @@
 // What the LibTorch we build on delivers on this CPU, on one thread: float32 and bfloat16
 // GEMM at 1024^3 and a 3x3 convolution at 256 channels (batch 8, 16x16, padding 1) in
 // float32 and bfloat16. These are the floors under every Linear, attention bmm, class
-// projection and conv of our models (issue 19: Debian's 1.13 with reference BLAS gave
+// projection and conv of our models (Debian's 1.13 with reference BLAS gave
 // 2.7 GFLOP/s for the float32 GEMM).
 //
 //   bench_torch_cpu [reps=5] [threads=1]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Full sharding against HSDP over two "hosts" (issue 23): 2 network namespaces x 2 ranks over
+# Full sharding against HSDP over two "hosts": 2 network namespaces x 2 ranks over
 # Open MPI's TCP btl (tests/multihost/netns.sh), the class-conditional BigGAN at ZeRO-3 for G
 # and D (configs/biggan-1b.yaml at width CH: bfloat16 compute, float32 masters and Adam).
 # For each mode it trains STEPS steps and measures:

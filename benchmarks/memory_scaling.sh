@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sweeps ZeRO stages 0-3 over world sizes 1, 2, 4 and 8 (mpirun --oversubscribe) with
 # bench_memory_scaling, writes JSON lines and a PNG plot (gnuplot), and prints the
-# stage-3 / stage-0 step-time ratio per world size. The HSDP cells (issue 23) add stages 1-3
+# stage-3 / stage-0 step-time ratio per world size. The HSDP cells add stages 1-3
 # at N = 4 and 8 with 2 replica groups (replicate_degree=2: sharded over N/2 ranks). Usage:
 #   benchmarks/memory_scaling.sh [build dir] [out dir] [extra key=value overrides...]
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Parameter-offload read-ahead (issue 21): the BigGAN of configs/biggan-3b-offload.yaml
+# Parameter-offload read-ahead: the BigGAN of configs/biggan-3b-offload.yaml
 # (master shards and Adam state on disk, O_DIRECT, bfloat16 compute) at width CH, ZeRO
 # stage 3, N ranks, trained STEPS steps with sharding.*.read_ahead off and then on, one run
 # after the other. Prints one JSON line per run: the median over steps 2.. of the step

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Before/after the LibTorch move (issue 19), on one machine, back to back: the same commands
+# Before/after the LibTorch move (1.13 to 2.15), on one machine, back to back: the same commands
 # with two builds of shardgan-train (BEFORE: Debian's LibTorch 1.13, AFTER: the wheel's 2.x).
 #   benchmarks/torch_upgrade.sh BEFORE_BUILD AFTER_BUILD [OUT=benchmarks/results/torch_upgrade] [PARTS="demo biggan big"]
 # Parts (each writes JSON lines to OUT/upgrade.jsonl, one per build and part):

@@ -10,7 +10,7 @@
 #   <out>/fashion-mnist/  the training split of Fashion-MNIST;
 #   <out>/env.sh      sourced there: unpacks sg.tar.xz to /tmp/sg and sets SHARDGAN_BUILD,
 #                     SHARDGAN_DATA and SHARDGAN_SINGLETON for gpu-check.sh.
-# Usage: scripts/gpu-bundle.sh BUILD OUT    (docs/gpu.md says how the GPU run used it)
+# Usage: scripts/gpu-bundle.sh BUILD OUT    (docs/dev/gpu-bundle.md says how the GPU run used it)
 set -euo pipefail
 build=$(realpath "$1"); out=$2
 mkdir -p "$out"; out=$(realpath "$out")

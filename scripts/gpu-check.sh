@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything of issue 20 that needs a GPU, in one command (run it on a machine with one):
+# Every check that needs a GPU, in one command (run it on a machine with one):
 #   1. the `gpu` ctest entries (tests/test_gpu.cpp);
 #   2. 200 demo steps (configs/fmnist-dcgan.yaml, synthetic-free: the real Fashion-MNIST)
 #      with run.device=cuda on 1 rank at ZeRO stage 3 and stage 0: step time (median of
@@ -12,7 +12,8 @@
 # Results go to $OUT/gpu-check (or build/gpu-check) as text and JSON lines.
 #
 # NCCL refuses two ranks on one GPU, so multi-rank NCCL needs a machine with several GPUs:
-# with GPUS=N (N >= 2) step 2 also runs N ranks at stage 3. DEMO_CELLS=0 skips steps 2-4;
+# with GPUS=N (N >= 2) step 2 also runs N ranks at stage 3 (written, not yet run: NCCL between
+# ranks has never run). DEMO_CELLS=0 skips steps 2-4;
 # BIG_STEPS (default 5) sets the steps of the 1e9 cells (one fewer with offload).
 #
 #   5. (BIG=1, the default) the 1.03e9-parameter BigGAN of configs/biggan-1b.yaml on one GPU,
@@ -219,7 +220,7 @@ if [ "${BIG:-1}" = 1 ]; then
     cuda-biggan-1b-offload-overlap-false
   fi  # BIG_PAIRS
 fi
-# 7. (AC=1, the default) Activation checkpointing on the GPU (issue 21), 1 rank, stage 3,
+# 7. (AC=1, the default) Activation checkpointing on the GPU, 1 rank, stage 3,
 # float32, synthetic data, run.deterministic (cuDNN's and cuBLAS's deterministic algorithms,
 # so that the replay and the first forward pick the same kernels): each geometry with
 # sharding.*.activation_checkpointing off and then on (with checkpoint_segments). The losses

@@ -1,8 +1,19 @@
 # The user documentation checked against the code (tests/docs_test.sh): the generated config
-# reference, --print-config round trips, no diary words, no broken relative links.
+# reference, --print-config round trips, no diary words or notebook phrases in the user pages
+# (docs/ recursively, less docs/history/) or in the comments of examples/, scripts/, configs/
+# and benchmarks/, no dated headings, no broken links or paths, and the GPU status line on
+# the four GPU pages.
 add_test(NAME config_reference
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/docs_test.sh $<TARGET_FILE:shardgan-train> ${PROJECT_SOURCE_DIR})
 set_tests_properties(config_reference PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")
+# Its negative control: the page checks read a copy of the tree with one planted defect per
+# check ("issue 12" in docs/dev/, "used to", a dated heading, a broken link and path, the
+# status line removed); the script fails, as expected, only if each is reported by its own
+# check and a planted diary word in docs/history/ is not.
+add_test(NAME config_reference_control
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/docs_test.sh $<TARGET_FILE:shardgan-train> ${PROJECT_SOURCE_DIR})
+set_tests_properties(config_reference_control PROPERTIES TIMEOUT 60 WILL_FAIL TRUE
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_CONTROL=docs_planted")
 
 # The checkpoint comparisons' own negative controls (tests/lib_selftest.sh): same_checkpoint,
 # checkpoints_within and ckpt_close.py fail on a missing checkpoint, a rank file only in B

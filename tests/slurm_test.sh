@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Slurm (issue 23): shardgan on a one-node Slurm cluster (scripts/slurm-local.sh: Debian's
+# Slurm: shardgan on a one-node Slurm cluster (scripts/slurm-local.sh: Debian's
 # slurmctld/slurmd 22.05 and munge, everything in a temp dir, its own port).
 # (a) Ranks under srun: `srun --mpi=pmix -n 2` gives each rank its SLURM_PROCID/SLURM_LOCALID;
 #     the trainer sees local rank 0 of 2 (MPI's shared-memory split), and with
@@ -31,7 +31,7 @@ for c in slurmctld slurmd munged munge unmunge sinfo srun sbatch scontrol squeue
 done
 if [ ${#missing[@]} -gt 0 ]; then
   bad "not installed: ${missing[*]} (apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge," \
-      "as scripts/setup.sh does; or set SHARDGAN_SKIP_SLURM=1 to skip this test)"
+      "as scripts/setup-dev.sh does; or set SHARDGAN_SKIP_SLURM=1 to skip this test)"
   finish; exit 1
 fi
 [ "$(id -u)" -eq 0 ] || { bad "scripts/slurm-local.sh needs root (SlurmUser=root); or set SHARDGAN_SKIP_SLURM=1"; finish; exit 1; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Loss parity of the PyTorch copies, with negative controls (issue 21: "correctness first").
+# Loss parity of the PyTorch copies, with negative controls ("correctness first").
 #   benchmarks/peers/parity.sh [model]        # model: dcgan (default) | biggan60m | biggan500m | pix2pix
 # Runs shardgan (N = 1 stage 0, N = 2 stage 3) and the peers (DDP N = 1, FSDP2 N = 2 at
 # reshard_after_forward True and False) for 3 steps from the same step-0 checkpoint, then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The PyTorch peer benchmark (issue 21; docs/benchmarks-peers.md): shardgan, FSDP2 and DDP
+# The PyTorch peer benchmark (docs/benchmarks-peers.md): shardgan, FSDP2 and DDP
 # trained from the same step-0 checkpoint, one after the other, at N = 1, 2, 4 ranks.
 #
 #   benchmarks/peers/run.sh                         # every size in MODELS, N in NS

@@ -1,4 +1,4 @@
-"""One PyTorch peer run of the benchmark (issue 21): the PyTorch copy of a shardgan model,
+"""One PyTorch peer run of the benchmark: the PyTorch copy of a shardgan model,
 started from a shardgan step-0 checkpoint, trained for a few steps with FSDP2 or DDP over
 gloo on the CPU, exactly as shardgan's GanObjective::step does (src/train/objective.cpp).
 

@@ -141,7 +141,7 @@ void write_all(int fd, const std::string& s) {
 // after `t0`. Past it, kills the writer (SIGKILL), reaps it (for at most 5 s more: a writer
 // in uninterruptible I/O may take longer, and is then left to init) and throws.
 std::string await_writer(pid_t pid, int fd, clock_type::time_point t0, double timeout_s, int* status) {
-  // Control "ckpt_writer_ignores_timeout": waits without a deadline, as before issue 58
+  // Control "ckpt_writer_ignores_timeout": waits without a deadline, as the writer did before it had a timeout
   // (tests/async_checkpoint_timeout_test.sh must then fail).
   if (test_control("ckpt_writer_ignores_timeout")) timeout_s = 1e9;
   const auto deadline = t0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(timeout_s));

@@ -1,5 +1,8 @@
 // docs/config.md, generated from the config reader itself (config_reference_markdown).
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 
@@ -13,6 +16,38 @@ std::string md_cell(std::string s) {
   for (size_t i = 0; (i = s.find('|', i)) != std::string::npos; i += 2) s.replace(i, 1, "\\|");
   return s;
 }
+
+// A number's default as the shortest decimal that reads back to the same double: the reader
+// keeps max_digits10 digits (0.00020000000000000001), the reference prints 0.0002. Plain
+// notation between 1e-4 and 1e16, the shortest form (1e-08) outside it.
+std::string shortest_number(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v)) return text;
+  char buf[64];
+  const double a = std::fabs(v);
+  const auto r = (a == 0 || (a >= 1e-4 && a < 1e16)) ? std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed)
+                                                     : std::to_chars(buf, buf + sizeof buf, v);
+  if (r.ec != std::errc()) return text;
+  return std::string(buf, r.ptr);
+}
+
+// What the reference says about the GPU path, once per page, until a multi-rank NCCL run exists.
+constexpr const char* kGpuStatus =
+    "NCCL between ranks has never run; one GPU at world size 1 has (docs/gpu.md)";
+
+// A note under a section's heading.
+std::string section_note(const std::string& section) {
+  if (section == "dist") {
+    return std::string("**Status:** ") + kGpuStatus +
+           ". `dist.backend: nccl` and `dist.blocking_wait` ran on one GPU at world size 1; NCCL collectives "
+           "between ranks and the NCCL watchdog that holds them to `dist.timeout_s` are written, not yet run.\n\n";
+  }
+  return "";
+}
+
+// Keys whose meaning concerns the NCCL path carry the status line too.
+bool nccl_key(const std::string& key) { return key == "dist.backend" || key == "dist.blocking_wait"; }
 
 }  // namespace
 
@@ -65,12 +100,16 @@ std::string config_reference_markdown() {
     const std::string head = key.substr(0, key.find('.'));
     if (head != section) {
       section = head;
-      md << "\n## " << section << "\n\n| key | type | default | rules | meaning |\n|---|---|---|---|---|\n";
+      md << "\n## " << section << "\n\n" << section_note(section)
+         << "| key | type | default | rules | meaning |\n|---|---|---|---|---|\n";
     }
     std::string def;
     bool same = true;
     for (auto& [a, d] : row.arch_defaults) same = same && d == row.arch_defaults.front().second;
-    auto shown = [&](const std::string& d) { return d.empty() ? std::string("(empty)") : "`" + d + "`"; };
+    const bool number = row.info.type == "number";
+    auto shown = [&](const std::string& d) {
+      return d.empty() ? std::string("(empty)") : "`" + (number ? shortest_number(d) : d) + "`";
+    };
     if (same) {
       def = shown(row.arch_defaults.front().second);
     } else {
@@ -82,6 +121,7 @@ std::string config_reference_markdown() {
       for (auto& [a, d] : row.arch_defaults) only += (only.empty() ? "" : ", ") + a;
       meaning = "(" + only + ") " + meaning;
     }
+    if (nccl_key(key)) meaning += ". Status: " + std::string(kGpuStatus);
     std::string rules;
     for (auto& rule : row.info.rules) rules += (rules.empty() ? "" : "; ") + rule;
     md << "| `" << key << "` | " << row.info.type << " | " << md_cell(def) << " | " << md_cell(rules) << " | "

@@ -11,8 +11,8 @@ void read_run(Reader& r, TrainConfig& c) {
   c.device = r.get<std::string>("run.device", c.device, "cpu or cuda (each rank computes on cuda:<local rank>)");
   require(c.device == "cpu" || c.device == "cuda", r, "run.device", "must be cpu or cuda");
   require(c.device != "cuda" || cuda_compiled_in(), r, "run.device",
-          "cuda needs a build with the CUDA runtime compiled in (this one has none: CMake found no cudart); use "
-          "run.device=cpu");
+          "cuda needs a build with the CUDA runtime compiled in (CMake compiles it in where it finds libcudart; "
+          "`shardgan-train --version` says whether a binary has it); otherwise use run.device=cpu");
   c.tf32 = r.get<bool>("run.tf32", c.tf32,
       "cuda only: cuDNN convolutions may compute float32 in TF32 (PyTorch's default)");
   c.deterministic = r.get<bool>("run.deterministic", c.deterministic,

@@ -147,8 +147,8 @@ int64_t alive_bytes(const ModelMemoryEstimate& e, const ModelAlive& a);
 /// released gradient shards count only for the larger, as if no phase held both. That
 /// holds for the alternating update and for the simultaneous one with d_steps 1 and no
 /// shared D forward; with the shared D forward or d_steps > 1, G's shards wait for G's
-/// update while D's are allocated, and this under-counts by the smaller of the two (review
-/// finding 1 of issue 58). The pre-flight counts the phases instead (train/step_phases.h);
+/// update while D's are allocated, and this under-counts by the smaller of the two.
+/// The pre-flight counts the phases instead (train/step_phases.h);
 /// this stays as the reference the phase count is compared with.
 int64_t gan_state_bytes(const ModelMemoryEstimate& g, const ModelMemoryEstimate& d);
 /// gan_state_bytes() plus both models' transient bounds (the old count, as above).
