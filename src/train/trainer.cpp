@@ -3,23 +3,17 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <array>
-
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <stdexcept>
 #include <thread>
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
-#include "shardgan/comm/hybrid_communicator.h"
 #include "shardgan/device/device.h"
-#include "shardgan/optim/factory.h"
-#include "shardgan/optim/offloaded_adam.h"
-#include "shardgan/sharding/deferred.h"
 #include "shardgan/train/inference.h"
-#include "train/model_groups.h"
 #include "shardgan/train/plots.h"
 #include "shardgan/train/preemption.h"
 #include "shardgan/train/run_summary.h"
@@ -45,49 +39,21 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
                         "on CPUs (no loss scaling needed), or run.device=cuda");
     }
   }
-  // Split placement: a rank holds G or D and reads real images only when it holds D, or,
-  // with paired data, G's input images A (and B, the target of G's L1 term).
-  const bool split = cfg_.placement == "split";
-  const bool holds_g = split ? make_split_placement() : true, holds_d = !split || !holds_g;
-  // G's ranks read no data unless paired; the counters of the real batches come from D's ranks.
-  data_ = std::make_unique<DataPipeline>(cfg_, family_, group_comm_ ? group_comm_->rank() : comm_.rank(),
-                                         group_comm_ ? group_comm_->world_size() : comm_.world_size(),
-                                         holds_d || family_.condition_channels() > 0, comm_.rank() == 0,
-                                         std::move(images), std::move(labels));
-  // Deferred sharded initialization: each unit is built, initialized and sharded in turn.
-  // SyncBatchNorm and the data stay on the world communicator (split: the group's); a
-  // model shards over its own (the replica group's under HSDP, the group's under split).
-  Communicator& batch_comm = group_comm_ ? *group_comm_ : comm_;
-  // HSDP's replica groups and hpZ's secondary groups split the ranks a model runs on:
-  // under split placement its group's (a collective over that group only, so each group
-  // builds its own model's).
-  if (holds_g) g_comm_ = hsdp_communicator(batch_comm, cfg_.g_replicate_degree, "generator", cfg_.source);
-  if (holds_d) d_comm_ = hsdp_communicator(batch_comm, cfg_.d_replicate_degree, "discriminator", cfg_.source);
-  if (holds_g) g_hpz_ = hpz_secondary_group(batch_comm, cfg_.g_sharding.hpz_partition_size, "generator", cfg_.source);
-  if (holds_d) d_hpz_ = hpz_secondary_group(batch_comm, cfg_.d_sharding.hpz_partition_size, "discriminator", cfg_.source);
+  // The groups first (split placement: a rank holds G or D), then the data, which fails
+  // early on a missing dataset, then the models. A rank reads real images only when it
+  // holds D, or, with paired data, G's input images A (and B, the target of G's L1 term);
+  // the counters of the real batches come from D's ranks.
+  models_ = std::make_unique<ModelSet>(cfg_, comm_, family_);
+  Communicator& batch_comm = models_->batch_comm();
+  data_ = std::make_unique<DataPipeline>(cfg_, family_, batch_comm.rank(), batch_comm.world_size(),
+                                         models_->holds_discriminator() || family_.condition_channels() > 0,
+                                         comm_.rank() == 0, std::move(images), std::move(labels));
   for (OptimizerConfig* oc : {&cfg_.g_optim, &cfg_.d_optim}) {
     if (oc->offload.optimizer != OffloadDevice::kDisk || !oc->offload.path.empty()) continue;
     oc->offload.path = cfg_.run_dir + "/offload";  // the default; an explicit path must exist
     std::filesystem::create_directories(oc->offload.path);
   }
-  if (holds_g) {
-    std::tie(g_, opt_g_) = build_model_and_optimizer(family_.generator(batch_comm), g_comm(), cfg_.g_sharding,
-                                                     cfg_.g_optim, cfg_.seed + 1);
-  }
-  if (holds_d) {
-    std::tie(d_, opt_d_) = build_model_and_optimizer(family_.discriminator(batch_comm), d_comm(), cfg_.d_sharding,
-                                                     cfg_.d_optim, cfg_.seed + 2);
-  }
-  if (g_ && g_hpz_) g_->set_secondary_group(g_hpz_.get());
-  if (d_ && d_hpz_) d_->set_secondary_group(d_hpz_.get());
-  at::Tensor numels = torch::tensor({g_ ? g_->numel() : 0, d_ ? d_->numel() : 0}, torch::kLong);
-  if (split) comm_.all_reduce(numels, ReduceOp::kMax);
-  g_numel_ = numels[0].item<int64_t>();
-  d_numel_ = numels[1].item<int64_t>();
-  auto compute = [&](const ShardingConfig& s) { return s.compute_dtype.value_or(cfg_.model_dtype); };
-  scaler_g_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.g_sharding));
-  scaler_d_ = std::make_unique<DynamicLossScaler>(cfg_.loss_scale, compute(cfg_.d_sharding));
-  if (cfg_.ema_enabled && g_) ema_ = std::make_unique<ShardedEma>(*g_, cfg_.ema);
+  models_->build();
   objective_ = std::make_unique<GanObjective>(cfg_.loss, cfg_.d_steps, cfg_.micro_batches, cfg_.grad_clip, comm_,
                                               cfg_.r1_gamma, cfg_.r1_every);
   objective_->set_d_joint_pass(cfg_.d_joint_pass);
@@ -95,113 +61,53 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   objective_->set_shared_d_forward(cfg_.shared_d_forward);
   objective_->set_paired(family_.condition_channels() > 0, cfg_.l1_weight, cfg_.adversarial_weight);
   objective_->set_aux_class_weight(cfg_.aux_class_weight);
-  if (split_) {
-    executor_ = std::make_unique<SplitStepExecutor>(*objective_, *split_);  // collective: the schedule check
+  if (SplitPlacement* split = models_->split_placement()) {
+    executor_ = std::make_unique<SplitStepExecutor>(*objective_, *split);  // collective: the schedule check
   } else {
     executor_ = std::make_unique<SharedStepExecutor>(*objective_);
   }
   if (cfg_.preempt_grace_s > 0) {
-    if (split_) {
-      split_->set_before_transfer([this] { grace_vote(); });
+    if (SplitPlacement* split = models_->split_placement()) {
+      split->set_before_transfer([this] { grace_vote(); });
     } else {
-      g_->set_unit_hook([this] { grace_vote(); });
-      d_->set_unit_hook([this] { grace_vote(); });
+      for (ShardedModel* m : models_->held()) m->set_unit_hook([this] { grace_vote(); });
     }
-    objective_->set_before_update([this] { abandonable_ = false; });
+    objective_->set_before_update([this] { before_first_update(); });
   }
   periodic_ = std::make_unique<PeriodicActions>(cfg_, comm_);
   // Evaluation generates images: G's ranks (split) or every rank.
-  if (cfg_.eval_enabled && g_) evaluator_ = std::make_unique<Evaluator>(cfg_, batch_comm, family_);
+  if (cfg_.eval_enabled && models_->holds_generator()) {
+    evaluator_ = std::make_unique<Evaluator>(cfg_, batch_comm, family_);
+  }
   fixed_inputs_ = fixed_sample_inputs(cfg_, &sample_nrow_);
   ckpt_ = std::make_unique<CheckpointManager>(
       cfg_, comm_, counters_,
-      CheckpointManager::Source{[this] { fill_counters(); }, [this] { return checkpoint_models(); },
+      CheckpointManager::Source{[this] { fill_counters(); }, [this] { return models_->checkpoint_models(); },
                                 [this] { return data_->pause_reads(); }});
 }
 
 Trainer::~Trainer() {
-  // Explicit order (issue 22). The evaluator, periodic actions, objective and EMA refer to
-  // the models and optimizers. The models go before the optimizers: with parameter offload
-  // their units read the master shards from the optimizer (ShardSource), so the source
-  // must outlive them; an optimizer's destructor does not touch its model. The data
-  // loader's read-ahead thread stops before the dataset it reads. A checkpoint write in
-  // flight (which no longer reads the models) finishes first.
+  // Explicit order. A checkpoint write in flight (which no longer reads the models)
+  // finishes first. The evaluator, periodic actions, executor and objective refer to the
+  // models; the model set destroys its EMA, models, optimizers and groups in its own order
+  // (model_set.h); the data loader's read-ahead thread stops before the dataset it reads.
   ckpt_.reset();
   evaluator_.reset();
   periodic_.reset();
   executor_.reset();
   objective_.reset();
-  ema_.reset();
-  g_.reset();
-  d_.reset();
-  opt_g_.reset();
-  opt_d_.reset();
+  models_.reset();
   data_.reset();
 }
 
-bool Trainer::make_split_placement() {
-  const int n = comm_.world_size();
-  const std::string where = cfg_.source + ": train.placement split on " + std::to_string(n) + " ranks: ";
-  if (n < 2) throw ConfigError(where + "needs at least 2 ranks (one for G, one for D); use train.placement: shared");
-  const int k = split_generator_ranks(cfg_, n);
-  if (k >= n) {
-    throw ConfigError(where + "placement.generator_ranks = " + fmt::format("{}", cfg_.generator_ranks) +
-                      " leaves no rank for D; give G 1 to " + std::to_string(n - 1) + " ranks");
-  }
-  const int64_t micro = cfg_.global_batch / cfg_.micro_batches;
-  if (micro % k != 0 || micro % (n - k) != 0) {
-    throw ConfigError(where + "each micro-batch of " + std::to_string(micro) + " images (train.global_batch / " +
-                      "train.micro_batches) must divide among G's " + std::to_string(k) + " ranks and D's " +
-                      std::to_string(n - k) + " (set placement.generator_ranks or train.global_batch)");
-  }
-  check_split_group_divisors(cfg_, n, k);  // on every rank, before only a group's ranks split it
-  const bool holds_g = comm_.rank() < k;
-  group_comm_ = comm_.split(holds_g ? 0 : 1, comm_.rank());
-  const ImageShape shape = family_.image_shape();
-  split_ = std::make_unique<SplitPlacement>(comm_, *group_comm_, k, micro,
-                                            std::vector<int64_t>{shape.channels, shape.height, shape.width},
-                                            cfg_.g_sharding.compute_dtype.value_or(cfg_.model_dtype));
-  if (comm_.rank() == 0) {
-    spdlog::info("split placement: G on ranks 0-{}, D on ranks {}-{}; {} images and their gradients cross per "
-                 "micro-batch", k - 1, k, n - 1, micro);
-  }
-  return holds_g;
+ShardedModel& Trainer::generator() {
+  if (ShardedModel* g = models_->generator()) return *g;
+  throw std::logic_error("Trainer::generator: this rank holds D under split placement, not G");
 }
 
-std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> Trainer::build_model_and_optimizer(
-    const ModelSpec& spec, Communicator& comm, const ShardingConfig& sc, const OptimizerConfig& oc, uint64_t seed) {
-  if (oc.offload.param == OffloadDevice::kNone) {
-    auto model = build_sharded_model(spec, comm, sc, seed, cfg_.model_dtype, cfg_.compute_device);
-    auto opt = make_optimizer(*model, oc);
-    return {std::move(model), std::move(opt)};
-  }
-  // Parameter offload: the optimizer's store first, then each unit's master shard into it
-  // as the unit is built, so that a rank never holds all its master shards at once (they
-  // are the size of the state offload exists to keep out of RAM).
-  auto model = std::make_unique<ShardedModel>(spec.name, comm, sc);
-  auto opt = std::make_unique<OffloadedAdam>(*model, adam_config(oc), oc.offload,
-                                             unit_shard_numels(spec, comm.world_size(), sc.stage), cfg_.model_dtype);
-  opt->set_schedule(LrSchedule(oc.lr, oc.schedule));
-  populate_sharded_model(*model, spec, seed, cfg_.model_dtype, cfg_.compute_device,
-                         [&](ShardedUnit& u) { opt->adopt_unit(u); });
-  return {std::move(model), std::move(opt)};
-}
-
-std::array<int64_t, 4> Trainer::comm_bytes() {
-  auto bytes = [](const CommStats& s) {
-    return s.all_gather_bytes + s.reduce_scatter_bytes + s.all_reduce_bytes + s.broadcast_bytes + s.all_to_all_bytes;
-  };
-  std::array<int64_t, 4> b{bytes(comm_.stats()), 0, 0, 0};
-  for (Communicator* c : {g_comm_.get(), d_comm_.get()}) {
-    if (!c) continue;
-    auto& h = static_cast<HybridCommunicator&>(*c);
-    b[1] += bytes(h.stats());
-    b[2] += bytes(h.replicate_group().stats());
-  }
-  for (Communicator* c : {g_hpz_.get(), d_hpz_.get()}) {
-    if (c) b[3] += bytes(c->stats());
-  }
-  return b;
+ShardedModel& Trainer::discriminator() {
+  if (ShardedModel* d = models_->discriminator()) return *d;
+  throw std::logic_error("Trainer::discriminator: this rank holds G under split placement, not D");
 }
 
 StepMetrics Trainer::train_step() {
@@ -222,38 +128,25 @@ StepMetrics Trainer::run_step() {
   in.real = [this](int64_t micro) { return data_->real_micro(micro, counters_); };
   in.latents = [this] { return data_->draw_latents(); };
   in.local = [this](const at::Tensor& t, int64_t micro) { return data_->local_micro(t, micro); };
-  auto times = [this] {
-    std::array<double, 5> t{};
-    for (auto [m, o] : {std::pair{g_.get(), opt_g_.get()}, std::pair{d_.get(), opt_d_.get()}}) {
-      if (!m) continue;  // split placement: the other group's model
-      const CommTimes& c = m->comm_times();
-      t[0] += c.collective_s;
-      t[1] += c.offload_read_s;
-      t[2] += o->update_seconds();
-      t[3] += o->update_io_seconds();
-      t[4] += c.offload_grad_s;
-    }
-    return t;
-  };
-  const std::array<double, 5> before = times();
-  const std::array<int64_t, 4> bytes_before = comm_bytes();
+  const ModelSetTimes before = models_->times();
+  const ModelSetCommBytes bytes_before = models_->comm_bytes();
   struct rusage ru0 {};
   getrusage(RUSAGE_SELF, &ru0);
-  StepMetrics r = executor_->step({g_.get(), opt_g_.get(), scaler_g_.get()},
-                                  {d_.get(), opt_d_.get(), scaler_d_.get()}, in);
+  StepMetrics r = executor_->step(models_->generator_side(), models_->discriminator_side(), in);
   abandonable_ = false;
-  const std::array<double, 5> after = times();
-  r.time_collective_s = after[0] - before[0];
-  r.time_offload_read_s = after[1] - before[1];
-  r.time_optimizer_s = after[2] - before[2];
-  r.time_optimizer_io_s = after[3] - before[3];
-  r.time_offload_grad_s = after[4] - before[4];
-  const std::array<int64_t, 4> bytes_after = comm_bytes();
-  r.comm_bytes_world = bytes_after[0] - bytes_before[0];
-  r.comm_bytes_shard_group = bytes_after[1] - bytes_before[1];
-  r.comm_bytes_replicate = bytes_after[2] - bytes_before[2];
-  r.comm_bytes_secondary = bytes_after[3] - bytes_before[3];
-  if (ema_ && !r.skipped_g) ema_->update(opt_g_->step_count());
+  finish_grace_vote();  // normally none is left: the first update read the last one
+  const ModelSetTimes after = models_->times();
+  r.time_collective_s = after.collective_s - before.collective_s;
+  r.time_offload_read_s = after.offload_read_s - before.offload_read_s;
+  r.time_optimizer_s = after.optimizer_s - before.optimizer_s;
+  r.time_optimizer_io_s = after.optimizer_io_s - before.optimizer_io_s;
+  r.time_offload_grad_s = after.offload_grad_s - before.offload_grad_s;
+  const ModelSetCommBytes bytes_after = models_->comm_bytes();
+  r.comm_bytes_world = bytes_after.world - bytes_before.world;
+  r.comm_bytes_shard_group = bytes_after.shard_group - bytes_before.shard_group;
+  r.comm_bytes_replicate = bytes_after.replicate - bytes_before.replicate;
+  r.comm_bytes_secondary = bytes_after.secondary - bytes_before.secondary;
+  if (ShardedEma* ema = models_->ema(); ema && !r.skipped_g) ema->update(models_->generator_optimizer()->step_count());
   ++counters_.step;
   r.step = counters_.step;
   // Split placement: the waits for step figures since the last step (Trainer::run) count too.
@@ -272,7 +165,7 @@ StepMetrics Trainer::run_step() {
 }
 
 void Trainer::await_generator_ranks(const char* what) {
-  if (!split_) return;
+  if (!models_->split()) return;
   const double t = comm_.timeout_s();
   comm_.set_timeout_s(t + cfg_.eval_timeout_s);
   try {
@@ -311,44 +204,23 @@ void Trainer::check_nonfinite(StepMetrics& r) {
   }
 }
 
-MemoryStats Trainer::memory_stats(ShardedModel& m) const {
-  MemoryStats s = m.memory_stats();
-  ShardedOptimizer& o = *(&m == g_.get() ? opt_g_ : opt_d_);
-  s.optimizer_state_bytes = o.state_bytes();
-  s.offloaded_bytes = o.offloaded_bytes();
-  return s;
-}
-
 std::string Trainer::write_samples() {
-  if (!g_) return {};  // split placement: G's ranks write them
+  ShardedModel* g = models_->generator();
+  if (!g) return {};  // split placement: G's ranks write them
   // Test-only (split_eval_wait): a sample grid that takes longer than dist.timeout_s.
   if (test_control("slow_samples")) std::this_thread::sleep_for(std::chrono::duration<double>(1.5 * cfg_.timeout_s));
-  return periodic_->write_samples(*g_, ema_.get(), fixed_inputs_, counters_.step, sample_nrow_);
-}
-
-std::vector<ModelAndOptimizer> Trainer::checkpoint_models() {
-  // Split placement: a rank passes the model it holds, led by its group's lowest rank.
-  const int d_leader = split_ ? split_->generator_ranks() : 0;
-  std::vector<ModelAndOptimizer> out;
-  if (g_) {
-    ModelAndOptimizer g{g_.get(), opt_g_.get()};
-    if (ema_) g.extra.push_back({"ema", [this](size_t i) { return ema_->unit_shard(i); }});
-    out.push_back(std::move(g));
-  }
-  if (d_) out.push_back({d_.get(), opt_d_.get(), {}, d_leader});
-  return out;
+  return periodic_->write_samples(*g, models_->ema(), fixed_inputs_, counters_.step, sample_nrow_);
 }
 
 void Trainer::fill_counters() {
-  if (split_) {  // collective: the real batches' position is counted by D's ranks
+  if (SplitPlacement* split = models_->split_placement()) {  // collective: D's ranks count the real batches
     at::Tensor pos = torch::tensor({counters_.epoch, counters_.batch_in_epoch}, torch::kLong);
-    comm_.broadcast(pos, split_->generator_ranks());
+    comm_.broadcast(pos, split->generator_ranks());
     counters_.epoch = pos[0].item<int64_t>();
     counters_.batch_in_epoch = pos[1].item<int64_t>();
   }
   counters_.noise_rng_state = data_->noise_state();
-  for (auto& [k, v] : scaler_g_->state()) counters_.scalars["g." + k] = v;
-  for (auto& [k, v] : scaler_d_->state()) counters_.scalars["d." + k] = v;
+  models_->put_scaler_state(counters_.scalars);
   counters_.scalars["nonfinite_steps"] = static_cast<double>(nonfinite_steps_);
   counters_.scalars["nonfinite_in_a_row"] = static_cast<double>(nonfinite_in_a_row_);
 }
@@ -362,14 +234,8 @@ void Trainer::resume(const std::string& path) {
 }
 
 void Trainer::load_resolved(const std::string& dir) {
-  load_checkpoint(dir, counters_, checkpoint_models(), comm_);
-  for (auto [prefix, scaler] : {std::pair{"g.", scaler_g_.get()}, std::pair{"d.", scaler_d_.get()}}) {
-    std::vector<std::pair<std::string, double>> st;
-    for (auto& [k, v] : counters_.scalars) {
-      if (k.rfind(prefix, 0) == 0) st.emplace_back(k.substr(2), v);
-    }
-    scaler->load_state(st);
-  }
+  load_checkpoint(dir, counters_, models_->checkpoint_models(), comm_);
+  models_->load_scaler_state(counters_.scalars);
   data_->set_noise_state(counters_.noise_rng_state);
   auto scalar = [&](const char* k) {
     auto it = counters_.scalars.find(k);
@@ -399,7 +265,7 @@ nlohmann::json Trainer::evaluate() {
   // Keys: fid, class_acc, l1, psnr, ssim, class_fractions, each with `suffix`: "" for G,
   // "_ema" for its EMA, then "_trunc" for the same model on truncated latents.
   auto record = [&](const std::string& suffix, double truncation) {
-    const EvalResult r = evaluator_->evaluate(*g_, false, truncation);
+    const EvalResult r = evaluator_->evaluate(generator(), false, truncation);
     put_scores(j, r, suffix);
     j["eval_samples"] = r.samples;
     time_s += r.time_s;
@@ -409,8 +275,8 @@ nlohmann::json Trainer::evaluate() {
     if (cfg_.eval_truncation > 0) record(suffix + "_trunc", cfg_.eval_truncation);
   };
   untruncated_and_truncated("");
-  if (ema_) {
-    EmaSwap swap(*ema_);
+  if (ShardedEma* ema = models_->ema()) {
+    EmaSwap swap(*ema);
     untruncated_and_truncated("_ema");
   }
   if (cfg_.eval_truncation > 0) j["truncation"] = cfg_.eval_truncation;
@@ -424,8 +290,9 @@ void Trainer::run(const nlohmann::json& preflight) {
   const int64_t first_step = counters_.step;
   std::filesystem::create_directories(cfg_.run_dir);
   if (comm_.rank() == 0) {
-    auto mg = stats_of(g_), md = stats_of(d_);
-    spdlog::info("model {}: G {} parameters, D {} parameters", family_.arch(), g_numel_, d_numel_);
+    const MemoryStats mg = models_->generator_stats(), md = models_->discriminator_stats();
+    spdlog::info("model {}: G {} parameters, D {} parameters", family_.arch(), models_->generator_numel(),
+                 models_->discriminator_numel());
     spdlog::info("world size {}, backend {}, G stage {} ({} param-shard bytes), D stage {} ({} param-shard bytes)",
                  comm_.world_size(), comm_.backend(), cfg_.g_sharding.stage,
                  mg.param_shard_bytes, cfg_.d_sharding.stage, md.param_shard_bytes);
@@ -442,7 +309,8 @@ void Trainer::run(const nlohmann::json& preflight) {
     avg_step_s = avg_step_s == 0 ? m.step_time_s : 0.9 * avg_step_s + 0.1 * m.step_time_s;
     ProgressLine::show(progress_text(m, cfg_.steps, cfg_.global_batch, avg_step_s, summary));
     if (periodic_->log_due(m.step)) {
-      periodic_->log_step(m, stats_of(g_).model_state_bytes(), stats_of(d_).model_state_bytes());
+      periodic_->log_step(m, models_->generator_stats().model_state_bytes(),
+                          models_->discriminator_stats().model_state_bytes());
     }
   };
   // Split placement: completes the oldest step whose figures are in flight, and takes its
@@ -462,7 +330,7 @@ void Trainer::run(const nlohmann::json& preflight) {
       m = run_step();
     } catch (...) {
       if (!abandoning_) throw;
-      if (split_) {  // the last finished step's figures first: its log row, its verdicts
+      if (models_->split()) {  // the last finished step's figures first: its log row, its verdicts
         int sig = 0;
         bool time_up = false;
         while (executor_->figures_in_flight() > 0) finish_figures(sig, time_up);
@@ -478,7 +346,7 @@ void Trainer::run(const nlohmann::json& preflight) {
     bool time_up = false;
     int sig = 0;
     auto elapsed_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
-    if (!split_) {
+    if (!models_->split()) {
       complete(m);
     } else {
       // Split placement: this step's figures and votes are posted now and finished after
@@ -500,7 +368,7 @@ void Trainer::run(const nlohmann::json& preflight) {
       last_ckpt = save_async();  // synchronous unless checkpoint.async
       if (comm_.rank() == 0) spdlog::info("checkpoint {}", last_ckpt);
     }
-    if (!split_) sig = preemption_vote(elapsed_s(), time_up);
+    if (!models_->split()) sig = preemption_vote(elapsed_s(), time_up);
     if (sig != 0) {
       ckpt_->wait_for_write("preemption");
       if (!saved) last_ckpt = save();
@@ -539,7 +407,7 @@ void Trainer::run(const nlohmann::json& preflight) {
   await_generator_ranks("the final sample grid");
   ProgressLine::finish();
   const std::vector<int64_t> rss =
-      report_memory(cfg_, comm_, stats_of(g_), stats_of(d_), preflight, training_rss);
+      report_memory(cfg_, comm_, models_->generator_stats(), models_->discriminator_stats(), preflight, training_rss);
   if (comm_.rank() == 0) {
     const bool plotted = cfg_.plots && write_plots(cfg_.run_dir);
     summary.steps_run = counters_.step - first_step;

@@ -31,11 +31,7 @@ void Trainer::capture_step_start() {
   torch::NoGradGuard no_grad;
   step_start_.counters = counters_;
   step_start_.data = data_->position();
-  step_start_.buffers.clear();
-  for (ShardedModel* m : {g_.get(), d_.get()}) {
-    if (!m) continue;  // split placement: the other group's model
-    for (auto& kv : m->named_buffers()) step_start_.buffers.push_back(kv.second.clone());
-  }
+  step_start_.buffers = models_->clone_buffers();
   abandonable_ = true;
 }
 
@@ -48,26 +44,62 @@ struct StepAbandoned : std::runtime_error {
 
 }  // namespace
 
-void Trainer::grace_vote() {
-  // Shared placement: every rank runs the same units, so all return here alike. Split:
-  // every transfer votes on every rank; a rank that has updated blocks the abandon.
-  if (!abandonable_ && !split_) return;
+std::array<double, 3> Trainer::grace_ballot() {
   const double age = preemption_signal_age_s();
   bool want = false;
   if (age >= 0 && abandonable_) {  // the estimates are needed only once a signal came
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0_).count();
     double save_s = ckpt_->last_save_s();
     if (save_s <= 0) {  // no save yet: the model state at an assumed 200 MB/s
-      save_s = static_cast<double>(stats_of(g_).model_state_bytes() + stats_of(d_).model_state_bytes()) / 200e6;
+      save_s = static_cast<double>(models_->generator_stats().model_state_bytes() +
+                                   models_->discriminator_stats().model_state_bytes()) / 200e6;
     }
     want = must_abandon_step(cfg_.preempt_grace_s, age, last_step_s_, elapsed, save_s);
   }
-  at::Tensor v = torch::tensor({age >= 0 ? 1.0 : 0.0, want ? 1.0 : 0.0, abandonable_ ? 0.0 : 1.0}, torch::kDouble);
-  comm_.all_reduce(v, ReduceOp::kMax);
-  if (v[1].item<double>() == 0 || v[2].item<double>() != 0) return;
+  return {age >= 0 ? 1.0 : 0.0, want ? 1.0 : 0.0, abandonable_ ? 0.0 : 1.0};
+}
+
+bool Trainer::finish_grace_vote() {
+  if (!grace_vote_) return false;
+  std::unique_ptr<GraceVote> v = std::move(grace_vote_);
+  v->work->wait();
+  const at::Tensor world = std::get<0>(v->all.view({-1, 3}).max(0));
+  return world[1].item<double>() != 0 && world[2].item<double>() == 0;
+}
+
+void Trainer::grace_vote() {
+  if (models_->split()) {
+    // Split: every transfer votes on every rank; a rank that has updated blocks the abandon.
+    const std::array<double, 3> b = grace_ballot();
+    at::Tensor v = torch::tensor({b[0], b[1], b[2]}, torch::kDouble);
+    comm_.all_reduce(v, ReduceOp::kMax);
+    if (v[1].item<double>() == 0 || v[2].item<double>() != 0) return;
+  } else {
+    // Shared: every rank runs the same units, so all return here alike, and read the vote
+    // posted one unit ago.
+    if (!abandonable_) return;
+    if (!finish_grace_vote()) {
+      auto v = std::make_unique<GraceVote>();
+      const std::array<double, 3> b = grace_ballot();
+      v->ballot = torch::tensor({b[0], b[1], b[2]}, torch::kDouble);
+      v->all = torch::empty({3 * comm_.world_size()}, torch::kDouble);
+      v->work = comm_.all_gather_async(v->all, v->ballot);
+      grace_vote_ = std::move(v);
+      return;
+    }
+  }
   abandonable_ = false;
   abandoning_ = true;
   throw StepAbandoned();
+}
+
+void Trainer::before_first_update() {
+  if (abandonable_ && finish_grace_vote()) {  // shared: the last unit's vote
+    abandonable_ = false;
+    abandoning_ = true;
+    throw StepAbandoned();
+  }
+  abandonable_ = false;
 }
 
 std::string Trainer::abandon_step_and_save() {
@@ -76,12 +108,7 @@ std::string Trainer::abandon_step_and_save() {
   const double into = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0_).count();
   counters_ = step_start_.counters;
   data_->restore(step_start_.data);
-  size_t i = 0;
-  for (ShardedModel* m : {g_.get(), d_.get()}) {
-    if (!m) continue;  // split placement: the other group's model
-    m->abandon_step();
-    for (auto& kv : m->named_buffers()) kv.second.copy_(step_start_.buffers.at(i++));
-  }
+  models_->abandon_step(step_start_.buffers);
   const std::string dir = save();
   ProgressLine::finish();
   if (comm_.rank() == 0) {

@@ -1,7 +1,9 @@
 #pragma once
-/// The training loop: builds G and D of the configured model family (deferred sharded
-/// initialization), runs GAN steps (objective.h), and the periodic actions (periodic.h):
-/// metrics, samples, checkpoints. Both models are sharded on their own.
+/// The training loop and its order of events. It delegates to four parts: DataPipeline (the
+/// real images, held-out sets, latents), ModelSet (G, D, optimizers, EMA and the groups they
+/// run on), the StepExecutor of the placement (one step's passes and transfers) and
+/// CheckpointManager (sync and async saves, retention); PeriodicActions logs, samples and
+/// evaluates. Both models are sharded on their own.
 #include <array>
 #include <chrono>
 #include <memory>
@@ -12,19 +14,15 @@
 #include <ATen/core/Tensor.h>
 
 #include "shardgan/checkpoint/checkpoint.h"
-#include "shardgan/models/family.h"
-#include "shardgan/optim/loss_scaler.h"
-#include "shardgan/optim/optimizer.h"
-#include "shardgan/optim/sharded_ema.h"
-#include "shardgan/sharding/sharded_model.h"
-#include "shardgan/train/config.h"
 #include "shardgan/data/images.h"
-#include "shardgan/train/evaluation.h"
-#include "shardgan/train/step_executor.h"
+#include "shardgan/models/family.h"
 #include "shardgan/train/checkpoint_manager.h"
+#include "shardgan/train/config.h"
 #include "shardgan/train/data_pipeline.h"
+#include "shardgan/train/evaluation.h"
+#include "shardgan/train/model_set.h"
 #include "shardgan/train/periodic.h"
-#include "shardgan/train/split_placement.h"
+#include "shardgan/train/step_executor.h"
 
 namespace shardgan {
 
@@ -94,24 +92,26 @@ class Trainer {
   nlohmann::json evaluate();
 
   int64_t step() const { return counters_.step; }
+  /// The models, optimizers, EMA and groups of this rank.
+  ModelSet& models() { return *models_; }
   /// The generator's EMA, or nullptr when ema.enabled is false.
-  ShardedEma* ema() { return ema_.get(); }
-  /// Under train.placement split a rank holds one of them: the other is not built here.
-  ShardedModel& generator() { return *g_; }
-  ShardedModel& discriminator() { return *d_; }
-  bool holds_generator() const { return g_ != nullptr; }
+  ShardedEma* ema() { return models_->ema(); }
+  /// Under train.placement split a rank holds one of them: the other is not built here
+  /// (std::logic_error naming the model).
+  ShardedModel& generator();
+  ShardedModel& discriminator();
+  bool holds_generator() const { return models_->holds_generator(); }
+  bool holds_discriminator() const { return models_->holds_discriminator(); }
   /// Parameter counts of both models, on every rank (whichever it holds).
-  int64_t generator_numel() const { return g_numel_; }
-  int64_t discriminator_numel() const { return d_numel_; }
-  bool holds_discriminator() const { return d_ != nullptr; }
+  int64_t generator_numel() const { return models_->generator_numel(); }
+  int64_t discriminator_numel() const { return models_->discriminator_numel(); }
   /// Local accounting for one model, optimizer state included.
-  MemoryStats memory_stats(ShardedModel& m) const;
+  MemoryStats memory_stats(ShardedModel& m) const { return models_->memory_stats(&m); }
   const TrainConfig& config() const { return cfg_; }
 
  private:
   /// Collective: loads checkpoint directory `dir`, agreed on by every rank.
   void load_resolved(const std::string& dir);
-  std::vector<ModelAndOptimizer> checkpoint_models();
   /// Local: the counters a checkpoint stores (noise RNG, loss scalers, non-finite counts).
   void fill_counters();
   /// Counts a step whose update was skipped for a NaN or Inf, and throws NonFiniteError
@@ -133,13 +133,26 @@ class Trainer {
   /// received, or 0; `time_up` is rank 0's verdict on train.time_limit_s (`elapsed_s`,
   /// seconds since training started, is read on rank 0 only), the same on every rank.
   int preemption_vote(double elapsed_s, bool& time_up);
-  /// Collective at every unit forward while the step may still be abandoned (before its
-  /// first optimizer update), with train.preempt_grace_s > 0: one all-reduce of 3 doubles;
-  /// throws StepAbandoned on every rank when any rank must abandon (must_abandon_step).
+  /// With train.preempt_grace_s > 0, at every unit forward while the step may still be
+  /// abandoned (before its first optimizer update). Shared placement: every rank runs the
+  /// same units, so the vote is pipelined and no rank waits for it: each unit reads the
+  /// vote the previous unit posted (a non-blocking all-gather of 3 doubles, complete by
+  /// then) and posts its own; the first update reads the last one (before_first_update).
   /// Split placement: at every transfer between the groups instead (the groups' units
   /// differ), also after an update (a group's update does not stop the other's transfers),
-  /// and a step is abandoned only while no rank of either group has updated.
+  /// a blocking all-reduce of 3 doubles, and a step is abandoned only while no rank of
+  /// either group has updated. Throws StepAbandoned on every rank, at the same unit or
+  /// transfer, when any rank must abandon (must_abandon_step).
   void grace_vote();
+  /// Local: this rank's ballot {a signal came (1/0), the step must be abandoned (1/0), this
+  /// rank can no longer abandon (1/0)}; the vote takes the maximum of each over the world.
+  std::array<double, 3> grace_ballot();
+  /// Shared placement: waits for the vote in flight (CollectiveTimeout after the world's
+  /// timeout) and returns whether the world voted to abandon; false when none is in flight.
+  bool finish_grace_vote();
+  /// The objective's hook before every optimizer update: the step stops being abandonable;
+  /// under shared placement the vote posted at the last unit is read first (and may abandon).
+  void before_first_update();
   /// Local, with train.preempt_grace_s > 0, at each step's start: keeps what an abandoned
   /// step must give back (step_start_) and marks the step abandonable.
   void capture_step_start();
@@ -155,41 +168,22 @@ class Trainer {
   StepStart step_start_;
   bool abandonable_ = false;   // inside a step, before its first optimizer update
   bool abandoning_ = false;    // grace_vote threw
+  /// Shared placement's grace vote in flight: this rank's ballot, the world's, the all-gather.
+  struct GraceVote {
+    at::Tensor ballot, all;
+    std::unique_ptr<Work> work;
+  };
+  std::unique_ptr<GraceVote> grace_vote_;
   double last_step_s_ = 0;
   std::chrono::steady_clock::time_point step_t0_;
 
-  /// Builds a model of `spec` on `comm` and its optimizer. With offload.param the store is
-  /// made first and each unit's master shard moves into it as the unit is built.
-  std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> build_model_and_optimizer(
-      const ModelSpec& spec, Communicator& comm, const ShardingConfig& sc, const OptimizerConfig& oc, uint64_t seed);
-  Communicator& g_comm() { return g_comm_ ? *g_comm_ : group_comm_ ? *group_comm_ : comm_; }
-  Communicator& d_comm() { return d_comm_ ? *d_comm_ : group_comm_ ? *group_comm_ : comm_; }
-  /// train.placement split: checks the config against the world size, splits off this
-  /// rank's group and returns whether this rank holds G (ConfigError naming the key).
-  bool make_split_placement();
-  /// memory_stats of a model this rank may not hold (zeros then).
-  MemoryStats stats_of(const std::unique_ptr<ShardedModel>& m) const { return m ? memory_stats(*m) : MemoryStats{}; }
-  /// Rank 0's collective volume so far (CommStats bytes) on the world communicator, the
-  /// models' shard groups and their replica groups (those two only under HSDP), and the
-  /// hpZ secondary groups.
-  std::array<int64_t, 4> comm_bytes();
-
   TrainConfig cfg_;
   Communicator& comm_;
-  std::unique_ptr<Communicator> g_comm_, d_comm_;  // HSDP groups; destroyed after the models
-  std::unique_ptr<Communicator> g_hpz_, d_hpz_;    // hpZ secondary groups; likewise
-  // train.placement split: this rank's group (G's ranks or D's) and the transport. Only
-  // the model of the group is built here: the other's pointers stay null.
-  std::unique_ptr<Communicator> group_comm_;
-  std::unique_ptr<SplitPlacement> split_;
   double figures_wait_s_ = 0;  // split: run()'s waits for step figures since the last step
-  int64_t g_numel_ = 0, d_numel_ = 0;  // both models' sizes, on every rank
   const ModelFamily& family_;
+  // Declared in the order of construction; the destructor resets them in reverse.
+  std::unique_ptr<ModelSet> models_;    // G, D, optimizers, EMA, groups
   std::unique_ptr<DataPipeline> data_;  // the real images, their sampler, the latents
-  std::unique_ptr<ShardedModel> g_, d_;
-  std::unique_ptr<ShardedOptimizer> opt_g_, opt_d_;
-  std::unique_ptr<DynamicLossScaler> scaler_g_, scaler_d_;
-  std::unique_ptr<ShardedEma> ema_;
   std::unique_ptr<GanObjective> objective_;
   std::unique_ptr<StepExecutor> executor_;  // the placement's step order (destroyed before the objective)
   std::unique_ptr<PeriodicActions> periodic_;
