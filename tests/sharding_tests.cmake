@@ -98,3 +98,15 @@ add_test(NAME hpz_train
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/hpz_train_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
 set_tests_properties(hpz_train PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+
+# The offload layer's workers (issue 58): TierWorker (gradient writes) and ReadAhead (one
+# long-lived parameter read-ahead thread per model): FIFO, one thread, the tier mutex, the
+# bounded queue, errors, drain and destruction with work queued. The control makes
+# ReadAhead start one std::async thread per read, as before; its single-thread case must fail.
+shardgan_test(test_tier_worker)
+shardgan_mpi_test(test_tier_worker 60 1)
+add_test(NAME tier_worker_control
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe $<TARGET_FILE:test_tier_worker>
+                 --gtest_filter=ReadAhead.ReadsRunOnTheOneWorkerThread)
+set_tests_properties(tier_worker_control PROPERTIES TIMEOUT 60 WILL_FAIL TRUE
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_CONTROL=read_ahead_async")

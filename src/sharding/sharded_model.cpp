@@ -10,10 +10,10 @@
 #include "shardgan/comm/node_shared.h"
 #include "shardgan/comm/hybrid_communicator.h"
 #include "shardgan/comm/quantized_collectives.h"
-#include "sharding/grad_writer.h"
+#include "shardgan/offload/read_ahead.h"
+#include "shardgan/offload/tier_worker.h"
 #include "sharding/ownership.h"
 #include "sharding/torch_internals.h"
-#include "shardgan/util/threads.h"
 
 namespace shardgan {
 
@@ -29,7 +29,7 @@ ShardedModel::~ShardedModel() {
 }
 
 void ShardedModel::write_grad_async(std::function<void()> job) {
-  if (!grad_writer_) grad_writer_ = std::make_unique<detail::GradWriter>(tier_mu_, 2);
+  if (!grad_writer_) grad_writer_ = std::make_unique<TierWorker>(&tier_mu_, 2);
   grad_writer_->submit(std::move(job));
 }
 
@@ -192,37 +192,25 @@ ShardedUnit* ShardedModel::unit_at_offset(const ShardedUnit& u, ptrdiff_t offset
 void ShardedModel::read_ahead(ShardedUnit& u) {
   // A unit whose hpZ secondary block is held gathers from the group without its shard.
   if (!cfg_.read_ahead || u.stage() != 3 || !u.shard_offloaded() || u.gathered() || u.holds_secondary() ||
-      reads_.count(&u)) {
+      (read_ahead_ && read_ahead_->contains(&u))) {
     return;
   }
-  reads_.emplace(&u, std::async(std::launch::async, [this, &u] {
-                   use_one_intra_op_thread();
-                   std::lock_guard<std::mutex> lk(tier_mu_);
-                   return u.master_shard();
-                 }));
+  if (!read_ahead_) read_ahead_ = std::make_unique<ReadAhead>(&tier_mu_, kMaxReadsAhead);
+  // The worker holds the tier lock around the read. Beyond kMaxReadsAhead nothing is queued.
+  read_ahead_->start(&u, [&u] { return u.master_shard(); });
 }
 
 at::Tensor ShardedModel::read_master_shard(ShardedUnit& u) {
-  auto it = reads_.find(&u);
-  if (it != reads_.end()) {
-    std::future<at::Tensor> f = std::move(it->second);
-    reads_.erase(it);
+  if (read_ahead_ && read_ahead_->contains(&u)) {
     ++read_ahead_hits_;
-    return f.get();  // rethrows the worker's OffloadError
+    return read_ahead_->take(&u);  // rethrows the worker's OffloadError
   }
   std::lock_guard<std::mutex> lk(tier_mu_);
   return u.master_shard();
 }
 
 void ShardedModel::drain_read_ahead() {
-  for (auto& [unit, f] : reads_) {
-    // Nobody needs this value; a tier that cannot be read fails again on the next read.
-    try {
-      f.get();
-    } catch (...) {
-    }
-  }
-  reads_.clear();
+  if (read_ahead_) read_ahead_->drain();  // drops values and errors
 }
 
 ShardedUnit* ShardedModel::previous_in_order(const ShardedUnit& u) { return unit_at_offset(u, -1); }

@@ -2,7 +2,6 @@
 /// A model split into sharding units that run in sequence (FSDP-style explicit wrapping:
 /// the LibTorch C++ frontend has no module forward hooks, so units are wrapped by hand).
 #include <functional>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,9 +14,8 @@
 namespace shardgan {
 
 class NodeSharedPool;
-namespace detail {
-class GradWriter;
-}  // namespace detail
+class ReadAhead;
+class TierWorker;
 
 /// Bytes one rank holds for a model's training state, as the sharding layer counts them.
 struct MemoryStats {
@@ -236,28 +234,41 @@ class ShardedModel {
   /// Time spent in collectives and offload reads (the units add to it). Local.
   CommTimes& comm_times() { return times_; }
 
-  /// Local. Parameter offload read-ahead (ShardingConfig::read_ahead): starts reading `u`'s
-  /// master shard from its tier on a worker thread. A no-op unless `u` is a stage-3 unit
-  /// whose shard is offloaded, not gathered, and not already being read.
+  /// Local. Parameter offload read-ahead (ShardingConfig::read_ahead): queues a read of
+  /// `u`'s master shard from its tier and returns at once. The reads run on the model's one
+  /// read-ahead thread (ReadAhead, made at the first read-ahead), in the order they were
+  /// queued, each with the tier lock held. A no-op unless `u` is a stage-3 unit whose shard
+  /// is offloaded, not gathered, holds no hpZ block and is not already being read, and
+  /// fewer than kMaxReadsAhead reads are held (beyond that, `u`'s shard is read when its
+  /// gather needs it). Never waits for a read. A read's error is not thrown here: it goes
+  /// to read_master_shard(), or is dropped by drain_read_ahead().
   void read_ahead(ShardedUnit& u);
+  /// Reads queued, running or done and not taken, at most, per model: with prefetch, a
+  /// read is started two units before its gather and taken one unit before, so one is
+  /// held at a time in a forward or a backward.
+  static constexpr size_t kMaxReadsAhead = 2;
   /// Not for users: the lock that serializes the offload tier between the read-ahead
-  /// worker and the compute thread (gradient offload writes the tier during backward).
+  /// thread, the gradient writer thread and the compute thread (gradient offload writes
+  /// the tier during backward).
   std::mutex& tier_mutex() { return tier_mu_; }
-  /// Not for users (gradient offload): runs `job` on the model's gradient writer thread,
-  /// under the tier lock, after every job submitted before it; waits while 2 are pending.
-  /// Rethrows the error of an earlier job.
+  /// Not for users (gradient offload): runs `job` on the model's gradient writer thread
+  /// (a TierWorker, made at the first call; not the read-ahead's), under the tier lock,
+  /// after every job submitted before it; waits while 2 are pending. Rethrows the error of
+  /// an earlier job (once), and then does not queue `job`.
   void write_grad_async(std::function<void()> job);
   /// Local: waits until every gradient write submitted so far is in the tier (timed as
-  /// CommTimes::offload_grad_s); rethrows the first error of one. Whatever reads or steps
-  /// the gradient tier calls it first (the optimizer step, with_grad_shard, zero_grad).
+  /// CommTimes::offload_grad_s); rethrows the first error of one (once). Whatever reads or
+  /// steps the gradient tier calls it first (the optimizer step, with_grad_shard, zero_grad).
   void drain_grad_writes();
   /// Local: `u`'s master shard ([S], master dtype, CPU), taken from its read-ahead (waiting
-  /// for it) when one was started, else read now. Reads of the tier are serialized, so
-  /// the tier sees one reader at a time. Rethrows the tier's OffloadError.
+  /// for it while queued or running) when one is held, else read now on this thread. Reads
+  /// of the tier are serialized, so the tier sees one reader at a time. Rethrows the tier's
+  /// OffloadError, whichever thread read it.
   at::Tensor read_master_shard(ShardedUnit& u);
-  /// Local: waits for and drops every read-ahead that was not taken (the end of a forward
-  /// or backward, abandon_step, destruction), so that no read is in flight when the
-  /// optimizer writes the tier.
+  /// Local: drops every read-ahead that was not taken (the end of a forward or backward,
+  /// abandon_step, destruction): reads not begun never run, the running one is waited
+  /// for, values and errors are discarded, so that no read is in flight when the optimizer
+  /// writes the tier. Throws nothing.
   void drain_read_ahead();
   /// Master shards taken from a read-ahead so far (for tests and logs).
   int64_t read_ahead_hits() const { return read_ahead_hits_; }
@@ -285,9 +296,10 @@ class ShardedModel {
   size_t max_in_flight_ = 0;
   int64_t peak_full_bytes_ = 0;
   CommTimes times_;
-  std::unordered_map<const ShardedUnit*, std::future<at::Tensor>> reads_;  // read-aheads in flight
-  std::mutex tier_mu_;  // one reader of the offload tier at a time (worker or compute thread)
-  std::unique_ptr<detail::GradWriter> grad_writer_;  // made at the first gradient write; uses tier_mu_
+  std::mutex tier_mu_;  // one user of the offload tier at a time (a worker or the compute thread)
+  // Below tier_mu_ and units_: destroyed (threads joined) before them.
+  std::unique_ptr<ReadAhead> read_ahead_;   // made at the first read-ahead; uses tier_mu_
+  std::unique_ptr<TierWorker> grad_writer_;  // made at the first gradient write; uses tier_mu_
   int64_t read_ahead_hits_ = 0;
   /// The unit `offset` places after (negative: before) `u`'s first run in the recorded
   /// order, or in registration order before the first forward; nullptr past either end.

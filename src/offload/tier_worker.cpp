@@ -1,13 +1,13 @@
-#include "sharding/grad_writer.h"
+#include "shardgan/offload/tier_worker.h"
 
 #include "shardgan/util/threads.h"
 
-namespace shardgan::detail {
+namespace shardgan {
 
-GradWriter::GradWriter(std::mutex& tier_mu, size_t max_pending)
+TierWorker::TierWorker(std::mutex* tier_mu, size_t max_pending)
     : tier_mu_(tier_mu), max_pending_(max_pending < 1 ? 1 : max_pending), thread_([this] { run(); }) {}
 
-GradWriter::~GradWriter() {
+TierWorker::~TierWorker() {
   {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [this] { return queue_.empty() && running_ == 0; });
@@ -17,7 +17,7 @@ GradWriter::~GradWriter() {
   thread_.join();
 }
 
-void GradWriter::rethrow_locked(std::unique_lock<std::mutex>& lk) {
+void TierWorker::rethrow_locked(std::unique_lock<std::mutex>& lk) {
   if (!error_) return;
   std::exception_ptr e = error_;
   error_ = nullptr;
@@ -25,7 +25,7 @@ void GradWriter::rethrow_locked(std::unique_lock<std::mutex>& lk) {
   std::rethrow_exception(e);
 }
 
-void GradWriter::submit(std::function<void()> job) {
+void TierWorker::submit(std::function<void()> job) {
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [this] { return queue_.size() + running_ < max_pending_ || error_; });
   rethrow_locked(lk);
@@ -34,14 +34,19 @@ void GradWriter::submit(std::function<void()> job) {
   cv_.notify_all();
 }
 
-void GradWriter::drain() {
+void TierWorker::drain() {
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [this] { return queue_.empty() && running_ == 0; });
   rethrow_locked(lk);
 }
 
-void GradWriter::run() {
-  use_one_intra_op_thread();  // the compute thread keeps the cores for backward
+size_t TierWorker::pending() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return queue_.size() + running_;
+}
+
+void TierWorker::run() {
+  use_one_intra_op_thread();  // the compute thread keeps the cores
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     cv_.wait(lk, [this] { return stop_ || !queue_.empty(); });
@@ -52,12 +57,13 @@ void GradWriter::run() {
     lk.unlock();
     std::exception_ptr err;
     try {
-      std::lock_guard<std::mutex> tier(tier_mu_);
+      std::unique_lock<std::mutex> tier;
+      if (tier_mu_) tier = std::unique_lock<std::mutex>(*tier_mu_);
       job();
     } catch (...) {
       err = std::current_exception();
     }
-    job = nullptr;  // frees the shard it held before the next wait
+    job = nullptr;  // frees what the job held (a gradient shard) before the next wait
     lk.lock();
     --running_;
     if (err && !error_) error_ = err;
@@ -65,4 +71,4 @@ void GradWriter::run() {
   }
 }
 
-}  // namespace shardgan::detail
+}  // namespace shardgan
