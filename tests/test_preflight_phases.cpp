@@ -28,7 +28,7 @@
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/sharding/memory_estimate.h"
 #include "tiny_biggan.h"
-#include "train/step_phases.h"
+#include "shardgan/train/step_phases.h"
 
 using namespace shardgan;
 

@@ -66,7 +66,7 @@ int64_t probe_once(const TrainConfig& cfg, int64_t micro_batch, const std::strin
   }
   Trainer trainer(p, shadow, images, labels);
   // The gradient shards are state, which the prediction counts apart (the step's phases,
-  // train/step_phases.h, say whose are alive at once: both models' in the simultaneous
+  // include/shardgan/train/step_phases.h, say whose are alive at once: both models' in the simultaneous
   // update's shared D forward and with d_steps > 1, which this one-D-step probe could not
   // show): kept and allocated here, before the count starts, they are not counted as the
   // step's.

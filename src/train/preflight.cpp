@@ -19,7 +19,7 @@
 #include "shardgan/train/activation_probe.h"
 #include "shardgan/util/proc_status.h"
 #include "data/image_files.h"
-#include "train/step_phases.h"
+#include "shardgan/train/step_phases.h"
 
 namespace shardgan {
 namespace {

@@ -77,4 +77,78 @@ StepMetrics SharedStepExecutor::step(TrainedModel g, TrainedModel d, const StepI
   return r;
 }
 
+namespace {
+
+using Alive = PhaseBuilder::Alive;
+std::string d_update_name(int64_t s) { return PhaseBuilder::d_update_name(s); }
+
+// Shared placement: GanObjective::step.
+void shared_phases(const PhaseShape& s, PhaseBuilder& b) {
+  const int64_t k = s.step.micro_batches;
+  // D's passes in a D update: real and fake (or joint) forwards and backwards, gathered
+  // whole for the real pass when R1 is due (d_real_pass's begin_higher_order).
+  const Alive d_training{true, s.r1, true, true};
+  const Alive d_frozen{true, false, false, false};  // G's pass: D's input gradients only
+  const Alive g_pass{true, false, true, true};
+  const Alive g_update{false, false, false, true};
+  const Alive none{};
+  if (!s.step.simultaneous) {
+    // step: d_steps x d_update (G's images under no_grad, D's update), g_pass, update_g.
+    // Each update's finish_update ends in zero_grad, which releases the model's shards: no
+    // phase holds both models' shards.
+    for (int64_t i = 0; i < s.step.d_steps; ++i) {
+      b.add(d_update_name(i), "GanObjective::d_update (G forward under no_grad, D forward and backward)",
+            {true, false, false, false}, d_training);
+      b.add(d_update_name(i) + ": optimizer step", "GanObjective::finish_update from d_update", none, g_update);
+    }
+    b.add("G pass", "GanObjective::g_pass (G forward and backward through the frozen D)", g_pass, d_frozen);
+    b.add("G update", "GanObjective::finish_update from step's update_g", g_update, none);
+    return;
+  }
+  // Simultaneous: G's update waits for every D step when d_steps > 1 (they draw their images
+  // from G_t), so G's released shards stay allocated through D's updates.
+  const bool g_waits = s.step.d_steps > 1;
+  const Alive g_held{false, false, false, g_waits};
+  const Alive g_images{true, false, false, g_waits};  // D steps 2..: G's images under no_grad
+  int64_t first = 0;
+  int64_t kept = 0;
+  if (s.step.shared_d_forward) {
+    // d_update_sharing_forward: per micro-batch G's forward, one D forward gathered whole
+    // (begin_higher_order) to the end of its two backwards, G's backward of dL_G/dx (G's
+    // gradients), D's backward of its fake term (D's gradients), D's real pass; then D's
+    // update, while G's gradient shards wait for G's update (after it).
+    b.add("D update 1 sharing G's forward",
+          "GanObjective::d_update_sharing_forward from step (G and D forward and backward)", g_pass,
+          {true, true, true, true});
+    b.add("D update 1: optimizer step", "GanObjective::finish_update from d_update_sharing_forward",
+          {false, false, false, true}, g_update);
+    first = 1;
+  } else {
+    // g_pass keeping its images (`fakes`, alive to the end of the step's branch), which D's
+    // first update trains on.
+    b.add("G pass (keeping its images)", "GanObjective::g_pass from step (keep = &fakes)", g_pass, d_frozen, k);
+    kept = k;
+  }
+  if (!g_waits) b.add("G update", "GanObjective::finish_update from step's update_g (d_steps 1)", g_update, none, kept);
+  for (int64_t i = first; i < s.step.d_steps; ++i) {
+    // D update 1 without the shared forward trains on the kept images: no G forward.
+    const Alive g = i == 0 ? g_held : g_images;
+    b.add(d_update_name(i),
+          i == 0 ? "GanObjective::d_update on g_pass's images" : "GanObjective::d_update (G forward under no_grad)", g,
+          d_training, kept);
+    b.add(d_update_name(i) + ": optimizer step", "GanObjective::finish_update from d_update", g_held, g_update, kept);
+  }
+  if (g_waits) {
+    b.add("G update", "GanObjective::finish_update from step's update_g (d_steps > 1)", g_update, none, kept);
+  }
+}
+
+}  // namespace
+
+std::vector<StepPhase> SharedStepExecutor::phases(const PhaseShape& shape) {
+  PhaseBuilder b(shape);
+  shared_phases(shape, b);
+  return b.take();
+}
+
 }  // namespace shardgan

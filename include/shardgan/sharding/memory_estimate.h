@@ -126,7 +126,7 @@ struct ModelMemoryEstimate {
 };
 
 /// What of one model is alive at once in one phase of a training step (which phase holds
-/// what: train/step_phases.h, from the objective's order of events).
+/// what: shardgan/train/step_phases.h, from the objective's order of events).
 struct ModelAlive {
   enum class Gathered { kNone, kWindow, kWhole };
   bool held = true;         ///< this rank holds the model (split placement: one of the two)
@@ -148,7 +148,7 @@ int64_t alive_bytes(const ModelMemoryEstimate& e, const ModelAlive& a);
 /// holds for the alternating update and for the simultaneous one with d_steps 1 and no
 /// shared D forward; with the shared D forward or d_steps > 1, G's shards wait for G's
 /// update while D's are allocated, and this under-counts by the smaller of the two.
-/// The pre-flight counts the phases instead (train/step_phases.h);
+/// The pre-flight counts the phases instead (shardgan/train/step_phases.h);
 /// this stays as the reference the phase count is compared with.
 int64_t gan_state_bytes(const ModelMemoryEstimate& g, const ModelMemoryEstimate& d);
 /// gan_state_bytes() plus both models' transient bounds (the old count, as above).

@@ -14,6 +14,7 @@
 
 #include "shardgan/train/objective.h"
 #include "shardgan/train/step_figures.h"
+#include "shardgan/train/step_phases.h"
 #include "shardgan/train/step_schedule.h"
 
 namespace shardgan {
@@ -52,6 +53,9 @@ class SharedStepExecutor final : public StepExecutor {
  public:
   /// `obj` (and its world communicator) must outlive the executor.
   explicit SharedStepExecutor(GanObjective& obj);
+  /// The phases of one step of `shape` (shape.placement kShared) and what each keeps
+  /// alive (step_phases.h), declared here beside the order step() runs. Local, pure.
+  static std::vector<StepPhase> phases(const PhaseShape& shape);
   StepMetrics step(TrainedModel g, TrainedModel d, const StepInputs& in) override;
   bool defers_figures() const override { return false; }
 
@@ -80,6 +84,10 @@ class SplitStepExecutor final : public StepExecutor {
   /// the simultaneous update, and std::runtime_error on every rank when the two sides'
   /// schedules differ. `obj` and `split` must outlive the executor.
   SplitStepExecutor(GanObjective& obj, SplitPlacement& split);
+  /// The phases of one step of `shape` on a rank of G's group (kSplitGenerator) or D's
+  /// (kSplitDiscriminator) and what each keeps alive (step_phases.h), declared here
+  /// beside the order g_side() and d_side() run. Local, pure.
+  static std::vector<StepPhase> phases(const PhaseShape& shape);
   ~SplitStepExecutor() override;
   StepMetrics step(TrainedModel g, TrainedModel d, const StepInputs& in) override;
   bool defers_figures() const override { return true; }

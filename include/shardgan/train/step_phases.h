@@ -1,9 +1,12 @@
 #pragma once
 /// Which buffers a rank holds alive at once in each phase of one training step, for every
 /// update rule, d_steps, placement and pair of ZeRO stages: the description the memory
-/// pre-flight counts (preflight.h), derived from the objective's order of events
-/// (src/train/objective.cpp, GanObjective::step; src/train/split_step.cpp, split_g_side and
-/// split_d_side). Each phase names the function that runs it.
+/// pre-flight counts (preflight.h). Each step executor declares its own placement's phases
+/// beside the code that runs them (SharedStepExecutor::phases in src/train/shared_step.cpp,
+/// SplitStepExecutor::phases in src/train/split_step.cpp, step_executor.h), and
+/// step_phases() asks the executor of the configured placement. Each phase names the
+/// function that runs it; tests/test_preflight_phases.cpp holds the description to the
+/// gradient shards a real step allocates at every optimizer update.
 ///
 /// A phase is a span of the step; what it lists is alive at some time within the span
 /// (a bound on the span, not on every instant of it). The persistent state of the models a
@@ -20,7 +23,6 @@
 /// and how many micro-batches of G's images are kept for a later phase.
 ///
 /// Everything here is pure and local (no collective, no tensor); the header has no LibTorch.
-/// The step executors are to expose this same description.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -60,7 +62,33 @@ struct StepPhase {
   int64_t kept_image_micro_batches = 0;
 };
 
-/// The phases of one step of `shape`, in order. Throws std::invalid_argument naming the
+/// Builds a placement's phase list (the step executors' phases()): what of G and of D a
+/// phase holds, given as flags and turned into ModelAlive for the rank's models and stages.
+class PhaseBuilder {
+ public:
+  /// What of one model a phase holds: `window` its forward or backward runs (stage 3
+  /// gathers a rolling window of units), `whole` it stays gathered whole
+  /// (begin_higher_order), `grads` its backward computes parameter gradients, `shard` its
+  /// released gradient shards are allocated. Ignored for a model the rank does not hold.
+  struct Alive {
+    bool window = false, whole = false, grads = false, shard = false;
+  };
+  explicit PhaseBuilder(const PhaseShape& s);
+  /// Appends a phase named `name`, run by `source`, keeping `kept` micro-batches of images.
+  void add(std::string name, std::string source, Alive g, Alive d, int64_t kept = 0);
+  std::vector<StepPhase> take() { return std::move(phases_); }
+  /// "D update <s + 1>": the name of D step `s` (0-based), as every placement's phases use it.
+  static std::string d_update_name(int64_t s) { return "D update " + std::to_string(s + 1); }
+
+ private:
+  ModelAlive model_alive(bool held, int stage, Alive a) const;
+  PhaseShape s_;
+  bool holds_g_, holds_d_;
+  std::vector<StepPhase> phases_;
+};
+
+/// The phases of one step of `shape`, in order: the phases() of the executor of
+/// shape.placement (SharedStepExecutor or SplitStepExecutor). Throws std::invalid_argument naming the
 /// field for d_steps or micro_batches < 1 or a stage outside 0-3.
 std::vector<StepPhase> step_phases(const PhaseShape& shape);
 
