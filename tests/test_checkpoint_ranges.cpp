@@ -86,7 +86,8 @@ TEST(CheckpointNames, StepsPastEightDigitsOrderByStep) {
 }
 
 // `shardgan-ckpt diff` must not drop a NaN (std::max(a, NaN) keeps a): a NaN or an
-// infinity on one side is an infinite difference, which any --rtol rejects.
+// infinity on one side is an infinite difference, which any --rtol rejects; NaN against NaN
+// is noted, and --rtol rejects that too.
 TEST(CheckpointDiff, NonFiniteValuesAreDifferences) {
   auto run = [](std::vector<double> a, std::vector<double> b) {
     ckpt::TensorDiff d;
@@ -99,7 +100,9 @@ TEST(CheckpointDiff, NonFiniteValuesAreDifferences) {
   EXPECT_EQ(run({nan, 2}, {1, 2}).note, "non-finite values differ");
   EXPECT_EQ(run({inf, 2}, {1, 2}).max_abs, inf);
   EXPECT_EQ(run({inf, 2}, {-inf, 2}).max_abs, inf);
-  EXPECT_EQ(run({nan, inf, 2}, {nan, inf, 2}).max_abs, 0);  // the same bits: no difference
+  const ckpt::TensorDiff same_nan = run({nan, inf, 2}, {nan, inf, 2});
+  EXPECT_EQ(same_nan.max_abs, 0);  // the same bits: no difference in the numbers,
+  EXPECT_EQ(same_nan.note, "non-finite values on both sides");  // but a note that --rtol rejects
   const ckpt::TensorDiff d = run({1, 2, 4}, {1, 2, 3});
   EXPECT_EQ(d.max_abs, 1);
   EXPECT_DOUBLE_EQ(d.max_rel, 1.0 / 3);

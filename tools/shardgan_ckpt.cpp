@@ -104,7 +104,8 @@ int cmd_diff(const std::string& a, const std::string& b, double rtol) {
     std::printf("%-52s %10lld %12.4g %12.4g  %s\n", d.path.c_str(), (long long)d.numel, d.max_abs, d.max_rel,
                 d.note.c_str());
     worst = std::max(worst, d.max_rel);
-    mismatch = mismatch || d.note == "only in A" || d.note == "only in B" || d.note == "shape differs";
+    mismatch = mismatch || d.note == "only in A" || d.note == "only in B" || d.note == "shape differs" ||
+               d.note.find("non-finite") != std::string::npos;  // NaN against NaN is no match either
   }
   std::printf("max rel difference %.4g over %zu tensors\n", worst, diffs.size());
   if (rtol >= 0 && (worst > rtol || mismatch)) {
@@ -198,7 +199,9 @@ int main(int argc, char** argv) {
     sc->add_option("checkpoint", dir, "checkpoint directory, checkpoints folder or run directory")->required();
   }
   diff->add_option("other", dir_b, "second checkpoint")->required();
-  diff->add_option("--rtol", rtol, "exit 1 if any tensor's max rel difference exceeds this");
+  diff->add_option("--rtol", rtol,
+                   "exit 1 if any tensor's max rel difference exceeds this, a tensor is on one side only or "
+                   "differs in shape, or either side holds a NaN or an infinity");
   for (auto* sc : {cons, resh, sample, exp}) sc->add_option("-o,--output", out, "output path")->required();
   resh->add_option("--world-size", world, "new number of ranks")->required()->check(CLI::PositiveNumber);
   resh->add_option("--stage", stage, "new ZeRO stage for every model (default: keep)")->check(CLI::Range(0, 3));

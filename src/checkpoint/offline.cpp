@@ -138,9 +138,10 @@ void reshard(const std::string& src, const std::string& dst, int world_size, int
 
 void compare_values(const std::vector<double>& a, const std::vector<double>& b, TensorDiff& d) {
   double scale = 0;
-  bool nonfinite = false;
+  bool nonfinite = false, both = false;
   for (size_t i = 0; i < a.size(); ++i) {
     const double x = a[i], y = b[i];
+    both = both || !std::isfinite(x) || !std::isfinite(y);
     double e;
     if (std::isnan(x) || std::isnan(y)) {
       e = std::isnan(x) && std::isnan(y) ? 0 : INFINITY;
@@ -152,7 +153,11 @@ void compare_values(const std::vector<double>& a, const std::vector<double>& b, 
     if (std::isfinite(y)) scale = std::max(scale, std::abs(y));
   }
   d.max_rel = d.max_abs == 0 ? 0 : d.max_abs / std::max(scale, 1e-300);
-  if (nonfinite) d.note += std::string(d.note.empty() ? "" : "; ") + "non-finite values differ";
+  if (nonfinite) {
+    d.note += std::string(d.note.empty() ? "" : "; ") + "non-finite values differ";
+  } else if (both) {
+    d.note += std::string(d.note.empty() ? "" : "; ") + "non-finite values on both sides";
+  }
 }
 
 std::vector<TensorDiff> diff(const std::string& a_dir, const std::string& b_dir) {

@@ -31,8 +31,10 @@ std::vector<TensorDiff> diff(const std::string& a_dir, const std::string& b_dir)
 
 /// Fills d.max_abs and d.max_rel from values `a` and `b` (same length). A NaN or an
 /// infinity on one side only (or infinities of opposite sign) is an infinite difference,
-/// never dropped: max(x, NaN) would keep x. NaN against NaN, and equal infinities, count as
-/// equal. Adds "non-finite values differ" to d.note when that happens.
+/// never dropped: max(x, NaN) would keep x; d.note gets "non-finite values differ". NaN
+/// against NaN, and equal infinities, count as equal in the numbers, but d.note gets
+/// "non-finite values on both sides": two runs that diverged to NaN alike are no match
+/// (`shardgan-ckpt diff --rtol` fails on either note).
 void compare_values(const std::vector<double>& a, const std::vector<double>& b, TensorDiff& d);
 
 }  // namespace shardgan::ckpt
