@@ -63,3 +63,14 @@ add_test(NAME async_checkpoint_writer_timeout_control
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
 set_tests_properties(async_checkpoint_writer_timeout_control PROPERTIES TIMEOUT 180 WILL_FAIL TRUE PROCESSORS 2
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_CONTROL=ckpt_writer_ignores_timeout")
+# The copy snapshot's writer thread cannot be killed: wait() gives up 3 x dist.timeout_s after
+# the write started and the rank exits naming it; the control waits without a bound and fails.
+add_test(NAME async_checkpoint_copy_timeout
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/async_checkpoint_copy_timeout_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(async_checkpoint_copy_timeout PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")
+add_test(NAME async_checkpoint_copy_timeout_control
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/async_checkpoint_copy_timeout_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
+set_tests_properties(async_checkpoint_copy_timeout_control PROPERTIES TIMEOUT 120 WILL_FAIL TRUE
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_CONTROL=ckpt_copy_writer_unbounded")

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -28,6 +29,7 @@
 #include "shardgan/checkpoint/shard_io.h"
 #include "shardgan/comm/communicator.h"
 #include "shardgan/device/host_copy.h"
+#include "shardgan/util/poll.h"
 #include "shardgan/util/test_control.h"
 
 namespace shardgan {
@@ -328,7 +330,9 @@ struct AsyncCheckpointer::State {
   pid_t child = -1;         // kFork: the writer process
   int pipe_fd = -1;         // kFork: its report (the rank's record as JSON, or an error)
   int rank = 0;
-  double timeout_s = 600;      // kFork: the writer's bound (the training communicator's timeout)
+  double timeout_s = 600;      // the training communicator's timeout: the fork writer's bound
+  clock_type::time_point started;  // the thread's start
+  std::atomic<bool> done{false};   // run() returned
   std::string snapshot_error;  // the snapshot failed here: the commit fails on every rank
   std::exception_ptr error;
   double write_s = 0;
@@ -436,6 +440,27 @@ double AsyncCheckpointer::wait() {
   if (!state_) return 0;
   const auto t0 = clock_type::now();
   std::shared_ptr<State> s = std::move(state_);
+  // The thread's bound: its write (a fork writer is killed after timeout_s; a copy write is
+  // held to the same), then the commit's collectives at twice that timeout each side.
+  // Control "ckpt_copy_writer_unbounded": no bound, as before (the test must then fail).
+  const double bound_s = test_control("ckpt_copy_writer_unbounded") ? 1e9 : 3 * s->timeout_s;
+  PollSchedule naps;  // a wait of seconds: sleep, do not spin (the compute thread waits here)
+  naps.spins = 0;
+  naps.yields = 0;
+  naps.first_nap = std::chrono::microseconds(200);
+  naps.nap_step = std::chrono::microseconds(200);
+  naps.sleep_cap = std::chrono::microseconds(5000);
+  const auto deadline = s->started + std::chrono::duration_cast<clock_type::duration>(
+                                         std::chrono::duration<double>(std::min(bound_s, 3.15e7)));
+  if (!poll_until(deadline, [&] { return s->done.load(); }, {}, naps)) {
+    // The thread may be blocked in a write that cannot be interrupted: leave it (it owns its
+    // State) and fail this rank; the caller ends the job. The checkpoint stays uncommitted.
+    s->thread.detach();
+    throw CheckpointError("rank " + std::to_string(s->rank) + ": " + s->parts.what + " (background write, " +
+                          snapshot_kind_name(kind_) + " snapshot) did not finish within 3 x dist.timeout_s = " +
+                          fmt::format("{}", bound_s) + " s (the write, then the commit's collectives); the " +
+                          "previous checkpoint is intact. Check the file system under run.dir, or raise dist.timeout_s");
+  }
   s->thread.join();
   const double waited = since(t0);
   totals_.write_s += s->write_s;
@@ -478,7 +503,11 @@ std::string AsyncCheckpointer::save(const std::string& run_dir, const TrainCount
   if (kind_ == SnapshotKind::kCopy) s->ops = std::move(sink.ops);
   const double snapshot_s = since(t_snap);
   State* raw = s.get();
-  s->thread = std::thread([raw, keep = s] { raw->run(); });
+  s->started = clock_type::now();
+  s->thread = std::thread([raw, keep = s] {
+    raw->run();
+    raw->done.store(true);
+  });
   state_ = std::move(s);
   ++totals_.saves;
   const double stall = since(t0);

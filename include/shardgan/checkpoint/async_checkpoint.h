@@ -29,8 +29,10 @@
 /// timeout_s() (dist.timeout_s) of the fork; otherwise it is killed (SIGKILL) and the save
 /// fails on every rank (CheckpointError at the next save or wait()). The commit's own
 /// communicator therefore waits twice that timeout per collective: a peer may spend one
-/// timeout on its write before it joins. A kCopy write runs on a thread and has no bound
-/// of its own (its peers' commit collectives time out instead).
+/// timeout on its write before it joins. A kCopy write runs on a thread that cannot be
+/// killed: wait() gives the whole background save (write and commit) 3 x timeout_s from its
+/// start, then leaves the thread and throws CheckpointError on that rank (the caller ends
+/// the job; the previous checkpoint stays the newest committed one).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -114,7 +116,8 @@ class AsyncCheckpointer {
 
   /// Local (the background commit's collectives run on every rank's thread). Waits for
   /// the save in flight, if any; rethrows its error (CheckpointError) on every rank.
-  /// Returns the seconds waited.
+  /// Returns the seconds waited. Throws CheckpointError on this rank when the save has not
+  /// finished 3 x timeout_s after it started (see the bounds above).
   double wait();
   /// Whether a save is in flight (local).
   bool in_flight() const { return state_ != nullptr; }
