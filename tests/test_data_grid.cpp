@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include "shardgan/data/images.h"
+#include "shardgan/util/proc_status.h"
 #include "shardgan/train/image_grid.h"
 
 namespace fs = std::filesystem;
@@ -189,6 +190,38 @@ TEST(FashionMnistLabels, TrainHas60000With6000PerClass) {
   at::Tensor counts = torch::bincount(y, {}, 10);
   EXPECT_TRUE(torch::equal(counts, torch::full({10}, 6000, torch::kLong))) << counts;
   EXPECT_TRUE(torch::equal(y, load_fashion_mnist_labels(fmnist_dir(), "train")));
+}
+
+// The loader scales and pads a chunk at a time (values as the whole-split formula gives them),
+// and its peak beyond the result is what the memory pre-flight counts for it
+// (fashion_mnist_decode_bytes). The peak is read as VmHWM after resetting it (clear_refs 5);
+// without that the test skips. Control fmnist_decode_whole (the whole-split float copy)
+// must fail the peak check (ctest: fmnist_decode_peak_control).
+TEST(FashionMnistImages, DecodePeakIsTheResultAndTheCountedTransient) {
+  REQUIRE_FMNIST();
+  const at::Tensor t10k = load_fashion_mnist(fmnist_dir(), at::kFloat, "t10k");
+  ASSERT_EQ(t10k.sizes(), (std::vector<int64_t>{10000, 1, 32, 32}));
+  // The values: the same bits as scaling the whole split and padding it.
+  const at::Tensor inner = t10k.narrow(2, 2, 28).narrow(3, 2, 28);
+  EXPECT_TRUE(torch::equal(t10k, torch::constant_pad_nd(inner.contiguous(), {2, 2, 2, 2}, -1.0)));
+  EXPECT_TRUE(torch::equal(inner.add(1.0).mul(127.5).round().div(127.5).sub(1.0), inner));
+  // The peak while loading the 60000-image split.
+  {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";
+    clear.flush();
+    if (!clear) GTEST_SKIP() << "cannot reset VmHWM (/proc/self/clear_refs)";
+  }
+  const int64_t rss0 = proc_status_bytes("VmRSS"), hwm0 = proc_status_bytes("VmHWM");
+  if (rss0 < 0 || hwm0 < 0 || hwm0 > rss0 + (int64_t{8} << 20)) GTEST_SKIP() << "VmHWM was not reset";
+  at::Tensor train = load_fashion_mnist(fmnist_dir(), at::kFloat, "train");
+  const int64_t result = train.numel() * 4, counted = fashion_mnist_decode_bytes(60000, 4);
+  const int64_t peak = proc_status_bytes("VmHWM") - rss0;
+  const int64_t slack = int64_t{24} << 20;  // zlib's buffers, the allocator's rounding
+  EXPECT_GE(peak, result - slack) << "the result itself was not resident?";
+  EXPECT_LE(peak, result + counted + slack)
+      << "loading held " << (peak - result) / 1e6 << " MB beyond its " << result / 1e6
+      << " MB result; the pre-flight counts " << counted / 1e6 << " MB";
 }
 
 TEST(FashionMnistLabels, T10kHas10000With1000PerClass) {

@@ -11,6 +11,8 @@
 
 #include <torch/torch.h>
 
+#include "shardgan/util/test_control.h"
+
 namespace shardgan {
 namespace {
 
@@ -109,8 +111,19 @@ at::Tensor load_fashion_mnist(const std::string& dir, at::ScalarType dtype, cons
   at::Tensor raw = torch::empty({n, 1, h, w}, torch::kUInt8);
   f.read_exact(raw.data_ptr<uint8_t>(), raw.numel(), std::to_string(n) + " images");
   f.expect_end(std::to_string(n) + " images");
-  at::Tensor img = raw.to(dtype).div_(127.5).sub_(1.0);
-  return torch::constant_pad_nd(img, {2, 2, 2, 2}, -1.0).contiguous();
+  if (test_control("fmnist_decode_whole")) {  // test-only: the whole-split float copy it replaced
+    at::Tensor whole = raw.to(dtype).div_(127.5).sub_(1.0);
+    return torch::constant_pad_nd(whole, {2, 2, 2, 2}, -1.0).contiguous();
+  }
+  // Scaled to [-1, 1] and padded to 32x32 with -1 straight into the result, a chunk of images
+  // at a time: the transient beyond the result is the uint8 file and one chunk
+  // (fashion_mnist_decode_bytes), not a second float copy of the whole split.
+  at::Tensor img = torch::full({n, 1, h + 4, w + 4}, -1.0, torch::TensorOptions().dtype(dtype));
+  for (int64_t i = 0; i < n; i += kFashionMnistDecodeChunk) {
+    const int64_t m = std::min(kFashionMnistDecodeChunk, n - i);
+    img.narrow(0, i, m).narrow(2, 2, h).narrow(3, 2, w).copy_(raw.narrow(0, i, m).to(dtype).div_(127.5).sub_(1.0));
+  }
+  return img;
 }
 
 at::Tensor load_fashion_mnist_labels(const std::string& dir, const std::string& split) {

@@ -19,6 +19,7 @@
 #include "shardgan/train/activation_probe.h"
 #include "shardgan/util/proc_status.h"
 #include "data/image_files.h"
+#include "shardgan/data/images.h"
 #include "shardgan/train/step_phases.h"
 
 namespace shardgan {
@@ -97,9 +98,15 @@ int64_t data_bytes(const TrainConfig& cfg, int world_size) {
   return data_image_count(cfg) * image_bytes(cfg);
 }
 
-// data.source paired: read_paired_folder's uint8 A and B of every pair, alive while the
-// trainer scales them to the model dtype (Trainer::load_images), before any model exists.
+// What decoding the training images holds beyond them, before any model exists.
+// data.source fashion-mnist: load_fashion_mnist's uint8 file and one chunk
+// (fashion_mnist_decode_bytes, the loader's own count). data.source paired:
+// read_paired_folder's uint8 A and B of every pair, alive while the trainer scales them to
+// the model dtype (DataPipeline).
 int64_t decode_bytes(const TrainConfig& cfg) {
+  if (cfg.data_source == "fashion-mnist") {
+    return fashion_mnist_decode_bytes(data_image_count(cfg), dtype_bytes(cfg.model_dtype));
+  }
   if (cfg.data_source != "paired") return 0;
   const ImageShape s = cfg.family->image_shape();
   return data_image_count(cfg) * 2 * s.channels * s.height * s.width;

@@ -30,6 +30,16 @@ inline constexpr int64_t kFashionMnistClasses = 10;
 at::Tensor load_fashion_mnist(const std::string& dir, at::ScalarType dtype,
                               const std::string& split = "train");
 
+/// Images load_fashion_mnist scales and pads at a time (its transient beyond the result).
+constexpr int64_t kFashionMnistDecodeChunk = 4096;
+/// Bytes load_fashion_mnist holds beyond its result while it decodes `n` 28x28 images into
+/// a dtype of `dtype_bytes` bytes: the uint8 file, and one chunk of kFashionMnistDecodeChunk
+/// images as uint8, converted and scaled. What the memory pre-flight counts for it. Pure.
+constexpr int64_t fashion_mnist_decode_bytes(int64_t n, int64_t dtype_bytes) {
+  const int64_t chunk = n < kFashionMnistDecodeChunk ? n : kFashionMnistDecodeChunk;
+  return n * 28 * 28 + chunk * 28 * 28 * (1 + dtype_bytes);
+}
+
 /// Reads Fashion-MNIST's `<split>-labels-idx1-ubyte.gz` from `dir` with zlib.
 /// `split` is "train" (60000 labels, 6000 per class) or "t10k" (10000, 1000 per class).
 /// Returns int64 [N], values in [0, 10); label i belongs to image i of load_fashion_mnist
