@@ -39,3 +39,14 @@ set_tests_properties(split_nonfinite split_nonfinite_control PROPERTIES TIMEOUT 
 add_test(NAME split_eval_wait COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/split_eval_wait_test.sh
                                       $<TARGET_FILE:shardgan-train> $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
 set_tests_properties(split_eval_wait PROPERTIES TIMEOUT 240 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+# MPI errors that speak: a truncated receive is a CollectiveError naming the call, the
+# communicator, the peer and the MPI error; split placement with mismatched image shapes ends
+# every rank naming both shapes before any transfer. The control keeps MPI's fatal handler:
+# the truncated receive must then abort.
+shardgan_test(test_mpi_errors)
+add_test(NAME mpi_errors COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi_errors_test.sh $<TARGET_FILE:test_mpi_errors>
+                                 $<TARGET_FILE:shardgan-train> ${PROJECT_SOURCE_DIR})
+set_tests_properties(mpi_errors PROPERTIES TIMEOUT 180 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+shardgan_mpi_filtered(mpi_errors_control test_mpi_errors "MpiErrors.Truncated*" 60 2)
+set_tests_properties(mpi_errors_control_np2 PROPERTIES WILL_FAIL TRUE
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_CONTROL=mpi_errors_fatal")

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <stdexcept>
+#include <string>
 
 #include "shardgan/comm/mpi_communicator.h"
 #ifdef SHARDGAN_HAVE_NCCL
@@ -12,10 +13,22 @@
 #endif
 
 namespace shardgan {
+namespace {
+
+// The world communicator returns MPI errors once an MpiCommunicator wraps it (MPI_ERRORS_RETURN).
+void check_mpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw CollectiveError(std::string(call) + " failed (the ranks of this node): " + std::string(msg, len));
+}
+
+}  // namespace
 
 std::pair<int, int> local_rank_and_size(MPI_Comm comm) {
   MPI_Comm node;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
   int r = 0, n = 1;
   MPI_Comm_rank(node, &r);
   MPI_Comm_size(node, &n);
@@ -25,13 +38,14 @@ std::pair<int, int> local_rank_and_size(MPI_Comm comm) {
 
 std::vector<int> node_world_ranks(MPI_Comm comm) {
   MPI_Comm node;
-  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
   int me = 0, n = 1;
   MPI_Comm_rank(comm, &me);
   MPI_Comm_size(node, &n);
   std::vector<int> ranks(static_cast<size_t>(n));
-  MPI_Allgather(&me, 1, MPI_INT, ranks.data(), 1, MPI_INT, node);
+  const int rc = MPI_Allgather(&me, 1, MPI_INT, ranks.data(), 1, MPI_INT, node);
   MPI_Comm_free(&node);
+  check_mpi(rc, "MPI_Allgather (world ranks of this node)");
   std::sort(ranks.begin(), ranks.end());
   return ranks;
 }

@@ -160,10 +160,36 @@ const char* to_string(ReduceOp op) {
   return "?";
 }
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s) : comm_(comm) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s, std::string name)
+    : comm_(comm), name_(std::move(name)) {
   timeout_s_ = timeout_s;
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &world_size_);
+  // Errors come back as return codes (check(), wait()): MPI_ERRORS_ARE_FATAL would end the
+  // job inside MPI with no word of which transfer failed.
+  check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+}
+
+namespace {
+
+std::string mpi_error_text(int code) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, msg, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(msg, static_cast<size_t>(len));
+}
+
+}  // namespace
+
+void MpiCommunicator::check(int rc, const std::string& call, int peer) const {
+  if (rc == MPI_SUCCESS) return;
+  std::ostringstream s;
+  s << call << " failed on rank " << rank_ << " of the " << name_ << " communicator (" << world_size_ << " ranks";
+  if (!host_.empty()) s << "; this is " << host_;
+  s << ")";
+  if (peer >= 0) s << ", peer rank " << peer;
+  s << ": " << mpi_error_text(rc);
+  throw CollectiveError(s.str());
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -176,12 +202,12 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   if (color < 0) throw CollectiveError("split on rank " + std::to_string(rank_) + ": color " + std::to_string(color) + " < 0");
   barrier();
   MPI_Comm sub = MPI_COMM_NULL;
-  const int rc = MPI_Comm_split(comm_, color, key, &sub);
-  if (rc != MPI_SUCCESS || sub == MPI_COMM_NULL) {
-    throw CollectiveError("MPI_Comm_split on rank " + std::to_string(rank_) + " (color " + std::to_string(color) +
-                          ") failed");
+  check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split (color " + std::to_string(color) + ")");
+  if (sub == MPI_COMM_NULL) {
+    throw CollectiveError("MPI_Comm_split on rank " + std::to_string(rank_) + " of the " + name_ +
+                          " communicator (color " + std::to_string(color) + ") gave no communicator");
   }
-  auto c = std::make_unique<MpiCommunicator>(sub, timeout_s_);
+  auto c = std::make_unique<MpiCommunicator>(sub, timeout_s_, name_ + " split " + std::to_string(color));
   c->owns_comm_ = true;
   c->max_count_ = max_count_;
   c->progress_ = progress_;
@@ -213,7 +239,7 @@ void MpiCommunicator::learn_hosts() {
   std::snprintf(mine, kRank, "%d", world_rank);
   MPI_Get_processor_name(mine + kRank, &len);
   MPI_Request req;
-  MPI_Iallgather(mine, kRecord, MPI_CHAR, all, kRecord, MPI_CHAR, comm_, &req);
+  check(MPI_Iallgather(mine, kRecord, MPI_CHAR, all, kRecord, MPI_CHAR, comm_, &req), "MPI_Iallgather (host names)");
   wait_keeping({buf}, [&] { wait(req, "host name all-gather"); });
   host_ = "world rank " + std::to_string(world_rank) + " on " + std::string(mine + kRank);
   // Ranks in a row on one host form one entry, their world ranks as ranges:
@@ -246,15 +272,18 @@ void MpiCommunicator::wait(MPI_Request& req, const std::string& what) {
 }
 
 void MpiCommunicator::wait(std::vector<MPI_Request>& reqs, const std::string& what) {
+  std::vector<MPI_Status> statuses(reqs.size());
   auto test_all = [&] {
     int flag = 0;
-    const int rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      char msg[MPI_MAX_ERROR_STRING];
-      int len = 0;
-      MPI_Error_string(rc, msg, &len);
-      throw CollectiveError(what + " failed: " + std::string(msg, len));
+    const int rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, statuses.data());
+    if (rc == MPI_ERR_IN_STATUS) {  // a request completed in error: name it and its peer
+      for (const MPI_Status& st : statuses) {
+        if (st.MPI_ERROR != MPI_SUCCESS && st.MPI_ERROR != MPI_ERR_PENDING) {
+          check(st.MPI_ERROR, what, st.MPI_SOURCE >= 0 ? st.MPI_SOURCE : -1);
+        }
+      }
     }
+    check(rc, what);
     return flag != 0;
   };
   // Up to kTestsPerPoll calls per poll: Open MPI's MPI_Testall looks at the requests again
@@ -309,9 +338,11 @@ MPI_Datatype large_contiguous(int64_t n, int64_t chunk, MPI_Datatype base, int64
 // once, peers in the order r+1, r+2, ...): block q of `in` (contiguous 1-D, s elements per
 // block) goes to rank q with `tag`, and rank `from`'s block for this rank arrives at
 // recv_at(from). Blocks above max_count elements travel as one large_contiguous element.
-std::vector<MPI_Request> post_block_exchange(MPI_Comm comm, int rank, int n, int tag, const at::Tensor& in,
+std::vector<MPI_Request> post_block_exchange(const MpiCommunicator& c, int n, int tag, const at::Tensor& in,
                                              int64_t s, int64_t max_count,
                                              const std::function<void*(int from)>& recv_at) {
+  const MPI_Comm comm = c.comm();
+  const int rank = c.rank();
   MPI_Datatype base = mpi_type(in.scalar_type());
   const bool large = s > max_count;
   MPI_Datatype block = large ? large_contiguous(s, max_count, base, in.element_size()) : base;
@@ -323,8 +354,8 @@ std::vector<MPI_Request> post_block_exchange(MPI_Comm comm, int rank, int n, int
   for (int k = 1; k < n; ++k) {
     const int to = (rank + k) % n, from = (rank - k + n) % n;
     MPI_Request rr, sr;
-    MPI_Irecv(recv_at(from), count, block, from, tag, comm, &rr);
-    MPI_Isend(src + to * block_bytes, count, block, to, tag, comm, &sr);
+    c.check(MPI_Irecv(recv_at(from), count, block, from, tag, comm, &rr), "MPI_Irecv", from);
+    c.check(MPI_Isend(src + to * block_bytes, count, block, to, tag, comm, &sr), "MPI_Isend", to);
     reqs.push_back(rr);
     reqs.push_back(sr);
   }
@@ -353,8 +384,10 @@ MPI_Request MpiCommunicator::start_all_gather(at::Tensor& full, const at::Tensor
   const int count = large ? 1 : static_cast<int>(shard.numel());
   if (large) dt = large_contiguous(shard.numel(), max_count_, dt, shard.element_size());
   MPI_Request req;
-  MPI_Iallgather(in_place ? MPI_IN_PLACE : shard.data_ptr(), count, dt, full.data_ptr(), count, dt, comm_, &req);
+  const int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : shard.data_ptr(), count, dt, full.data_ptr(), count, dt,
+                                comm_, &req);
   if (large) MPI_Type_free(&dt);
+  check(rc, "MPI_Iallgather");
   return req;
 }
 
@@ -390,7 +423,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_async(at::Tensor& shard, c
   at::Tensor recv = at::empty({std::max(n - 1, 0), s}, full.options());
   // Row k-1 of `recv` holds the block of rank (rank - k) mod n.
   std::vector<MPI_Request> reqs = post_block_exchange(
-      comm_, rank_, n, kReduceScatterTag, full, s, max_count_,
+      *this, n, kReduceScatterTag, full, s, max_count_,
       [&](int from) { return recv[(rank_ - from + n) % n - 1].data_ptr(); });
   at::Tensor own = full.narrow(0, rank_ * s, s), dst = shard;
   const int me = rank_;
@@ -437,7 +470,7 @@ std::unique_ptr<Work> MpiCommunicator::all_to_all_async(at::Tensor& out, const a
   auto* dst = static_cast<char*>(out.data_ptr());
   std::memcpy(dst + rank_ * block_bytes, static_cast<const char*>(in.data_ptr()) + rank_ * block_bytes,
               static_cast<size_t>(block_bytes));
-  std::vector<MPI_Request> reqs = post_block_exchange(comm_, rank_, n, kAllToAllTag, in, s, max_count_,
+  std::vector<MPI_Request> reqs = post_block_exchange(*this, n, kAllToAllTag, in, s, max_count_,
                                                       [&](int from) { return dst + from * block_bytes; });
   return std::make_unique<MpiWork>(*this, std::move(reqs), describe("all_to_all", rank_, n, in),
                                    std::vector<at::Tensor>{out, in});
@@ -462,10 +495,12 @@ std::unique_ptr<Work> MpiCommunicator::send_recv_async(const std::vector<PeerBuf
     if (large) types.push_back(dt);
     MPI_Request r;
     if (send) {
-      MPI_Isend(b.t.data_ptr(), large ? 1 : static_cast<int>(s), dt, b.peer, kSendRecvTag, comm_, &r);
+      check(MPI_Isend(b.t.data_ptr(), large ? 1 : static_cast<int>(s), dt, b.peer, kSendRecvTag, comm_, &r),
+            "MPI_Isend of " + std::to_string(s * b.t.element_size()) + " bytes", b.peer);
       stats_.sent_bytes += s * b.t.element_size();
     } else {
-      MPI_Irecv(b.t.data_ptr(), large ? 1 : static_cast<int>(s), dt, b.peer, kSendRecvTag, comm_, &r);
+      check(MPI_Irecv(b.t.data_ptr(), large ? 1 : static_cast<int>(s), dt, b.peer, kSendRecvTag, comm_, &r),
+            "MPI_Irecv of " + std::to_string(s * b.t.element_size()) + " bytes", b.peer);
     }
     reqs.push_back(r);
   };
@@ -492,8 +527,9 @@ void MpiCommunicator::all_reduce(at::Tensor& t, ReduceOp op) {
   for (int64_t a = 0; a < buf.numel(); a += max_count_) {  // one call unless above max_count_
     at::Tensor part = buf.view({-1}).narrow(0, a, std::min(max_count_, buf.numel() - a));
     MPI_Request req;
-    MPI_Iallreduce(MPI_IN_PLACE, part.data_ptr(), static_cast<int>(part.numel()),
-                   mpi_type(buf.scalar_type()), mpi_op(op), comm_, &req);
+    check(MPI_Iallreduce(MPI_IN_PLACE, part.data_ptr(), static_cast<int>(part.numel()),
+                         mpi_type(buf.scalar_type()), mpi_op(op), comm_, &req),
+          "MPI_Iallreduce");
     wait_keeping({buf}, [&] { wait(req, describe("all_reduce", rank_, world_size_, t)); });
   }
   if (op == ReduceOp::kAvg) buf.div_(world_size_);
@@ -511,8 +547,8 @@ void MpiCommunicator::broadcast(at::Tensor& t, int root) {
   for (int64_t a = 0; a < t.numel(); a += max_count_) {  // one call unless above max_count_
     at::Tensor part = t.view({-1}).narrow(0, a, std::min(max_count_, t.numel() - a));
     MPI_Request req;
-    MPI_Ibcast(part.data_ptr(), static_cast<int>(part.numel()), mpi_type(t.scalar_type()), root,
-               comm_, &req);
+    check(MPI_Ibcast(part.data_ptr(), static_cast<int>(part.numel()), mpi_type(t.scalar_type()), root, comm_, &req),
+          "MPI_Ibcast", root);
     wait_keeping({t}, [&] { wait(req, describe("broadcast", rank_, world_size_, t)); });
   }
 }
@@ -520,7 +556,7 @@ void MpiCommunicator::broadcast(at::Tensor& t, int root) {
 void MpiCommunicator::barrier() {
   stats_.barrier_calls++;
   MPI_Request req;
-  MPI_Ibarrier(comm_, &req);
+  check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
   wait(req, "barrier (rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) + ")");
 }
 

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "shardgan/comm/communicator.h"
+#include "shardgan/util/test_control.h"
 
 namespace shardgan {
 
@@ -17,6 +18,8 @@ SplitPlacement::SplitPlacement(Communicator& world, Communicator& group, int gen
     : world_(world), group_(group), k_(generator_ranks), n_(world.world_size()), rank_(world.rank()),
       holds_g_(world.rank() < generator_ranks), micro_(micro_batch), sample_shape_(std::move(sample_shape)),
       dtype_(image_dtype) {
+  // Test-only (split_shape_mismatch): D's ranks expect images of one more channel.
+  if (!holds_g_ && test_control("split_shape_mismatch") && !sample_shape_.empty()) ++sample_shape_[0];
   if (k_ < 1 || k_ >= n_) {
     throw std::invalid_argument("split placement needs 1 <= generator ranks < world size; got " + std::to_string(k_) +
                                 " of " + std::to_string(n_));
@@ -43,20 +46,40 @@ int64_t SplitPlacement::take_sent_bytes() {
 }
 
 void SplitPlacement::set_schedule(std::vector<ScheduledTransfer> schedule) {
+  // One all-gather: each rank's schedule fingerprint and the images it will send or receive
+  // (micro-batch, C, H, W, dtype), so that neither mismatch reaches a transfer.
+  constexpr int kFields = 6;
   const uint64_t mine = schedule_fingerprint(schedule);
-  at::Tensor fp = torch::empty({1}, torch::kLong), all = torch::empty({n_}, torch::kLong);
-  std::memcpy(fp.data_ptr<int64_t>(), &mine, sizeof mine);
-  world_.all_gather(all, fp);
-  std::string differ;
+  at::Tensor rec = torch::empty({kFields}, torch::kLong), all = torch::empty({n_ * kFields}, torch::kLong);
+  int64_t* r0 = rec.data_ptr<int64_t>();
+  std::memcpy(r0, &mine, sizeof mine);
+  r0[1] = micro_;
+  for (int i = 0; i < 3; ++i) r0[2 + i] = i < static_cast<int>(sample_shape_.size()) ? sample_shape_[i] : 0;
+  r0[5] = static_cast<int64_t>(dtype_);
+  world_.all_gather(all, rec);
   const int64_t* a = all.data_ptr<int64_t>();
+  std::string differ;
   for (int r = 1; r < n_; ++r) {
-    if (a[r] != a[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    if (a[r * kFields] != a[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
   }
   if (!differ.empty()) {
     throw std::runtime_error("split placement, rank " + std::to_string(rank_) +
                              ": G's and D's step schedules differ (ranks " + differ +
                              " declare another order of transfers than rank 0): the two sides would exchange the "
                              "wrong tensors. Every rank must run the same shardgan build and resolved config");
+  }
+  auto images = [&](int r) {
+    const int64_t* x = a + r * kFields;
+    return "[" + std::to_string(x[1]) + " per micro-batch, " + std::to_string(x[2]) + ", " + std::to_string(x[3]) +
+           ", " + std::to_string(x[4]) + "] " + c10::toString(static_cast<at::ScalarType>(x[5]));
+  };
+  for (int r = 1; r < n_; ++r) {
+    if (!std::equal(a + 1, a + kFields, a + r * kFields + 1)) {
+      throw std::runtime_error("split placement, rank " + std::to_string(rank_) + ": the images G's ranks send to D's "
+                               "ranks (and their gradients back) would not fit: rank 0 (G's) has " + images(0) +
+                               ", rank " + std::to_string(r) + " (" + (r < k_ ? "G's" : "D's") + ") " + images(r) +
+                               "; nothing was sent. Every rank must run the same shardgan build and resolved config");
+    }
   }
   schedule_ = std::move(schedule);
   next_ = 0;

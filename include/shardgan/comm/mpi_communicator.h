@@ -16,13 +16,20 @@ class ProgressThread;
 
 /// Runs each collective as an MPI-3 non-blocking call (MPI_Iallgather, ...) and polls it
 /// with MPI_Test until it completes or timeout_s() passes, so that a peer that never joins
-/// raises CollectiveTimeout instead of hanging. bfloat16 and float16 are reduced in
+/// raises CollectiveTimeout instead of hanging. Every MPI communicator it wraps gets
+/// MPI_ERRORS_RETURN, and an MPI error (a failed post, or a request that completes in error,
+/// such as MPI_ERR_TRUNCATE for a receive shorter than the message) throws CollectiveError
+/// naming the call, the communicator (name()), this rank and its host, the peer where there
+/// is one, and MPI's error string; the caller's error path then ends every rank. bfloat16 and float16 are reduced in
 /// float32 and rounded back once. Tensors must be on the CPU.
 class MpiCommunicator final : public Communicator {
  public:
   /// `comm` is not duplicated or freed; it must outlive this object (MPI_COMM_WORLD,
-  /// MPI_COMM_SELF, or a communicator the caller owns). MPI must be initialized.
-  explicit MpiCommunicator(MPI_Comm comm, double timeout_s = kDefaultCollectiveTimeoutS);
+  /// MPI_COMM_SELF, or a communicator the caller owns). MPI must be initialized. Sets
+  /// MPI_ERRORS_RETURN on `comm`. `name` names it in error messages ("world" for the one
+  /// make_communicator builds).
+  explicit MpiCommunicator(MPI_Comm comm, double timeout_s = kDefaultCollectiveTimeoutS,
+                           std::string name = "world");
   /// Frees the MPI communicator if split() made it (MPI must still be initialized then).
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
@@ -57,8 +64,9 @@ class MpiCommunicator final : public Communicator {
   void all_reduce(at::Tensor& t, ReduceOp op) override;
   void broadcast(at::Tensor& t, int root) override;
   void barrier() override;
-  /// Ibarrier (with the timeout), then MPI_Comm_split; the result owns its MPI_Comm and
-  /// inherits max_count().
+  /// Ibarrier (with the timeout), then MPI_Comm_split; the result owns its MPI_Comm,
+  /// inherits max_count() and is named "<name()> split <color>" (e.g. "world split 1":
+  /// split placement's D group, a replica or secondary group).
   std::unique_ptr<Communicator> split(int color, int key) override;
 
   MPI_Comm comm() const { return comm_; }
@@ -80,6 +88,11 @@ class MpiCommunicator final : public Communicator {
   void learn_hosts();
   /// "world ranks 0-1 on node-a, 2-3 on node-b" after learn_hosts(), else "".
   const std::string& hosts() const { return hosts_; }
+  /// The communicator's name in error messages (see the constructor and split()).
+  const std::string& name() const { return name_; }
+  /// Throws CollectiveError unless `rc` is MPI_SUCCESS: "`call` failed on rank R of the
+  /// <name()> communicator (N ranks; world rank W on HOST)[, peer P]: <MPI error string>".
+  void check(int rc, const std::string& call, int peer = -1) const;
 
   /// Largest element count passed to one MPI call: INT_MAX by default, since MPI counts
   /// are `int`. Above it, an all-gather is one call on a derived datatype as large as the
@@ -107,6 +120,7 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<ProgressThread> progress_;  // shared with split() children; may be null
   std::string host_;        // "world rank R on HOST", after learn_hosts()
   std::string hosts_;       // every rank's host, grouped (see hosts())
+  std::string name_;        // see name()
 };
 
 }  // namespace shardgan

@@ -46,9 +46,11 @@ class SplitPlacement {
   Communicator& group() { return group_; }
 
   /// Collective over the world: takes the step's schedule (step_schedule.h) that this
-  /// side's transfers follow from now on, and compares its fingerprint with every rank's
-  /// (one all-gather of one int64), before any transfer. Throws std::runtime_error on every
-  /// rank, naming the ranks whose schedule differs from rank 0's, when any does.
+  /// side's transfers follow from now on, and compares its fingerprint and the images this
+  /// rank sends or receives (micro-batch, sample shape, dtype) with every rank's (one
+  /// all-gather of 6 int64), before any transfer. Throws std::runtime_error on every rank,
+  /// naming the ranks whose schedule differs from rank 0's, or naming both images' shapes
+  /// when they differ.
   void set_schedule(std::vector<ScheduledTransfer> schedule);
   /// Starts a step's walk of the schedule. Local.
   void begin_step() { next_ = 0; }
