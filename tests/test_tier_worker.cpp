@@ -89,10 +89,17 @@ TEST(TierWorker, HoldsTheTierMutexAroundEachJob) {
 
 TEST(TierWorker, FirstErrorRethrownOnceByDrain) {
   TierWorker w(nullptr, 4);
-  w.submit([] { throw OffloadError("write a failed"); });
+  // The first job waits until all three are queued: otherwise its error could reach the
+  // second submit (which rethrows it, as ErrorRethrownBySubmit... checks) on a slow run.
+  std::atomic<bool> go{false};
+  w.submit([&] {
+    while (!go.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    throw OffloadError("write a failed");
+  });
   w.submit([] { throw OffloadError("write b failed"); });
   std::atomic<int> later{0};
   w.submit([&] { ++later; });  // a failed job does not stop the worker
+  go = true;
   try {
     w.drain();
     ADD_FAILURE() << "drain did not rethrow";
