@@ -181,8 +181,7 @@ std::string mpi_error_text(int code) {
 
 }  // namespace
 
-void MpiCommunicator::check(int rc, const std::string& call, int peer) const {
-  if (rc == MPI_SUCCESS) return;
+void MpiCommunicator::fail(int rc, const std::string& call, int peer) const {
   std::ostringstream s;
   s << call << " failed on rank " << rank_ << " of the " << name_ << " communicator (" << world_size_ << " ranks";
   if (!host_.empty()) s << "; this is " << host_;
@@ -496,11 +495,11 @@ std::unique_ptr<Work> MpiCommunicator::send_recv_async(const std::vector<PeerBuf
     MPI_Request r;
     if (send) {
       check(MPI_Isend(b.t.data_ptr(), large ? 1 : static_cast<int>(s), dt, b.peer, kSendRecvTag, comm_, &r),
-            "MPI_Isend of " + std::to_string(s * b.t.element_size()) + " bytes", b.peer);
+            "MPI_Isend", b.peer, s * b.t.element_size());
       stats_.sent_bytes += s * b.t.element_size();
     } else {
       check(MPI_Irecv(b.t.data_ptr(), large ? 1 : static_cast<int>(s), dt, b.peer, kSendRecvTag, comm_, &r),
-            "MPI_Irecv of " + std::to_string(s * b.t.element_size()) + " bytes", b.peer);
+            "MPI_Irecv", b.peer, s * b.t.element_size());
     }
     reqs.push_back(r);
   };

@@ -92,7 +92,14 @@ class MpiCommunicator final : public Communicator {
   const std::string& name() const { return name_; }
   /// Throws CollectiveError unless `rc` is MPI_SUCCESS: "`call` failed on rank R of the
   /// <name()> communicator (N ranks; world rank W on HOST)[, peer P]: <MPI error string>".
-  void check(int rc, const std::string& call, int peer = -1) const;
+  void check(int rc, const std::string& call, int peer = -1) const {
+    if (rc != MPI_SUCCESS) fail(rc, call, peer);
+  }
+  /// The same for a posted message of `bytes` bytes; the text is built only on failure, so
+  /// a successful post (the hot path of every transfer) allocates nothing.
+  void check(int rc, const char* call, int peer, int64_t bytes) const {
+    if (rc != MPI_SUCCESS) fail(rc, std::string(call) + " of " + std::to_string(bytes) + " bytes", peer);
+  }
 
   /// Largest element count passed to one MPI call: INT_MAX by default, since MPI counts
   /// are `int`. Above it, an all-gather is one call on a derived datatype as large as the
@@ -110,6 +117,8 @@ class MpiCommunicator final : public Communicator {
   /// Checks arguments, counts traffic and starts the all-gather (above max_count_ elements
   /// per rank on a derived datatype).
   MPI_Request start_all_gather(at::Tensor& full, const at::Tensor& shard);
+  /// Throws the CollectiveError check() describes.
+  [[noreturn]] void fail(int rc, const std::string& call, int peer) const;
   friend class MpiWork;
 
   MPI_Comm comm_;
