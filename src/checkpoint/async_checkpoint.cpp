@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -56,6 +57,8 @@ struct FileOp {
 // before it writes, so that a test can act while a write is surely in flight.
 void test_delay() {
   if (const char* e = std::getenv("SHARDGAN_TEST_CKPT_WRITE_DELAY_MS")) {
+    // The line tells a harness when the hang begins (benchmarks/chaos.py times exits from it).
+    std::fprintf(stderr, "shardgan: checkpoint writer delayed %s ms (SHARDGAN_TEST_CKPT_WRITE_DELAY_MS)\n", e);
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(e)));
   }
 }
@@ -332,6 +335,7 @@ struct AsyncCheckpointer::State {
   int rank = 0;
   double timeout_s = 600;      // the training communicator's timeout: the fork writer's bound
   clock_type::time_point started;  // the thread's start
+  std::atomic<bool> written{false};  // the write is over (the file, or its error): the commit is next
   std::atomic<bool> done{false};   // run() returned
   std::string snapshot_error;  // the snapshot failed here: the commit fails on every rank
   std::exception_ptr error;
@@ -373,6 +377,7 @@ struct AsyncCheckpointer::State {
     } catch (const std::exception& e) {
       error = "rank " + std::to_string(rank) + ": " + parts.what + " (background write): " + e.what();
     }
+    written = true;
     try {
       commit_save(parts, error, *comm);
     } catch (...) {
@@ -436,31 +441,60 @@ AsyncCheckpointer::~AsyncCheckpointer() {
   }
 }
 
+namespace {
+
+// The write's bound: timeout_s from the thread's start, and 2 s for a killed fork writer's
+// report to arrive (await_writer kills it at timeout_s and the thread then reports that).
+constexpr double kWriteReportSlackS = 2.0;
+
+}  // namespace
+
+void AsyncCheckpointer::fail_hung_write(const char* bound) {
+  std::shared_ptr<State> s = std::move(state_);
+  // The thread may be blocked in a write that cannot be interrupted: leave it (it owns its
+  // State) and fail this rank; the caller ends the job. The checkpoint stays uncommitted.
+  s->thread.detach();
+  throw CheckpointError("rank " + std::to_string(s->rank) + ": " + s->parts.what + " (background write, " +
+                        snapshot_kind_name(kind_) + " snapshot) did not finish within " + bound + "; the " +
+                        "previous checkpoint is intact. Check the file system under run.dir, or raise dist.timeout_s");
+}
+
+void AsyncCheckpointer::check_write() {
+  if (!state_ || state_->written.load() || test_control("ckpt_copy_writer_unbounded")) return;
+  if (since(state_->started) > state_->timeout_s + kWriteReportSlackS) {
+    fail_hung_write(("dist.timeout_s = " + fmt::format("{}", state_->timeout_s) + " s").c_str());
+  }
+}
+
 double AsyncCheckpointer::wait() {
   if (!state_) return 0;
   const auto t0 = clock_type::now();
-  std::shared_ptr<State> s = std::move(state_);
-  // The thread's bound: its write (a fork writer is killed after timeout_s; a copy write is
-  // held to the same), then the commit's collectives at twice that timeout each side.
-  // Control "ckpt_copy_writer_unbounded": no bound, as before (the test must then fail).
-  const double bound_s = test_control("ckpt_copy_writer_unbounded") ? 1e9 : 3 * s->timeout_s;
+  std::shared_ptr<State> s = state_;
+  // The thread's bounds: its write, timeout_s (a fork writer is killed then; a copy write is
+  // held to the same), then the commit's collectives at twice that timeout each side: 3 x
+  // timeout_s in all. Control "ckpt_copy_writer_unbounded": no bound, as before (the test
+  // must then fail).
+  const bool unbounded = test_control("ckpt_copy_writer_unbounded");
+  const double bound_s = unbounded ? 1e9 : 3 * s->timeout_s;
   PollSchedule naps;  // a wait of seconds: sleep, do not spin (the compute thread waits here)
   naps.spins = 0;
   naps.yields = 0;
   naps.first_nap = std::chrono::microseconds(200);
   naps.nap_step = std::chrono::microseconds(200);
   naps.sleep_cap = std::chrono::microseconds(5000);
-  const auto deadline = s->started + std::chrono::duration_cast<clock_type::duration>(
-                                         std::chrono::duration<double>(std::min(bound_s, 3.15e7)));
-  if (!poll_until(deadline, [&] { return s->done.load(); }, {}, naps)) {
-    // The thread may be blocked in a write that cannot be interrupted: leave it (it owns its
-    // State) and fail this rank; the caller ends the job. The checkpoint stays uncommitted.
-    s->thread.detach();
-    throw CheckpointError("rank " + std::to_string(s->rank) + ": " + s->parts.what + " (background write, " +
-                          snapshot_kind_name(kind_) + " snapshot) did not finish within 3 x dist.timeout_s = " +
-                          fmt::format("{}", bound_s) + " s (the write, then the commit's collectives); the " +
-                          "previous checkpoint is intact. Check the file system under run.dir, or raise dist.timeout_s");
+  auto after = [&](double seconds) {
+    return s->started + std::chrono::duration_cast<clock_type::duration>(
+                            std::chrono::duration<double>(std::min(seconds, 3.15e7)));
+  };
+  const double write_bound_s = unbounded ? 1e9 : s->timeout_s + kWriteReportSlackS;
+  if (!poll_until(after(write_bound_s), [&] { return s->written.load(); }, {}, naps)) {
+    fail_hung_write(("dist.timeout_s = " + fmt::format("{}", s->timeout_s) + " s").c_str());
   }
+  if (!poll_until(after(bound_s), [&] { return s->done.load(); }, {}, naps)) {
+    fail_hung_write(("3 x dist.timeout_s = " + fmt::format("{}", bound_s) + " s (the write, then the commit's "
+                     "collectives)").c_str());
+  }
+  state_.reset();
   s->thread.join();
   const double waited = since(t0);
   totals_.write_s += s->write_s;

@@ -209,6 +209,7 @@ SaveParts plan_save(const std::string& run_dir, const TrainCounters& counters,
   p.world_size = world_size;
   p.keep_last = keep_last;
   p.mine.schema_version = kCheckpointSchemaVersion;
+  p.mine.world_size = world_size;  // a record is a manifest: its reader checks ranks against it
   if (rank != 0) return p;
   Manifest& m = p.index;
   m.schema_version = kCheckpointSchemaVersion;

@@ -220,6 +220,12 @@ DecodedImage decode_image(const std::string& file, int64_t channels) {
     const char* why = stbi_failure_reason();
     throw DataError(file + ": cannot decode the image (" + std::string(why ? why : "unknown reason") + ")");
   }
+  // stb_image decodes a PNM header of height or width 0 into an empty image; resizing it
+  // would fail an assertion inside stb_image_resize and abort (found by paired_folder_fuzz).
+  if (w < 1 || h < 1) {
+    throw DataError(file + ": cannot decode the image (its header gives " + std::to_string(w) + "x" +
+                    std::to_string(h) + " pixels)");
+  }
   return d;
 }
 

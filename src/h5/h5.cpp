@@ -4,6 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <hdf5.h>
@@ -474,12 +478,30 @@ void check_object_headers(const std::string& path) {
   check_status(rc, path + ": an object header cannot be decoded");
 }
 
+namespace {
+
+// Whether this fsync_path call is one SHARDGAN_TEST_FSYNC_FAULTS plans to fail.
+bool fsync_fault_planned() {
+  static const char* plan = std::getenv("SHARDGAN_TEST_FSYNC_FAULTS");
+  if (plan == nullptr) return false;
+  static std::atomic<long long> calls{0};
+  const long long i = calls++;
+  const std::string text = std::string(",") + plan + ",";
+  if (text.find("," + std::to_string(i) + ",") == std::string::npos) return false;
+  std::fprintf(stderr, "shardgan: injected fsync fault (EIO) at fsync call %lld (SHARDGAN_TEST_FSYNC_FAULTS)\n", i);
+  return true;
+}
+
+}  // namespace
+
 void fsync_path(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw std::runtime_error("cannot open '" + path + "' to fsync it");
+  if (fd < 0) throw std::runtime_error("cannot open '" + path + "' to fsync it: " + std::strerror(errno));
   int rc = ::fsync(fd);
+  int err = errno;
+  if (fsync_fault_planned()) rc = -1, err = EIO;
   ::close(fd);
-  if (rc != 0) throw std::runtime_error("fsync of '" + path + "' failed");
+  if (rc != 0) throw std::runtime_error("fsync of '" + path + "' failed: " + std::strerror(err));
 }
 
 }  // namespace shardgan::h5

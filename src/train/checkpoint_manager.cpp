@@ -29,6 +29,10 @@ double CheckpointManager::wait_for_write(const char* why) {
   return waited;
 }
 
+void CheckpointManager::check_write() {
+  if (async_) async_->check_write();
+}
+
 std::string CheckpointManager::save() {
   wait_for_write("before a synchronous save");
   source_.fill_counters();

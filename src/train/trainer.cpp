@@ -236,7 +236,10 @@ void Trainer::resume(const std::string& path) {
 void Trainer::load_resolved(const std::string& dir) {
   load_checkpoint(dir, counters_, models_->checkpoint_models(), comm_);
   models_->load_scaler_state(counters_.scalars);
-  data_->set_noise_state(counters_.noise_rng_state);
+  // Control "resume_skips_noise_rng": the latents after a resume come from the generator's
+  // state at start-up, not the checkpoint's (benchmarks/chaos.py's resumes must then differ:
+  // ctest chaos_smoke_control).
+  if (!test_control("resume_skips_noise_rng")) data_->set_noise_state(counters_.noise_rng_state);
   auto scalar = [&](const char* k) {
     auto it = counters_.scalars.find(k);
     return it == counters_.scalars.end() ? int64_t{0} : static_cast<int64_t>(it->second);
@@ -339,6 +342,7 @@ void Trainer::run(const nlohmann::json& preflight) {
       return;
     }
     const int64_t step = m.step;
+    ckpt_->check_write();  // a background write hung past dist.timeout_s ends the job now
     evaluated = cfg_.eval_enabled && cfg_.eval_every > 0 && step % cfg_.eval_every == 0 && step != cfg_.steps;
     const bool sampled = periodic_->sample_due(step);
     saved = periodic_->checkpoint_due(step);

@@ -30,9 +30,12 @@
 /// fails on every rank (CheckpointError at the next save or wait()). The commit's own
 /// communicator therefore waits twice that timeout per collective: a peer may spend one
 /// timeout on its write before it joins. A kCopy write runs on a thread that cannot be
-/// killed: wait() gives the whole background save (write and commit) 3 x timeout_s from its
-/// start, then leaves the thread and throws CheckpointError on that rank (the caller ends
-/// the job; the previous checkpoint stays the newest committed one).
+/// killed: it is held to the same timeout_s (plus 2 s, the time a killed fork writer's
+/// report takes), checked by check_write() after every step and by wait(); past it, the
+/// thread is left and CheckpointError is thrown on that rank (the caller ends the job, so
+/// every rank exits within about timeout_s of a hung write; the previous checkpoint stays
+/// the newest committed one). wait() gives the whole background save (write and commit)
+/// 3 x timeout_s from its start.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -119,6 +122,11 @@ class AsyncCheckpointer {
   /// Returns the seconds waited. Throws CheckpointError on this rank when the save has not
   /// finished 3 x timeout_s after it started (see the bounds above).
   double wait();
+  /// Local, no MPI call, cheap (an atomic load and a clock read): called after every step.
+  /// Throws CheckpointError on this rank, naming the save, when the save in flight has not
+  /// finished its write within timeout_s + 2 s of its start (a hung file system or writer),
+  /// so that the job ends then instead of at the next save or at the commit's timeout.
+  void check_write();
   /// Whether a save is in flight (local).
   bool in_flight() const { return state_ != nullptr; }
   const AsyncSaveTotals& totals() const { return totals_; }
@@ -128,6 +136,7 @@ class AsyncCheckpointer {
  private:
   struct State;  // a save in flight: what its thread needs, shared with the thread
   void resolve_auto();  // collective over train_comm_: kAuto -> kFork or kCopy, logged
+  [[noreturn]] void fail_hung_write(const char* bound);  // leaves the thread, throws CheckpointError
   std::shared_ptr<Communicator> comm_;  // the commit's own communicator
   Communicator& train_comm_;
   SnapshotKind kind_;

@@ -108,7 +108,10 @@ class File {
 };
 
 /// fsyncs a file or directory so that a rename after it is durable. Throws
-/// std::runtime_error naming the path.
+/// std::runtime_error naming the path and errno's text.
+/// Test hook: SHARDGAN_TEST_FSYNC_FAULTS="i,j,..." makes this process's i-th, j-th, ...
+/// call (0-based, counted from the first call) fail as fsync does on a failed write-back
+/// (EIO), with a line on stderr naming the call (the chaos campaign's fsync fault).
 void fsync_path(const std::string& path);
 
 }  // namespace shardgan::h5

@@ -49,6 +49,9 @@ class CheckpointManager {
   /// Collective when a write is in flight: waits for it (logging `why` when it took over
   /// 1 ms); returns the seconds waited (0 when none was in flight).
   double wait_for_write(const char* why);
+  /// Local: throws CheckpointError when a background save's write has hung past
+  /// dist.timeout_s (AsyncCheckpointer::check_write); nothing without checkpoint.async.
+  void check_write();
   /// Seconds the last synchronous save took (0 before the first).
   double last_save_s() const { return last_save_s_; }
   /// Rank 0 logs the background saves' totals (checkpoint.async only). Local.
