@@ -47,8 +47,15 @@ export SHARDGAN_SANITIZE=1
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$SUPP"
 if [ "$MODE" = tsan ]; then
   # halt_on_error: a race fails its test. second_deadlock_stack: both stacks of a lock-order report.
-  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$(pwd)/scripts/tsan.supp"
+  # history_size=7: the longest access history, so that the stack of a race's earlier access can be
+  # restored (a suppression can only match a stack TSan restored).
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:history_size=7:suppressions=$(pwd)/scripts/tsan.supp"
   export OMP_NUM_THREADS=1
+  # Open MPI's memory patcher hooks madvise, which glibc calls while a thread exits, into
+  # libfabric's memory monitor (btl ofi) after TSan has retired the thread: TSan then crashes
+  # (SIGSEGV in MetaMap::GetSync). Without the patcher, Open MPI's registration cache is off,
+  # which matters for RDMA only.
+  export OMPI_MCA_memory=^patcher
 fi
 cd "$B"
 # Every TIMEOUT is scaled by 4 (SHARDGAN_TEST_TIMEOUT_SCALE in tests/CMakeLists.txt).

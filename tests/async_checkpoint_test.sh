@@ -171,5 +171,6 @@ expect_fail "async with offload" "checkpoint.async" "${MPIRUN[@]}" -np 1 "$TRAIN
   --set checkpoint.async=true --set offload.generator.optimizer=cpu --set run.dir="$T/e1"
 expect_fail "unknown snapshot" "checkpoint.snapshot" "${MPIRUN[@]}" -np 1 "$TRAIN" "${DCGAN[@]}" \
   --set checkpoint.async=true --set checkpoint.snapshot=cow --set run.dir="$T/e2"
-rm -rf "$T"
+# KEEP=1 keeps the logs (a sanitizer report is in the run's log, not in this output).
+[ "${KEEP:-0}" = 1 ] && echo "kept $T" || rm -rf "$T"
 finish

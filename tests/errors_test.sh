@@ -33,6 +33,9 @@ expect_failure "failure with a collective in flight" "injected failure with a re
   "${MPIRUN[@]}" -np 2 "$BIN/comm_hang" 600 inflight
 [ $((SECONDS - t0)) -lt 60 ] && ok "failure in flight: the job ended within 60 s" \
   || bad "failure in flight: took $((SECONDS - t0)) s (over 60)"
+# A global batch that 3 ranks cannot split: --dry-run refuses it as the run would (it passed).
+expect_failure "global batch on 3 ranks, --dry-run" "train.global_batch 16 must divide evenly by train.micro_batches (1) x the world size (3)" \
+  "${MPIRUN[@]}" -np 3 "$TRAIN" "$CFG" --set data.source=synthetic --set train.global_batch=16 --set run.dir="$T/r6" --dry-run
 expect_failure "resume from nothing" "no checkpoint there" \
   "${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" --set data.source=synthetic --set run.dir="$T/r4" --resume "$T/none"
 expect_failure "float16 compute on CPU" "compute_dtype=float16 needs a GPU" \
