@@ -6,8 +6,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -22,11 +25,61 @@
 #include "shardgan/train/preflight.h"
 #include "shardgan/train/preemption.h"
 #include "shardgan/train/trainer.h"
+#include "shardgan/util/deadman.h"
 #include "shardgan/util/log.h"
 #include "shardgan/util/threads.h"
 
+namespace {
+
+// The command line, defined once: parsed before MPI_Init (for dist.timeout_s alone) and
+// after it.
+struct Options {
+  std::string config_path, resume;
+  std::vector<std::string> overrides;
+  bool dry_run = false, print_config = false, config_reference = false, version = false;
+};
+
+void define_cli(CLI::App& app, Options& o) {
+  app.add_option("config", o.config_path, "YAML config file (see configs/ and docs/config.md)");
+  app.add_flag("--version", o.version,
+               "print shardgan's version and what it runs on (torch, BLAS, oneDNN, CPU capability, CUDA, MPI, "
+               "HDF5, NCCL, threads) and exit");
+  app.add_option("--set", o.overrides, "override a config key, e.g. --set train.steps=200");
+  app.add_option("--resume", o.resume,
+                 "continue from a checkpoint, checkpoints folder or run dir; 'auto': from the newest "
+                 "checkpoint of run.dir if there is one, else start fresh (for requeued jobs)");
+  app.add_flag("--dry-run", o.dry_run,
+               "print the memory pre-flight (parameters, bytes per rank per ZeRO stage, node memory) "
+               "as one JSON object on rank 0's stdout and exit without training");
+  app.add_flag("--print-config", o.print_config,
+               "print the fully resolved config (the file, the --set overrides and every default) as YAML on "
+               "stdout and exit");
+  app.add_flag("--config-reference", o.config_reference,
+               "print the reference of every config key as Markdown (docs/config.md) and exit");
+}
+
+// dist.timeout_s of the config the command line names, read before MPI_Init; the default
+// when it cannot be read (the run reports why once MPI is up).
+double startup_timeout_s(int argc, char** argv) {
+  try {
+    CLI::App app;
+    Options o;
+    define_cli(app, o);
+    app.parse(argc, argv);
+    if (!o.config_path.empty()) return shardgan::load_config(o.config_path, o.overrides).timeout_s;
+  } catch (...) {
+  }
+  return shardgan::TrainConfig{}.timeout_s;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   int provided = 0;
+  // Start-up has no collective timeout of its own: MPI_Init waits for every host's daemon
+  // (a host cut off stalls it for good), and the node's ranks are found with blocking MPI
+  // calls. A deadline of dist.timeout_s ends this process if they stall.
+  auto startup = std::make_unique<shardgan::Deadman>("MPI_Init", startup_timeout_s(argc, argv), "dist.timeout_s");
   // MPI_THREAD_MULTIPLE for dist.progress_thread, which enters MPI from a helper thread
   // (src/comm/progress_thread.h); the thread refuses to start if MPI provides less.
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -37,32 +90,20 @@ int main(int argc, char** argv) {
   app.footer(
       "Every config key, with its type, default and meaning: docs/config.md (or --config-reference).\n"
       "The resolved config of a file and its overrides: shardgan-train CONFIG [--set ...] --print-config.");
-  std::string config_path, resume;
-  std::vector<std::string> overrides;
-  bool dry_run = false, print_config = false, config_reference = false;
-  app.add_option("config", config_path, "YAML config file (see configs/ and docs/config.md)");
-  app.add_flag_callback(
-      "--version",
-      [&] {
-        if (rank == 0) std::printf("%s\n", shardgan::build_info_text().c_str());
-        throw CLI::Success();
-      },
-      "print shardgan's version and what it runs on (torch, BLAS, oneDNN, CPU capability, CUDA, MPI, HDF5, "
-      "NCCL, threads) and exit");
-  app.add_option("--set", overrides, "override a config key, e.g. --set train.steps=200");
-  app.add_option("--resume", resume,
-                 "continue from a checkpoint, checkpoints folder or run dir; 'auto': from the newest "
-                 "checkpoint of run.dir if there is one, else start fresh (for requeued jobs)");
-  app.add_flag("--dry-run", dry_run,
-               "print the memory pre-flight (parameters, bytes per rank per ZeRO stage, node memory) "
-               "as one JSON object on rank 0's stdout and exit without training");
-  app.add_flag("--print-config", print_config,
-               "print the fully resolved config (the file, the --set overrides and every default) as YAML on "
-               "stdout and exit");
-  app.add_flag("--config-reference", config_reference,
-               "print the reference of every config key as Markdown (docs/config.md) and exit");
+  Options opts;
+  define_cli(app, opts);
+  std::string& config_path = opts.config_path;
+  std::string& resume = opts.resume;
+  std::vector<std::string>& overrides = opts.overrides;
+  const bool& dry_run = opts.dry_run;
+  const bool& print_config = opts.print_config;
+  const bool& config_reference = opts.config_reference;
   try {
     app.parse(argc, argv);
+    if (opts.version) {
+      if (rank == 0) std::printf("%s\n", shardgan::build_info_text().c_str());
+      throw CLI::Success();
+    }
     if (config_path.empty() && !config_reference) throw CLI::RequiredError("config");
   } catch (const CLI::ParseError& e) {
     // Parse by hand so that help and errors print once and MPI is finalized.
@@ -90,7 +131,10 @@ int main(int argc, char** argv) {
   try {
     shardgan::TrainConfig cfg = shardgan::load_config(config_path, overrides);
     shardgan::init_logging(rank, cfg.run_dir);
+    startup->rearm("finding this node's ranks (MPI_Comm_split_type, MPI_Allgather)", cfg.timeout_s, "dist.timeout_s");
     auto [local_rank, local_size] = shardgan::local_rank_and_size(MPI_COMM_WORLD);
+    const std::vector<int> node_ranks = shardgan::node_world_ranks(MPI_COMM_WORLD);
+    startup.reset();  // every later collective has its own timeout
     const int cores = std::max(1u, std::thread::hardware_concurrency());
     const int affinity = shardgan::affinity_cpu_count();
     const int threads = shardgan::default_intra_op_threads(static_cast<int>(cfg.threads), cores, local_size, affinity);
@@ -123,8 +167,7 @@ int main(int argc, char** argv) {
     if (dry_run || !cfg.skip_memory_check || !cfg.skip_disk_check) {
       shardgan::TrainConfig pre = cfg;  // the disk check alone needs no activation probe
       if (!dry_run && cfg.skip_memory_check) pre.memory_probe = false;
-      report = shardgan::memory_preflight(pre, *comm, comm->world_size(), local_size,
-                                          shardgan::node_world_ranks(MPI_COMM_WORLD));
+      report = shardgan::memory_preflight(pre, *comm, comm->world_size(), local_size, node_ranks);
       if (dry_run) {
         if (rank == 0) std::printf("%s\n", report.dump(2).c_str());
         std::fflush(stdout);

@@ -7,12 +7,14 @@
 //  - a process whose compute thread never reacts is ended with status 124.
 // Plain gtest (no MPI), so the last case can fork.
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "shardgan/comm/watchdog.h"
+#include "shardgan/util/deadman.h"
 
 namespace shardgan {
 namespace {
@@ -88,6 +90,35 @@ TEST(CollectiveWatchdogDeathTest, EndsAProcessThatDoesNotReact) {
         std::this_thread::sleep_for(30s);  // a compute thread stuck elsewhere
       },
       ::testing::ExitedWithCode(CollectiveWatchdog::kExitStatus), "did not end within 0 s");
+}
+
+// The start-up deadline (include/shardgan/util/deadman.h): blocking work that overruns it
+// ends the process with 124 and a message naming the work, the bound and the rank; work
+// that finishes, or a deadline moved by rearm(), does not.
+TEST(DeadmanDeathTest, EndsAProcessStuckPastTheDeadline) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+        Deadman d("MPI_Init", 0.2, "a test bound");
+        std::this_thread::sleep_for(30s);  // MPI_Init waiting for a host cut off
+      },
+      ::testing::ExitedWithCode(Deadman::kExitStatus),
+      "error on rank 3: MPI_Init did not finish within 0.2 s \\(a test bound\\)");
+}
+
+TEST(Deadman, DisarmedOrRearmedInTimeDoesNotFire) {
+  {
+    Deadman d("quick", 0.3, "test");
+    std::this_thread::sleep_for(50ms);
+  }  // destroyed (disarmed) before the deadline
+  Deadman d("first", 0.3, "test");
+  std::this_thread::sleep_for(200ms);
+  d.rearm("second", 0.5, "test");  // the first deadline passes while the second holds
+  std::this_thread::sleep_for(300ms);
+  d.disarm();
+  std::this_thread::sleep_for(400ms);  // past the second deadline: disarmed, nothing happens
+  SUCCEED();
 }
 
 }  // namespace

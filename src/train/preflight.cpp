@@ -188,11 +188,10 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   // (under HSDP over a replica group of them: K / R ranks).
   const bool split = cfg.placement == "split" && world_size >= 2;
   const int k = split ? split_generator_ranks(cfg, world_size) : 0;
-  // The data sampler's refusal, here too, so that --dry-run refuses what the run would: each
-  // batch group (the world; under split, G's ranks and D's) splits every global batch.
-  for (int ranks : split ? std::vector<int>{k, world_size - k} : std::vector<int>{world_size}) {
-    DistributedSampler(cfg.global_batch, cfg.global_batch, 0, ranks, 0, cfg.micro_batches);
-  }
+  // The data sampler's refusal, here too, so that --dry-run refuses what the run would: the
+  // world's ranks split every global batch. (Split placement checks its two groups, with its
+  // own message, where it forms them.)
+  if (!split) DistributedSampler(cfg.global_batch, cfg.global_batch, 0, world_size, 0, cfg.micro_batches);
   auto group_ways = [](int ranks, int R) { return std::max(R > 1 ? ranks / R : ranks, 1); };
   ModelMemorySpec g = spec_for(cfg, cfg.family->generator(comm), cfg.g_sharding, cfg.g_optim, cfg.ema_enabled,
                                split ? group_ways(k, cfg.g_replicate_degree) : shard_ways(cfg.g_replicate_degree),
