@@ -16,6 +16,7 @@
 
 #include "progress_thread.h"
 #include "reduced_float.h"
+#include "shardgan/util/deadman.h"
 #include "shardgan/util/poll.h"
 
 namespace shardgan {
@@ -201,7 +202,14 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   if (color < 0) throw CollectiveError("split on rank " + std::to_string(rank_) + ": color " + std::to_string(color) + " < 0");
   barrier();
   MPI_Comm sub = MPI_COMM_NULL;
-  check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split (color " + std::to_string(color) + ")");
+  {
+    // MPI_Comm_split blocks, with no request to time out: a peer lost between the barrier
+    // and the split (a host cut off) would hold this rank forever. The deadline ends the
+    // process instead, naming the call (found by benchmarks/chaos.sh's link cuts).
+    Deadman deadline("MPI_Comm_split (color " + std::to_string(color) + ") of the " + name_ + " communicator",
+                     timeout_s_, "dist.timeout_s");
+    check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split (color " + std::to_string(color) + ")");
+  }
   if (sub == MPI_COMM_NULL) {
     throw CollectiveError("MPI_Comm_split on rank " + std::to_string(rank_) + " of the " + name_ +
                           " communicator (color " + std::to_string(color) + ") gave no communicator");
