@@ -12,3 +12,39 @@ foreach(script ckpt_fuzz config_fuzz)
                    $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
   set_tests_properties(${script} PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
 endforeach()
+
+# libFuzzer targets (issue 60): tests/fuzz/<target>_fuzz.cpp, each an
+# LLVMFuzzerTestOneInput over one reader of user input; seed corpora and every finding in
+# tests/fuzz/corpus/<target>/. scripts/fuzz.sh builds them with clang and libFuzzer
+# (tests/fuzz/fuzz_targets.cmake) and fuzzes one. Here the same entry points are built with
+# this compiler and tests/fuzz/driver_main.cpp, a plain main that replays a corpus, so that
+# ctest needs no second compiler (SHARDGAN_FUZZ_REPLAY: the checkpoint targets then run
+# `verify` itself, whose forked child must turn an input on which Debian's HDF5 crashes into
+# a reported problem). Corpus files: seed-* (real files the project wrote, which the reader
+# must accept) and finding-* (each input a fuzzing run failed on, kept after its fix):
+#   fuzz_regression: every corpus entry of every target; each target's seeds must still
+#                    be accepted by its reader (--min-accepted), so a harness that no
+#                    longer reaches the reader fails (a few seconds).
+#   fuzz_regression_control: the driver under test_control fuzz_planted_crash on a folder
+#                    holding an input that starts with "PLANTED": the planted crash must
+#                    fail the replay (WILL_FAIL).
+set(SHARDGAN_FUZZ_TARGETS config ckpt_index ckpt_rankfile hdf5_dataset paired_folder classifier)
+set(shardgan_fuzz_replay_args)
+foreach(t ${SHARDGAN_FUZZ_TARGETS})
+  add_executable(fuzz_replay_${t} fuzz/${t}_fuzz.cpp fuzz/driver_main.cpp)
+  target_link_libraries(fuzz_replay_${t} PRIVATE shardgan ${HDF5_C_LIBRARIES})
+  target_include_directories(fuzz_replay_${t} PRIVATE ${PROJECT_SOURCE_DIR}/src ${HDF5_INCLUDE_DIRS})
+  target_compile_definitions(fuzz_replay_${t} PRIVATE SHARDGAN_FUZZ_DATA_DIR="${CMAKE_CURRENT_SOURCE_DIR}/fuzz/data"
+                             SHARDGAN_FUZZ_REPLAY=1)
+  target_compile_options(fuzz_replay_${t} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  target_precompile_headers(fuzz_replay_${t} REUSE_FROM shardgan)
+  list(APPEND shardgan_fuzz_replay_args $<TARGET_FILE:fuzz_replay_${t}> ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus/${t})
+endforeach()
+add_test(NAME fuzz_regression
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/replay_all.sh ${shardgan_fuzz_replay_args})
+add_test(NAME fuzz_regression_control
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/replay_all.sh $<TARGET_FILE:fuzz_replay_config>
+                 ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/control)
+set_tests_properties(fuzz_regression fuzz_regression_control PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")
+set_tests_properties(fuzz_regression_control PROPERTIES WILL_FAIL TRUE
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_CONTROL=fuzz_planted_crash")

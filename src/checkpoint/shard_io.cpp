@@ -86,6 +86,58 @@ class Verifier {
 
 struct StopReading {};  // thrown out of a read_ranges callback once a checksum has failed
 
+// The counts, offsets and ranks of an index that the reads compute with, checked before any
+// is used (found by ckpt_index_fuzz: a crafted index whose parameter numel exceeded its
+// shape made read_tensor write past the buffer the tools size from the shape). Bounded by
+// 2^62 so that a sum of two cannot overflow. Throws std::runtime_error naming the entry.
+void check_manifest(const Manifest& m) {
+  constexpr int64_t kMaxCount = int64_t{1} << 62;
+  auto count = [&](int64_t v, const std::string& what) {
+    if (v < 0 || v >= kMaxCount) throw std::runtime_error(what + " is " + std::to_string(v));
+  };
+  auto rank = [&](int64_t r, const std::string& what) {
+    if (r < 0 || r >= m.world_size) throw std::runtime_error(what + ": rank " + std::to_string(r) + " is outside the world");
+  };
+  auto elements = [&](const std::vector<int64_t>& shape, const std::string& what) {
+    int64_t n = 1;
+    for (int64_t d : shape) {
+      count(d, what + ": a dimension");
+      if (__builtin_mul_overflow(n, d, &n) || n >= kMaxCount) throw std::runtime_error(what + ": shape too large");
+    }
+    return n;
+  };
+  for (const ModelEntry& mo : m.models) {
+    for (const UnitEntry& u : mo.units) {
+      const std::string where = mo.name + "/" + u.name;
+      count(u.numel, where + ": numel");
+      count(u.padded_numel, where + ": padded_numel");
+      for (const ParamEntry& p : u.params) {
+        const int64_t n = elements(p.shape, where + "." + p.name);
+        count(p.offset, where + "." + p.name + ": offset");
+        if (p.numel != n || p.offset + p.numel > u.numel) {
+          throw std::runtime_error(where + "." + p.name + ": elements [" + std::to_string(p.offset) + ", +" +
+                                   std::to_string(p.numel) + ") do not fit its shape (" + std::to_string(n) +
+                                   " elements) or its unit's " + std::to_string(u.numel) + " elements");
+        }
+      }
+      for (const ShardEntry& sh : u.shards) {
+        rank(sh.rank, where + ": a shard");
+        count(sh.offset, where + ": a shard's offset");
+        count(sh.numel, where + ": a shard's numel");
+      }
+    }
+    for (const BufferEntry& b : mo.buffers) {
+      rank(b.rank, mo.name + "/" + b.name);
+      elements(b.shape, mo.name + "/" + b.name);
+    }
+  }
+  for (const FileEntry& f : m.files) {
+    rank(f.rank, "file '" + f.name + "'");
+    count(f.bytes, "file '" + f.name + "': bytes");
+    for (const auto& [path, d] : f.datasets) count(d.numel, "file '" + f.name + "', dataset '" + path + "': numel");
+  }
+}
+
 }  // namespace
 
 h5::DType parse_dtype(const std::string& name) {
@@ -210,6 +262,12 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
   if (m_.schema_version != kSchemaVersion || static_cast<int64_t>(m_.files.size()) != m_.world_size) {
     throw CheckpointError("checkpoint '" + dir_ + "': the index lists " + std::to_string(m_.files.size()) +
                           " rank files for world size " + std::to_string(m_.world_size) + "." + kDoWhat);
+  }
+  try {
+    check_manifest(m_);
+  } catch (const std::exception& e) {
+    throw CheckpointError("checkpoint '" + dir_ + "': " + kIndexFile + " holds an inconsistent manifest: " + e.what() +
+                          "." + kDoWhat);
   }
 }
 

@@ -215,6 +215,14 @@ int64_t half_round_even(int64_t d) {
 
 DecodedImage decode_image(const std::string& file, int64_t channels) {
   int w = 0, h = 0, comp = 0;
+  // stb_image 2.27, asked for another channel count than a 16-bit PNM or PNG holds,
+  // converts it with its 8-bit routine and then reads past the result (a heap over-read
+  // that paired_folder_fuzz found). A 16-bit file is decoded only into its own channel count.
+  if (stbi_is_16_bit(file.c_str()) && stbi_info(file.c_str(), &w, &h, &comp) && comp != channels) {
+    throw DataError(file + ": a 16-bit image with " + std::to_string(comp) + " channels; stb_image cannot convert it to " +
+                    std::to_string(channels) + " safely: save it with 8 bits per channel (or with " +
+                    std::to_string(channels) + " channels)");
+  }
   DecodedImage d{{stbi_load(file.c_str(), &w, &h, &comp, static_cast<int>(channels)), stbi_image_free}, w, h};
   if (!d.pixels) {
     const char* why = stbi_failure_reason();

@@ -14,6 +14,13 @@
 namespace shardgan::data {
 namespace {
 
+// The largest image (C * H * W bytes) a file may declare: 2 GiB, far above any image the
+// trainer takes (data.image_size is at most 4096).
+constexpr int64_t kMaxImageBytes = int64_t{1} << 31;
+// The most class names (root attribute `classes`) read, and the longest fixed-length name.
+constexpr hsize_t kMaxClasses = hsize_t{1} << 24;
+constexpr size_t kMaxClassNameBytes = size_t{1} << 16;
+
 constexpr const char* kHint = " (BigGAN-PyTorch's layout: 'imgs' uint8 [N, C, H, W] and 'labels' int64 [N]; "
                               "write it with shardgan-data convert)";
 
@@ -128,6 +135,15 @@ Hdf5Dataset::Hdf5Dataset(std::string path) : path_(std::move(path)) {
     throw DataError(path_ + ": dataset 'imgs' has shape [" + std::to_string(n_) + ", " + std::to_string(c_) + ", " +
                     std::to_string(h_) + ", " + std::to_string(w_) + "]: needs at least one image of at least 1x1x1");
   }
+  // A declared extent is not stored data: a crafted file can claim any shape, and
+  // C * H * W must not overflow (found by hdf5_dataset_fuzz), so images are bounded.
+  int64_t image_bytes = 0, total = 0;
+  if (__builtin_mul_overflow(c_, h_, &image_bytes) || __builtin_mul_overflow(image_bytes, w_, &image_bytes) ||
+      image_bytes > kMaxImageBytes || __builtin_mul_overflow(image_bytes, n_, &total)) {
+    throw DataError(path_ + ": dataset 'imgs' has shape [" + std::to_string(n_) + ", " + std::to_string(c_) + ", " +
+                    std::to_string(h_) + ", " + std::to_string(w_) + "]: an image may hold at most " +
+                    std::to_string(kMaxImageBytes) + " bytes (C * H * W)");
+  }
   if (static_cast<int64_t>(dl[0]) != n_) {
     throw DataError(path_ + ": dataset 'labels' holds " + std::to_string(dl[0]) + " labels but 'imgs' holds " +
                     std::to_string(n_) + " images; they must match");
@@ -154,7 +170,8 @@ Hdf5Dataset::Hdf5Dataset(std::string path) : path_(std::move(path)) {
   if (H5Lexists(file.get(), kConditionDataset, H5P_DEFAULT) > 0) {  // a file of pairs
     std::vector<hsize_t> da;
     h5::Hid a = open_checked(file.get(), path_, kConditionDataset, H5T_INTEGER, 1, H5T_SGN_NONE, "uint8 [N, C, H, W]", 4, &da);
-    if (da[0] != di[0] || da[2] != di[2] || da[3] != di[3] || da[1] < 1) {
+    if (da[0] != di[0] || da[2] != di[2] || da[3] != di[3] || da[1] < 1 ||
+        da[1] > static_cast<hsize_t>(kMaxImageBytes / (h_ * w_))) {
       throw DataError(path_ + ": dataset 'A' has shape [" + std::to_string(da[0]) + ", " + std::to_string(da[1]) + ", " +
                       std::to_string(da[2]) + ", " + std::to_string(da[3]) + "] but 'imgs' (B) holds " +
                       std::to_string(n_) + " images of " + std::to_string(h_) + "x" + std::to_string(w_) +
@@ -191,6 +208,14 @@ std::vector<std::string> Hdf5Dataset::class_names() const {
   }
   hsize_t k = 0;
   H5Sget_simple_extent_dims(space.get(), &k, nullptr);
+  // Bounded before sizing buffers from them (found by hdf5_dataset_fuzz: a crafted extent
+  // made std::vector throw length_error).
+  const size_t fixed_len = H5Tis_variable_str(type.get()) > 0 ? 0 : H5Tget_size(type.get());
+  if (k > kMaxClasses || fixed_len > kMaxClassNameBytes) {
+    throw DataError(where + ": holds " + std::to_string(k) + " names of " + std::to_string(fixed_len) +
+                    " bytes; at most " + std::to_string(kMaxClasses) + " names of at most " +
+                    std::to_string(kMaxClassNameBytes) + " bytes are read");
+  }
   std::vector<std::string> names;
   if (H5Tis_variable_str(type.get()) > 0) {
     h5::Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "shardgan/train/config_sections.h"
@@ -98,17 +99,45 @@ TrainConfig read_config(Reader& r, const std::string& source) {
 
 }  // namespace config_sections
 
+namespace {
+
+// Counts documents without building nodes.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// The number of YAML documents in `text`, counting up to `limit`.
+int count_documents(const std::string& text, int limit) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentCounter counter;
+  int n = 0;
+  while (n < limit && parser.HandleNextDocument(counter)) ++n;
+  return n;
+}
+
+}  // namespace
+
 TrainConfig parse_config(const std::string& yaml_text, const std::string& source,
                          const std::vector<std::string>& overrides) {
   Flat flat;
   try {
-    // YAML::Load would read the first document and silently drop any after a "---".
-    const std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
-    if (docs.size() > 1) {
-      throw ConfigError(source + ": holds " + std::to_string(docs.size()) +
-                        " YAML documents (separated by ---); a config is one document");
+    // YAML::Load would read the first document and silently drop any after a "---", so the
+    // documents are counted first, by events only and at most 2 (YAML::LoadAll loops forever
+    // on some inputs, e.g. the two bytes ", ": found by tests/fuzz/config_fuzz.cpp).
+    if (count_documents(yaml_text, 2) > 1) {
+      throw ConfigError(source + ": holds more than one YAML document (separated by ---); a config is one document");
     }
-    const YAML::Node root = docs.empty() ? YAML::Node() : docs[0];
+    const YAML::Node root = YAML::Load(yaml_text);
     if (!root.IsNull()) {
       if (!root.IsMap()) throw ConfigError(source + ": the top level must be a map of sections");
       size_t visited = 0;
