@@ -1,5 +1,5 @@
 #!/bin/bash
-# Fuzzes one reader of user input with libFuzzer (issue 60). The targets and their input
+# Fuzzes one reader of user input with libFuzzer. The targets and their input
 # formats: tests/fuzz/*_fuzz.cpp; their replay in ctest: tests/fuzz_tests.cmake.
 #
 #   scripts/fuzz.sh TARGET SECONDS [LIBFUZZER_ARGS...]
@@ -10,10 +10,10 @@
 # configure of this project with SHARDGAN_FUZZ=ON, tests and benchmarks off, ccache; the
 # reader's sources are instrumented, the rest comes from build/libshardgan.a, so build the
 # normal tree first), then runs it single-process for SECONDS on a working copy of
-# tests/fuzz/corpus/TARGET (build-fuzz/corpus/TARGET: the seeds plus what libFuzzer adds;
+# tests/fuzz/corpus/<target> (build-fuzz/corpus/TARGET: the seeds plus what libFuzzer adds;
 # the checked-in corpus is not touched) with -timeout=10 -rss_limit_mb=4096. Crashes,
 # hangs and sanitizer reports are written to build-fuzz/findings/TARGET/ (crash-*,
-# timeout-*, oom-*); add each to tests/fuzz/corpus/TARGET/ once it is fixed. Prints
+# timeout-*, oom-*); add each to tests/fuzz/corpus/<target>/ once it is fixed. Prints
 # libFuzzer's final stats: stat::number_of_executed_units (executions), the run's seconds
 # and executions per second. Exit status: libFuzzer's (0: nothing found).
 # Builds take /tmp/shardgan-build.lock (shared with the other builds of this checkout);
