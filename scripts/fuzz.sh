@@ -64,8 +64,11 @@ START=$(date +%s)
 set +e
 # The sanitizers' reports go to FINDINGS/asan.PID and ubsan.PID as well: in fork mode the
 # parent's log keeps only their first line.
+# SHARDGAN_HDF5_PROBE_DEADLINE_S: the readers' forked HDF5 probe (include/shardgan/h5/probe.h)
+# ends a child that spins after 5 s, inside libFuzzer's 10 s -timeout.
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1:symbolize=1:allocator_may_return_null=1:log_path=$FINDINGS/asan} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:log_path=$FINDINGS/ubsan} \
+SHARDGAN_HDF5_PROBE_DEADLINE_S=${SHARDGAN_HDF5_PROBE_DEADLINE_S:-5} \
 OMP_NUM_THREADS=1 "$B/${T}_fuzz" "$CORPUS" -fork=1 -ignore_crashes=1 -ignore_ooms=1 -ignore_timeouts=1 \
   -max_total_time="$SECS" -timeout=10 -rss_limit_mb=4096 -malloc_limit_mb=1048576 -max_len=262144 \
   -print_final_stats=1 -artifact_prefix="$FINDINGS/" "$@" >"$LOG" 2>&1

@@ -89,6 +89,19 @@ TEST(Config, ResolvedNestedYamlReadsBack) {
   }
 }
 
+// yaml-cpp prints invalid UTF-8 as U+FFFD, so such a config would not read back: it is
+// refused, naming the line. Valid UTF-8 (a path with accents) reads back unchanged.
+TEST(Config, InvalidUtf8IsRefusedAndUtf8ReadsBack) {
+  EXPECT_NE(error_of("run:\n  dir: runs/x\xb6y\n").find("test.yaml: line 2 is not valid UTF-8"), std::string::npos)
+      << error_of("run:\n  dir: runs/x\xb6y\n");
+  EXPECT_NE(error_of("run: {dir: \xed\xa0\x80}\n").find("line 1 is not valid UTF-8"), std::string::npos);  // a surrogate
+  EXPECT_NE(error_of("run: {dir: a\xe2\x82}\n").find("not valid UTF-8"), std::string::npos);  // cut short
+  EXPECT_NE(error_of("", {"run.dir=\xff"}).find("--set 'run.dir="), std::string::npos);
+  const TrainConfig a = parse_config("run: {dir: \"runs/donn\xc3\xa9es \xe2\x82\xac \xf0\x9f\x98\x80\"}\n", "t.yaml", {});
+  EXPECT_EQ(a.run_dir, "runs/donn\xc3\xa9es \xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(parse_config(a.resolved_nested_yaml, "resolved.yaml", {}).resolved_yaml, a.resolved_yaml);
+}
+
 // The config reference names every key the reader accepts, each with a meaning.
 TEST(Config, ReferenceListsEveryKeyWithAMeaning) {
   const std::string md = config_reference_markdown();

@@ -447,6 +447,9 @@ namespace {
 // report to arrive (await_writer kills it at timeout_s and the thread then reports that).
 constexpr double kWriteReportSlackS = 2.0;
 
+// The write's bound as fail_hung_write names it.
+std::string write_bound_text(double timeout_s) { return "dist.timeout_s = " + fmt::format("{}", timeout_s) + " s"; }
+
 }  // namespace
 
 void AsyncCheckpointer::fail_hung_write(const char* bound) {
@@ -462,7 +465,7 @@ void AsyncCheckpointer::fail_hung_write(const char* bound) {
 void AsyncCheckpointer::check_write() {
   if (!state_ || state_->written.load() || test_control("ckpt_copy_writer_unbounded")) return;
   if (since(state_->started) > state_->timeout_s + kWriteReportSlackS) {
-    fail_hung_write(("dist.timeout_s = " + fmt::format("{}", state_->timeout_s) + " s").c_str());
+    fail_hung_write(write_bound_text(state_->timeout_s).c_str());
   }
 }
 
@@ -488,7 +491,7 @@ double AsyncCheckpointer::wait() {
   };
   const double write_bound_s = unbounded ? 1e9 : s->timeout_s + kWriteReportSlackS;
   if (!poll_until(after(write_bound_s), [&] { return s->written.load(); }, {}, naps)) {
-    fail_hung_write(("dist.timeout_s = " + fmt::format("{}", s->timeout_s) + " s").c_str());
+    fail_hung_write(write_bound_text(s->timeout_s).c_str());
   }
   if (!poll_until(after(bound_s), [&] { return s->done.load(); }, {}, naps)) {
     fail_hung_write(("3 x dist.timeout_s = " + fmt::format("{}", bound_s) + " s (the write, then the commit's "

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "index_layout.h"
+#include "shardgan/h5/probe.h"
 
 namespace shardgan::ckpt {
 namespace fs = std::filesystem;
@@ -236,6 +237,9 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
     }
     throw CheckpointError("'" + dir_ + "' is not a checkpoint: it has no " + kIndexFile);
   }
+  if (const std::string why = h5::probe_isolated(path, {"manifest.json"}); !why.empty()) {
+    throw CheckpointError("checkpoint '" + dir_ + "': " + kIndexFile + " cannot be read: " + why + "." + kDoWhat);
+  }
   try {
     h5::File f = h5::File::open_read(path);
     const int64_t v = f.attr_int("/", "schema_version");
@@ -293,6 +297,13 @@ h5::File& CheckpointReader::file(int rank) {
   if (bytes != fe->bytes) {
     fail_file(rank, "is " + std::to_string(bytes) + " bytes, but was committed with " +
                         std::to_string(fe->bytes) + " (truncated or overwritten)." + kDoWhat);
+  }
+  if (probe_files_) {
+    std::vector<std::string> named;
+    for (const auto& kv : fe->datasets) named.push_back(kv.first);
+    if (const std::string why = h5::probe_isolated(path, named); !why.empty()) {
+      fail_file(rank, "cannot be read: " + why + "." + kDoWhat);
+    }
   }
   try {
     auto f = std::make_unique<h5::File>(h5::File::open_read(path));

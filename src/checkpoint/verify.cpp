@@ -1,8 +1,5 @@
 #include "shardgan/checkpoint/shard_io.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -10,6 +7,8 @@
 #include <filesystem>
 
 #include "h5/inspect.h"
+#include "shardgan/h5/probe.h"
+#include "shardgan/util/isolate.h"
 #include "index_layout.h"
 
 // `shardgan-ckpt verify`: CheckpointReader::verify_all and what it checks beyond the
@@ -132,70 +131,25 @@ void attempt_into(std::vector<std::string>& problems, Fn&& fn) {
   }
 }
 
-// Runs `fn`, which appends problems, in a child process, and appends what it found. HDF5
-// 1.10 trusts its metadata more than a corrupted file deserves: for example, a virtual
-// dataset whose global-heap reference points past the heap's objects makes H5Dopen read out
-// of bounds and crash (SIGSEGV in H5HG_read). Isolated, such a crash becomes one more
-// problem naming the file (`what`). Without fork() (or a pipe), `fn` runs here.
+// Runs `fn`, which appends problems, in a child process (util/isolate.h), and appends what
+// it found. HDF5 1.10 trusts its metadata more than a corrupted file deserves: for example,
+// a virtual dataset whose global-heap reference points past the heap's objects makes
+// H5Dopen read out of bounds and crash (SIGSEGV in H5HG_read), and a crafted selection can
+// keep H5S_select_hyperslab busy for minutes. Isolated, such a crash or loop becomes one
+// more problem naming the file (`what`); the child is killed after `deadline_s` seconds.
 void isolated(std::vector<std::string>& problems, const std::string& what,
-              const std::function<void(std::vector<std::string>&)>& fn) {
-  int fds[2];
-  if (::pipe(fds) != 0) {
-    fn(problems);
-    return;
-  }
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    fn(problems);
-    return;
-  }
-  if (pid == 0) {  // the child: check, send the problems NUL-separated, and leave at once
-    ::close(fds[0]);
-    std::vector<std::string> found;
-    try {
-      fn(found);
-    } catch (const std::exception& e) {
-      found.push_back(what + ": " + e.what());
-    } catch (...) {
-      found.push_back(what + ": unknown error");
-    }
-    std::string msg;
-    for (const std::string& p : found) msg += p + '\0';
-    for (size_t off = 0; off < msg.size();) {
-      const ssize_t n = ::write(fds[1], msg.data() + off, msg.size() - off);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) ::_exit(3);
-      off += static_cast<size_t>(n);
-    }
-    ::_exit(0);  // no atexit handlers, no HDF5 or MPI shutdown in the child
-  }
-  ::close(fds[1]);
-  std::string msg;
-  char buf[65536];
-  while (true) {
-    const ssize_t n = ::read(fds[0], buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    msg.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fds[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  for (size_t a = 0; a < msg.size();) {
-    const size_t b = msg.find('\0', a);
-    if (b == std::string::npos) break;
-    problems.push_back(msg.substr(a, b - a));
-    a = b + 1;
-  }
-  if (WIFSIGNALED(status)) {
-    problems.push_back(what + ": the HDF5 library crashed (signal " + std::to_string(WTERMSIG(status)) + ", " +
-                       ::strsignal(WTERMSIG(status)) + ") reading it, so its HDF5 metadata is corrupted." + kDoWhat);
-  } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    problems.push_back(what + ": checking it failed (child exit status " + std::to_string(WEXITSTATUS(status)) + ")");
+              const std::function<void(std::vector<std::string>&)>& fn, double deadline_s) {
+  IsolatedResult r = run_isolated(what, fn, deadline_s);
+  problems.insert(problems.end(), r.problems.begin(), r.problems.end());
+  if (r.timed_out) {
+    problems.push_back(what + ": checking it did not finish within " + std::to_string(static_cast<long long>(deadline_s)) +
+                       " s, so its HDF5 metadata is corrupted (HDF5 loops on it) or the storage is very slow "
+                       "(raise SHARDGAN_HDF5_PROBE_DEADLINE_S)." + kDoWhat);
+  } else if (r.signal != 0) {
+    problems.push_back(what + ": the HDF5 library " + r.failure() + " reading it, so its HDF5 metadata is corrupted." +
+                       kDoWhat);
+  } else if (r.exit_status != 0) {
+    problems.push_back(what + ": checking it " + r.failure());
   }
 }
 
@@ -203,6 +157,10 @@ void isolated(std::vector<std::string>& problems, const std::string& what,
 
 std::vector<std::string> CheckpointReader::verify_all() {
   std::vector<std::string> problems;
+  // Every HDF5 read below runs in a child (isolated()), which is the probe's protection.
+  probe_files_ = false;
+  // A rank file's child reads all of its data: its deadline adds 20 s per GB (50 MB/s).
+  const double deadline_s = h5::probe_deadline_s();
   auto attempt = [&](auto&& fn) { attempt_into(problems, fn); };
   // Everything about one rank file (run in a child process, see isolated()).
   auto verify_file = [&](const FileEntry& fe, std::vector<std::string>& found) {
@@ -278,7 +236,8 @@ std::vector<std::string> CheckpointReader::verify_all() {
   // Each file is checked in a child process (see isolated()).
   for (const FileEntry& fe : m_.files) {
     isolated(problems, "checkpoint '" + dir_ + "', rank " + std::to_string(fe.rank) + " file '" + fe.name + "'",
-             [&](std::vector<std::string>& out) { verify_file(fe, out); });
+             [&](std::vector<std::string>& out) { verify_file(fe, out); },
+             deadline_s + static_cast<double>(fe.bytes) / 50e6);
   }
   for (const ModelEntry& mo : m_.models) {
     for (const UnitEntry& u : mo.units) {
@@ -310,7 +269,8 @@ std::vector<std::string> CheckpointReader::verify_all() {
     }
   }
   isolated(problems, "checkpoint '" + dir_ + "': " + kIndexFile + " is corrupted",
-           [&](std::vector<std::string>& out) { check_index(dir_, m_, out); });
+           [&](std::vector<std::string>& out) { check_index(dir_, m_, out); }, deadline_s);
+  probe_files_ = true;
   return problems;
 }
 

@@ -229,7 +229,7 @@ void MpiCommunicator::enable_progress_thread(double interval_us) {
   }
   progress_.reset();  // join a previous one first
   progress_ = std::make_shared<ProgressThread>(
-      comm_, std::chrono::microseconds(static_cast<int64_t>(interval_us)));
+      comm_, std::chrono::microseconds(static_cast<int64_t>(interval_us)), timeout_s_);
 }
 
 int64_t MpiCommunicator::progress_polls() const { return progress_ ? progress_->polls() : 0; }

@@ -3,10 +3,12 @@
 #include <string>
 
 #include "shardgan/comm/communicator.h"
+#include "shardgan/util/deadman.h"
 
 namespace shardgan {
 
-ProgressThread::ProgressThread(MPI_Comm comm, std::chrono::microseconds interval) : interval_(interval) {
+ProgressThread::ProgressThread(MPI_Comm comm, std::chrono::microseconds interval, double timeout_s)
+    : interval_(interval) {
   int provided = MPI_THREAD_SINGLE;
   MPI_Query_thread(&provided);
   if (provided < MPI_THREAD_MULTIPLE) {
@@ -15,7 +17,15 @@ ProgressThread::ProgressThread(MPI_Comm comm, std::chrono::microseconds interval
         std::to_string(provided) +
         "), which a progress thread needs. Use an MPI built with thread support, or set dist.progress_thread: false");
   }
-  MPI_Comm_dup(comm, &comm_);
+  int rc = MPI_SUCCESS;
+  {
+    Deadman deadline("MPI_Comm_dup for the progress thread", timeout_s, "dist.timeout_s");
+    rc = MPI_Comm_dup(comm, &comm_);
+  }
+  if (rc != MPI_SUCCESS) {
+    comm_ = MPI_COMM_NULL;
+    throw CollectiveError("dist.progress_thread: MPI_Comm_dup failed (MPI error " + std::to_string(rc) + ")");
+  }
   thread_ = std::thread([this] { run(); });
 }
 

@@ -23,9 +23,11 @@ namespace shardgan {
 
 class ProgressThread {
  public:
-  /// Collective over `comm` (MPI_Comm_dup). Throws CollectiveError unless MPI was
-  /// initialized with MPI_THREAD_MULTIPLE. `interval` >= 1 us.
-  ProgressThread(MPI_Comm comm, std::chrono::microseconds interval);
+  /// Collective over `comm` (MPI_Comm_dup, which has no request to time out: a Deadman
+  /// ends the process if it has not returned after `timeout_s` seconds, as
+  /// MpiCommunicator::split does). Throws CollectiveError unless MPI was initialized with
+  /// MPI_THREAD_MULTIPLE, or when MPI_Comm_dup fails. `interval` >= 1 us.
+  ProgressThread(MPI_Comm comm, std::chrono::microseconds interval, double timeout_s);
   /// Stops and joins the thread, then frees the duplicate (if MPI is not finalized).
   ~ProgressThread();
   ProgressThread(const ProgressThread&) = delete;

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "h5/core.h"
+#include "shardgan/h5/probe.h"
 #include "shardgan/data/images.h"
 
 namespace shardgan::data {
@@ -121,6 +122,12 @@ Hdf5Dataset::Hdf5Dataset(std::string path) : path_(std::move(path)) {
   if (H5Fis_hdf5(path_.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     throw DataError(path_ + ": not an HDF5 file" + std::string(kHint));
+  }
+  // HDF5 first reads the file in a child (h5/probe.h): a crafted or corrupted file can crash
+  // or hang Debian's libhdf5, which must cost an error here, not the rank.
+  if (const std::string why = h5::probe_isolated(path_, {kImagesDataset, kLabelsDataset, kConditionDataset});
+      !why.empty()) {
+    throw DataError(path_ + ": " + why);
   }
   h5::Hid file(h5::check<DataError>(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path_ + ": cannot open the HDF5 file"),
                 H5Fclose);

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "shardgan/h5/h5.h"
+#include "shardgan/h5/probe.h"
 
 namespace fs = std::filesystem;
 
@@ -212,6 +213,10 @@ void save_classifier(Classifier& model, const std::string& path, const Classifie
 Classifier load_classifier(const std::string& path, ClassifierInfo* info) {
   const std::string where = "FID classifier file '" + path + "'";
   if (!fs::exists(path)) throw ClassifierFileError(where + ": no such file" + fix_hint());
+  // A crafted file can crash or hang Debian's libhdf5: a child reads it first (h5/probe.h).
+  if (const std::string why = h5::probe_isolated(path, {"*"}); !why.empty()) {
+    throw ClassifierFileError(where + ": not a readable HDF5 file (" + why + ")" + fix_hint());
+  }
   std::optional<h5::File> f;
   try {
     f.emplace(h5::File::open_read(path));

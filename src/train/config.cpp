@@ -127,9 +127,55 @@ int count_documents(const std::string& text, int limit) {
 
 }  // namespace
 
+// The 1-based line of the first byte of `text` that is not part of valid UTF-8, or 0 when
+// all of it is (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF).
+static size_t first_invalid_utf8_line(const std::string& text) {
+  size_t line = 1;
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\n') ++line;
+    size_t n = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // the second byte's range
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      n = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return line;
+    }
+    if (i + n >= text.size()) return line;  // cut off at the end
+    for (size_t k = 1; k <= n; ++k) {
+      const auto b = static_cast<unsigned char>(text[i + k]);
+      if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return line;
+    }
+    i += n + 1;
+  }
+  return 0;
+}
+
 TrainConfig parse_config(const std::string& yaml_text, const std::string& source,
                          const std::vector<std::string>& overrides) {
   Flat flat;
+  // yaml-cpp reads any bytes but prints invalid UTF-8 as U+FFFD, so --print-config would
+  // not give back what was read (found by tests/fuzz/config_fuzz.cpp's round trip).
+  if (const size_t line = first_invalid_utf8_line(yaml_text); line != 0) {
+    throw ConfigError(source + ": line " + std::to_string(line) +
+                      " is not valid UTF-8; YAML configs are UTF-8 text: save the file as UTF-8");
+  }
+  for (const auto& o : overrides) {
+    if (first_invalid_utf8_line(o) != 0) {
+      throw ConfigError("--set '" + o + "': not valid UTF-8; pass UTF-8 text");
+    }
+  }
   try {
     // YAML::Load would read the first document and silently drop any after a "---", so the
     // documents are counted first, by events only and at most 2 (YAML::LoadAll loops forever

@@ -57,6 +57,10 @@ struct TensorRef {
 /// have the committed size. Every read is checked against the recorded checksums (the
 /// blocks it touches), so a corrupted byte is an error, never a wrong value. Errors are
 /// CheckpointError naming the directory, the rank and the file, and saying what to do.
+/// Before HDF5 opens the index or a rank file in this process, a forked child reads its
+/// metadata (h5/probe.h, under SHARDGAN_HDF5_PROBE_DEADLINE_S), so that a file that
+/// crashes or hangs the HDF5 library is a CheckpointError too. Construct readers where no
+/// other thread is inside HDF5 (at start-up, in the tools).
 class CheckpointReader {
  public:
   explicit CheckpointReader(std::string dir);
@@ -94,6 +98,7 @@ class CheckpointReader {
   std::string dir_;
   Manifest m_;
   std::map<int, std::unique_ptr<h5::File>> files_;
+  bool probe_files_ = true;  // false in verify_all, which reads each file in a child anyway
 };
 
 /// Reads the schema_version attribute of a checkpoint directory's index (or of

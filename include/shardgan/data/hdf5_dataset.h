@@ -42,7 +42,11 @@ class Hdf5Dataset {
   /// Throws DataError, naming `path` and the dataset, when the file is missing or not
   /// HDF5, `imgs` or `labels` is missing (the message lists what the file holds), `imgs`
   /// is not uint8 of rank 4 with N >= 1, `labels` is not int64 of rank 1, the two
-  /// disagree on N, or a label is negative.
+  /// disagree on N, or a label is negative, or an image holds more than 2^31 bytes
+  /// (C * H * W). Before HDF5 opens the file here, a forked child reads it
+  /// (h5::probe_isolated, include/shardgan/h5/probe.h): DataError, naming the file, also
+  /// when that child finds it unreadable, crashes in libhdf5 or passes its deadline. Call
+  /// it where no other thread is inside HDF5 (at start-up).
   explicit Hdf5Dataset(std::string path);
   ~Hdf5Dataset();
   Hdf5Dataset(const Hdf5Dataset&) = delete;
@@ -60,7 +64,9 @@ class Hdf5Dataset {
   int64_t max_label() const { return max_label_; }
 
   /// The root attribute `classes` (strings, label k = classes[k]), or {} when the file has
-  /// none. Throws DataError naming the file if it exists but is not a 1-D string array.
+  /// none. Throws DataError naming the file if it exists but is not a 1-D string array, or
+  /// holds more names, or longer fixed-length names, than the reader's bounds (it says
+  /// which).
   std::vector<std::string> class_names() const;
 
   /// Throws DataError naming the file and `labels` unless every label is < num_classes.

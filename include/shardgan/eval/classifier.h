@@ -110,7 +110,9 @@ void save_classifier(Classifier& model, const std::string& path, const Classifie
 /// Reads a classifier written by save_classifier into a new module in eval mode; fills
 /// `info` if given. Throws ClassifierFileError naming `path` if it is missing or not HDF5,
 /// lacks format "shardgan-fid-classifier", has another version or feature_dim, or lacks a
-/// dataset of the module or holds one of another shape; every message ends with
+/// dataset of the module or holds one of another shape, or when the forked child that reads
+/// the file first (h5::probe_isolated) finds it unreadable, crashes in libhdf5 or passes
+/// its deadline; every message ends with
 /// "run shardgan-fid train-classifier -o PATH" to make a valid one.
 Classifier load_classifier(const std::string& path, ClassifierInfo* info = nullptr);
 
