@@ -52,4 +52,10 @@ void probe_read(const std::string& path, const std::vector<std::string>& dataset
 std::string probe_isolated(const std::string& path, const std::vector<std::string>& datasets,
                            double deadline_s = -1);
 
+/// Turns probe_isolated on (the default) or off for the whole process; off, it returns ""
+/// without reading the file. Only for the libFuzzer targets (tests/fuzz/), which must run
+/// a reader's own HDF5 calls in-process to see their coverage and crashes; shardgan itself
+/// never turns it off. Thread-safe.
+void set_probing(bool on);
+
 }  // namespace shardgan::h5
