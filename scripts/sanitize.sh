@@ -9,7 +9,9 @@
 # SANITIZE_TARGETS="shardgan-train test_offload" builds only those targets (and what they
 # link), for a run of a few tests: the instrumented build of everything is the slow part.
 # Not part of CI: on 2 cores the instrumented build takes ~25 minutes and the suite runs
-# 2-3x slower than in Release. Suppressions (scripts/sanitize.supp, scripts/tsan.supp) cover
+# 2-3x slower than in Release. CTEST_PARALLEL_LEVEL=2 (ctest's own variable) runs two tests
+# at once. A build after a source file was added or removed recompiles every file: the
+# precompiled header is rebuilt, and ccache then misses. Suppressions (scripts/sanitize.supp, scripts/tsan.supp) cover
 # only reports from inside LibTorch and Open MPI, which are not built with the sanitizers;
 # each says why.
 set -euo pipefail

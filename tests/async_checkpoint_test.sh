@@ -102,8 +102,9 @@ kill_during_write() {
       sleep 0.01
     done
     for _ in $(seq 1 3000); do  # until rank 1 has a writer child and a save is in flight (up to 30 s)
-      # The writer, not a child that reads a file before HDF5 opens it (named sg-isolated).
-      wpid=$(for c in $(pgrep -P "$rpid"); do [ "$(cat /proc/$c/comm 2>/dev/null)" != sg-isolated ] && echo "$c"; done | head -1)
+      # The writer child names itself sg-ckpt-writer (a rank has other short-lived children:
+      # the HDF5 probe reads a checkpoint before resuming from it).
+      wpid=$(for c in $(pgrep -P "$rpid"); do [ "$(cat /proc/$c/comm 2>/dev/null)" = sg-ckpt-writer ] && echo "$c"; done | head -1)
       if [ -n "$wpid" ] && compgen -G "$CK/step-*[0-9]" > /dev/null && compgen -G "$CK/step-*.tmp" > /dev/null; then
         if [ "$victim" = rank ]; then kill -9 "$rpid"; else kill -9 "$wpid"; fi
         break

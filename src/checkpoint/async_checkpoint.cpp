@@ -203,6 +203,7 @@ std::pair<pid_t, int> fork_writer(const SaveParts& parts, int rank, const std::v
       // any destructor or exit handler of the parent's libraries.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(3);
+      ::prctl(PR_SET_NAME, "sg-ckpt-writer", 0, 0, 0);  // its name in ps and /proc/PID/comm
       ::close(fds[0]);
       std::string report;
       try {
