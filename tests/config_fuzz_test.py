@@ -409,7 +409,7 @@ def run_case(train, tmp, env, i, case):
     # The address-space limit through the shell (preexec_fn is unsafe with threads). An
     # AddressSanitizer build (scripts/sanitize.sh sets SHARDGAN_SANITIZE) reserves ~15 TB of
     # shadow address space at start, so it cannot run under ulimit -v; there ASan's own
-    # hard_rss_limit_mb (set by the script) bounds the memory instead.
+    # hard_rss_limit_mb (added to ASAN_OPTIONS in main) bounds the memory instead.
     limit = "" if os.environ.get("SHARDGAN_SANITIZE") else f"ulimit -v {AS_LIMIT >> 10} && "
     cmd = ["/bin/sh", "-c", limit + 'exec "$0" "$@"', train, path, "--dry-run"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp, env=env,
@@ -470,6 +470,8 @@ def main():
     t0 = time.time()
     tmp = tempfile.mkdtemp(prefix="shardgan-config-fuzz.")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    if env.get("SHARDGAN_SANITIZE"):  # the bound that replaces ulimit -v, for these runs only
+        env["ASAN_OPTIONS"] = ":".join(x for x in (env.get("ASAN_OPTIONS"), f"hard_rss_limit_mb={AS_LIMIT >> 20}") if x)
     rng = random.Random(args.seed)
     bases = {b: (tree_from(f"{args.src}/configs/fmnist-{b}.yaml", f"{tmp}/run-{b}"),) for b in ("dcgan", "biggan")}
     cases = make_cases(rng, bases, tmp)
