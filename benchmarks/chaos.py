@@ -35,6 +35,11 @@ import chaos_cells as cc  # noqa: E402
 import chaos_checks as ck  # noqa: E402
 
 EXIT_BOUND_S = 60.0
+# Passed on to every rank by name: the namespaced hosts of a multi-host cell start their ranks
+# with a clean environment (as ssh does), and under scripts/sanitize.sh they need its settings
+# (without ASAN_OPTIONS' detect_leaks=0, LeakSanitizer reports Open MPI's and LibTorch's
+# process-lifetime allocations at exit).
+SANITIZER_ENV = ("ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", "SHARDGAN_SANITIZE")
 
 
 def train_cmd(a, cell, run_dir, hosts, trial_id, extra=(), env=None, env_rank=None, resume=False):
@@ -49,6 +54,9 @@ def train_cmd(a, cell, run_dir, hosts, trial_id, extra=(), env=None, env_rank=No
 
     def context(n, own):
         xs = []
+        for k in SANITIZER_ENV:
+            if k in os.environ:
+                xs += ["-x", k]
         for k, v in list({"SHARDGAN_CHAOS_TRIAL": trial_id, **(env or {})}.items()) + list(own.items()):
             xs += ["-x", f"{k}={v}"]
         return ["-np", str(n)] + xs + [a.train] + args

@@ -48,7 +48,7 @@ for spec in "${SPECS[@]}"; do
   fi
   secs=$(echo "$(date +%s.%N) - $start" | bc)
   "${SHARDGAN_PYTHON:-python3}" - "$T/$name/memory.json" "$name" "$secs" > "$T/$name.txt" 2>&1 <<'PY'
-import json, sys
+import json, os, sys
 m = json.load(open(sys.argv[1]))
 pre = m["preflight"]
 c = pre["configured"]
@@ -65,7 +65,12 @@ print(f"{sys.argv[2]}: VmHWM {', '.join(f'{h / gib:.3f}' for h in hwm)} GiB agai
       f"predicted ({', '.join(f'{r:.3f}' for r in ratios)}); phase {c['state_phase']!r}; smaller shard "
       f"{smaller / gib:.3f} GiB = {smaller / max(hwm):.1%} of VmHWM; old count {old / gib:.3f} "
       f"({', '.join(f'{r:.3f}' for r in old_ratios)}); {float(sys.argv[3]):.1f} s")
-ok = all(0.9 <= r <= 1.1 for r in ratios)
+# Under scripts/sanitize.sh (SHARDGAN_SANITIZE) VmHWM measures the sanitizer (ASan's shadow
+# memory, its quarantine of freed blocks, its allocator): the runs are checked, the bound is not.
+sanitized = os.environ.get("SHARDGAN_SANITIZE") is not None
+if sanitized:
+    print("  SHARDGAN_SANITIZE: the +-10% VmHWM bound is not checked under the sanitizers")
+ok = sanitized or all(0.9 <= r <= 1.1 for r in ratios)
 ok = ok and predicted - old == smaller and smaller > 0
 sys.exit(0 if ok else 1)
 PY

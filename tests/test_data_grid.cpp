@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -218,6 +219,12 @@ TEST(FashionMnistImages, DecodePeakIsTheResultAndTheCountedTransient) {
   const int64_t result = train.numel() * 4, counted = fashion_mnist_decode_bytes(60000, 4);
   const int64_t peak = proc_status_bytes("VmHWM") - rss0;
   const int64_t slack = int64_t{24} << 20;  // zlib's buffers, the allocator's rounding
+  if (std::getenv("SHARDGAN_SANITIZE") != nullptr) {
+    // scripts/sanitize.sh: ASan's quarantine keeps freed blocks resident, so VmHWM measures
+    // the sanitizer (its control, fmnist_decode_peak_control, is not registered there).
+    std::printf("[peak] SHARDGAN_SANITIZE: decode peak %.1f MB, bound not checked\n", peak / 1e6);
+    return;
+  }
   EXPECT_GE(peak, result - slack) << "the result itself was not resident?";
   EXPECT_LE(peak, result + counted + slack)
       << "loading held " << (peak - result) / 1e6 << " MB beyond its " << result / 1e6
