@@ -9,11 +9,6 @@
 // (docs/optimizers.md has the measurements).
 #include "shardgan/optim/fused_adam.h"
 
-// GCC 12 warns that its own AVX-512 intrinsics read an uninitialized "__Y" (the
-// _mm512_undefined_* placeholders; GCC bug 105593). Nothing here is uninitialized.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -22,41 +17,19 @@
 #include <stdexcept>
 #include <string>
 
+#include "optim/omp_tiles.h"
+#include "optim/simd.h"
 #include "sharding/torch_internals.h"
 
 namespace shardgan {
 
 namespace {
 
-// Elements per work tile: 8192 floats = 32 KiB per stream. Threads take contiguous runs of
-// tiles (OpenMP static schedule), so each core streams through one region and the hardware
-// prefetcher sees long sequential runs.
-constexpr int64_t kTile = 8192;
-// Below this many elements one thread does the work (the fork/join costs a few us).
-constexpr int64_t kParallelMin = 1 << 16;
-
-int threads_for(int64_t n, int num_threads) {
-  if (n < kParallelMin) return 1;
-  int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
-  const int64_t tiles = (n + kTile - 1) / kTile;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nt, tiles)));
-}
-
-// Runs fn(begin, count) over [0, n) in tiles, contiguous runs of tiles per thread.
-template <typename Fn>
-void for_tiles(int64_t n, int num_threads, Fn&& fn) {
-  const int nt = threads_for(n, num_threads);
-  if (nt == 1) {
-    fn(int64_t{0}, n);
-    return;
-  }
-  const int64_t tiles = (n + kTile - 1) / kTile;
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t b = t * kTile;
-    fn(b, std::min(kTile, n - b));
-  }
-}
+using detail::bf16_avx2;
+using detail::bf16_avx512;
+using detail::for_tiles;
+using detail::kTile;
+using detail::threads_for;
 
 // ---- scalar ---------------------------------------------------------------------------
 
@@ -85,18 +58,6 @@ void adam_scalar(float* p, const float* g, float* m, float* v, int64_t n,
 }
 
 // ---- AVX2 + FMA (+ F16C for the float16 copy) ---------------------------------------------
-
-#define SHARDGAN_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-SHARDGAN_AVX2 inline __m128i bf16_avx2(__m256 x) {
-  // c10::BFloat16's round_to_nearest_even: bits + 0x7FFF + lsb, NaN -> 0x7FC0.
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
 
 template <bool kL2, bool kDecay>
 SHARDGAN_AVX2 void adam_avx2(float* p, const float* g, float* m, float* v, int64_t n,
@@ -133,17 +94,6 @@ SHARDGAN_AVX2 void adam_avx2(float* p, const float* g, float* m, float* v, int64
 }
 
 // ---- AVX-512F ---------------------------------------------------------------------------
-
-#define SHARDGAN_AVX512 __attribute__((target("avx512f")))
-
-SHARDGAN_AVX512 inline __m256i bf16_avx512(__m512 x) {
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
-  return _mm512_cvtepi32_epi16(r);
-}
 
 template <bool kL2, bool kDecay>
 SHARDGAN_AVX512 void adam_avx512(float* p, const float* g, float* m, float* v, int64_t n,

@@ -51,6 +51,44 @@ void fused_adam_step(float* p, const float* g, float* m, float* v, int64_t n,
                      uint16_t* copy_out = nullptr, CpuIsa isa = best_cpu_isa(),
                      int num_threads = 0);
 
+/// Adam's m or v held block-wise 8-bit (blockwise_quant.h): n codes and ceil(n / block)
+/// float32 absmax values, CPU memory. codes == nullptr: the state is not stored.
+struct QuantizedState {
+  uint8_t* codes = nullptr;
+  float* absmax = nullptr;
+};
+
+/// The largest block fused_adam8_step takes (its per-block scratch lives on the stack).
+constexpr int64_t kMaxStateBlock = 4096;
+
+/// One Adam/AdamW step on n contiguous float32 p with m (signed map) and v (unsigned map)
+/// stored block-wise 8-bit in blocks of `block` elements (1..kMaxStateBlock), the first
+/// block starting at p[0]. Per block: m and v are dequantized to float32, stepped by
+/// exactly fused_adam_step's operation sequence (so the update uses the unrounded new m
+/// and v, as bitsandbytes' 8-bit Adam does), and requantized with the block's new absmax.
+/// m.codes == nullptr means m is not stored: allowed only when c.beta1 == 0, where m is
+/// the current gradient (m starts from 0 each step). Returns the number of blocks whose
+/// new m or v is not finite; those store absmax NaN (the caller refuses the step). Throws
+/// std::invalid_argument for a block out of range, m missing with beta1 != 0, an
+/// unsupported `isa`, or a copy without copy_out. Local; OpenMP over whole blocks.
+int64_t fused_adam8_step(float* p, const float* g, QuantizedState m, QuantizedState v, int64_t n,
+                         int64_t block, const AdamCoefficients& c, ParamCopy copy = ParamCopy::kNone,
+                         uint16_t* copy_out = nullptr, CpuIsa isa = best_cpu_isa(), int num_threads = 0);
+
+/// One Adam/AdamW step on n contiguous float32 p with m and v stored as bfloat16 (raw bits,
+/// n each): widened to float32 (exact), stepped by exactly fused_adam_step's operation
+/// sequence, and rounded back to nearest even (float_to_bf16_bits). m == nullptr means m is
+/// not stored (c.beta1 == 0 only). Throws std::invalid_argument as fused_adam8_step. Local;
+/// OpenMP over tiles.
+void fused_adam_bf16_step(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
+                          const AdamCoefficients& c, ParamCopy copy = ParamCopy::kNone,
+                          uint16_t* copy_out = nullptr, CpuIsa isa = best_cpu_isa(), int num_threads = 0);
+
+/// Widens n bfloat16 values (raw bits) to float32 (exact). Local, one thread.
+void bf16_to_float(const uint16_t* in, int64_t n, float* out, CpuIsa isa = best_cpu_isa());
+/// Rounds n float32 values to bfloat16 bits, nearest even (float_to_bf16_bits). Local, one thread.
+void float_to_bf16(const float* in, int64_t n, uint16_t* out, CpuIsa isa = best_cpu_isa());
+
 /// The plain element-by-element loop the kernel is tested against: one thread, no SIMD
 /// intrinsics, the same operation sequence written with std::fma, std::sqrt and '/':
 ///   g' = fma(l2, p, g)                       (only when l2 != 0)
