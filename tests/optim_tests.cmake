@@ -30,3 +30,11 @@ add_test(NAME gradient_offload
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gradient_offload_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
 set_tests_properties(gradient_offload PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+
+# Optimizer states in bfloat16 and block-wise 8-bit: the quantizer against a reference
+# written in the test, and the fused kernels on every ISA path. Plain gtest, no MPI.
+add_executable(test_optimizer_state_dtype test_optimizer_state_dtype.cpp)
+target_link_libraries(test_optimizer_state_dtype PRIVATE shardgan GTest::gtest GTest::gtest_main)
+target_compile_options(test_optimizer_state_dtype PRIVATE -Wall -Wextra -Wno-unused-parameter)
+add_test(NAME optimizer_state_dtype COMMAND test_optimizer_state_dtype)
+set_tests_properties(optimizer_state_dtype PROPERTIES TIMEOUT 120 ENVIRONMENT "OMP_NUM_THREADS=2")

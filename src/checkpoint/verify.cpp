@@ -157,8 +157,13 @@ void isolated(std::vector<std::string>& problems, const std::string& what,
 
 std::vector<std::string> CheckpointReader::verify_all() {
   std::vector<std::string> problems;
-  // Every HDF5 read below runs in a child (isolated()), which is the probe's protection.
+  // Every HDF5 read below runs in a child (isolated()), which is the probe's protection;
+  // probing is back on when this returns or throws.
   probe_files_ = false;
+  struct ProbeAgain {
+    bool& flag;
+    ~ProbeAgain() { flag = true; }
+  } probe_again{probe_files_};
   // A rank file's child reads all of its data: its deadline adds 20 s per GB (50 MB/s).
   const double deadline_s = h5::probe_deadline_s();
   auto attempt = [&](auto&& fn) { attempt_into(problems, fn); };
@@ -270,7 +275,6 @@ std::vector<std::string> CheckpointReader::verify_all() {
   }
   isolated(problems, "checkpoint '" + dir_ + "': " + kIndexFile + " is corrupted",
            [&](std::vector<std::string>& out) { check_index(dir_, m_, out); }, deadline_s);
-  probe_files_ = true;
   return problems;
 }
 

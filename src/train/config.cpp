@@ -125,11 +125,9 @@ int count_documents(const std::string& text, int limit) {
   return n;
 }
 
-}  // namespace
-
 // The 1-based line of the first byte of `text` that is not part of valid UTF-8, or 0 when
 // all of it is (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF).
-static size_t first_invalid_utf8_line(const std::string& text) {
+size_t first_invalid_utf8_line(const std::string& text) {
   size_t line = 1;
   for (size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
@@ -161,6 +159,8 @@ static size_t first_invalid_utf8_line(const std::string& text) {
   }
   return 0;
 }
+
+}  // namespace
 
 TrainConfig parse_config(const std::string& yaml_text, const std::string& source,
                          const std::vector<std::string>& overrides) {
