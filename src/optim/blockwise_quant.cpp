@@ -1,7 +1,8 @@
 // Block-wise dynamic 8-bit quantization (see include/shardgan/optim/blockwise_quant.h).
 // Built without -march flags, as fused_adam_kernel.cpp: each SIMD path carries its own
-// target attribute. The nearest-code search is a branch-free binary search over the 255
-// midpoints (8 comparisons), vectorized with gathers from a 1 KiB table that stays in L1.
+// target attribute. The nearest code comes from a 25 KiB table of bins (see build_bins)
+// and one comparison, vectorized with gathers; nearest_code() keeps the plain binary
+// search over the midpoints, which the table must agree with.
 #include "shardgan/optim/blockwise_quant.h"
 
 #include <algorithm>
@@ -19,11 +20,73 @@ namespace shardgan {
 
 namespace {
 
+// The kernels find a code without a binary search: a table indexed by a normalized value's
+// sign, binade and top 8 mantissa bits gives `base`, the number of midpoints below the
+// bin's smallest value. Every bin holds at most one midpoint (checked when the table is
+// built), so the code is base + (u > mid[base]): two lookups instead of eight. |u| <= 1;
+// values under 2^-24 in magnitude share one bin per sign (no midpoint lies that close to 0).
+constexpr int kLowExp = 103;               // biased exponent of 2^-24
+constexpr int kRows = 128 - kLowExp + 1;   // the tiny bin and the binades 2^-24 .. 2^0
+constexpr int kBinBits = 8;
+constexpr int kBins = 2 * kRows * (1 << kBinBits);
+
 struct Map {
   std::array<float, 256> code{};
   std::array<float, 255> mid{};
+  std::array<float, 256> mid_pad{};       // mid and +inf: mid_pad[base] exists for base 255
+  std::array<uint16_t, kBins + 2> base{};  // +2: a 32-bit gather of the last entry stays inside
   uint8_t zero = 0;
 };
+
+inline uint32_t bin_of(uint32_t bits) {
+  const uint32_t sign = bits >> 31, exp = (bits >> 23) & 0xFF;
+  if (exp < kLowExp) return sign * kRows * (1u << kBinBits);
+  const uint32_t mant = (bits >> (23 - kBinBits)) & ((1u << kBinBits) - 1);
+  return (sign * kRows + (exp - kLowExp + 1)) * (1u << kBinBits) + mant;
+}
+
+float from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+void build_bins(Map& m) {
+  const uint32_t kMant = (1u << (23 - kBinBits)) - 1;  // mantissa bits below the bin's
+  for (uint32_t sign = 0; sign < 2; ++sign) {
+    for (int row = 0; row < kRows; ++row) {
+      for (uint32_t k = 0; k < (1u << kBinBits); ++k) {
+        if (row == 0 && k != 0) continue;
+        // The bin's magnitudes [small, large], as float bits.
+        uint32_t small, large;
+        if (row == 0) {
+          small = 0;
+          large = (static_cast<uint32_t>(kLowExp) << 23) - 1;
+        } else {
+          const uint32_t exp = static_cast<uint32_t>(kLowExp + row - 1);
+          small = (exp << 23) | (k << (23 - kBinBits));
+          large = small | kMant;
+        }
+        const float lo = sign ? -from_bits(large) : from_bits(small);
+        const float hi = sign ? -from_bits(small) : from_bits(large);
+        int below = 0, inside = 0;
+        for (float mid : m.mid) {
+          below += mid < lo ? 1 : 0;
+          inside += (mid >= lo && mid <= hi) ? 1 : 0;
+        }
+        if (inside > 1) throw std::logic_error("blockwise_quant: a code-table bin holds two midpoints");
+        m.base[(sign * kRows + static_cast<uint32_t>(row)) * (1u << kBinBits) + k] = static_cast<uint16_t>(below);
+      }
+    }
+  }
+}
+
+inline uint8_t lookup_scalar(const Map& m, float u) {
+  uint32_t bits;
+  std::memcpy(&bits, &u, sizeof bits);
+  const uint32_t base = m.base[bin_of(bits)];
+  return static_cast<uint8_t>(base + (u > m.mid_pad[base] ? 1 : 0));
+}
 
 // bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7, total_bits=8), in float64.
 // For unsigned maps bitsandbytes also counts one sign bit (non_sign_bits = 7), so each
@@ -56,7 +119,10 @@ Map build_map(bool is_signed) {
     float f = static_cast<float>(mid);
     if (static_cast<double>(f) > mid) f = std::nextafter(f, -std::numeric_limits<float>::infinity());
     m.mid[k] = f;
+    m.mid_pad[k] = f;
   }
+  m.mid_pad[255] = std::numeric_limits<float>::infinity();
+  build_bins(m);
   return m;
 }
 
@@ -90,7 +156,7 @@ float quantize_scalar(const float* x, int64_t n, const Map& m, uint8_t* codes) {
     return std::numeric_limits<float>::quiet_NaN();
   }
   const float div = amax == 0.0f ? 1.0f : amax;
-  for (int64_t i = 0; i < n; ++i) codes[i] = search_scalar(m.mid.data(), x[i] / div);
+  for (int64_t i = 0; i < n; ++i) codes[i] = lookup_scalar(m, x[i] / div);
   return amax;
 }
 
@@ -100,15 +166,22 @@ void dequantize_scalar(const uint8_t* codes, float absmax, int64_t n, const Map&
 
 // ---- AVX2 -----------------------------------------------------------------------------
 
-SHARDGAN_AVX2 inline __m256i search_avx2(const float* mid, __m256 u) {
-  __m256i pos = _mm256_setzero_si256();
-  for (int s = 128; s >= 1; s >>= 1) {
-    const __m256i cand = _mm256_add_epi32(pos, _mm256_set1_epi32(s));
-    const __m256 t = _mm256_i32gather_ps(mid, _mm256_sub_epi32(cand, _mm256_set1_epi32(1)), 4);
-    const __m256i gt = _mm256_castps_si256(_mm256_cmp_ps(u, t, _CMP_GT_OQ));
-    pos = _mm256_blendv_epi8(pos, cand, gt);
-  }
-  return pos;
+SHARDGAN_AVX2 inline __m256i lookup_avx2(const Map& m, __m256 u) {
+  const __m256i bits = _mm256_castps_si256(u);
+  const __m256i sign = _mm256_srli_epi32(bits, 31);
+  const __m256i exp = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF));
+  __m256i mant = _mm256_and_si256(_mm256_srli_epi32(bits, 23 - kBinBits), _mm256_set1_epi32((1 << kBinBits) - 1));
+  __m256i row = _mm256_sub_epi32(exp, _mm256_set1_epi32(kLowExp - 1));
+  const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(kLowExp), exp);
+  row = _mm256_andnot_si256(tiny, row);
+  mant = _mm256_andnot_si256(tiny, mant);
+  const __m256i bin = _mm256_add_epi32(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_mullo_epi32(sign, _mm256_set1_epi32(kRows)), row), kBinBits), mant);
+  const __m256i base = _mm256_and_si256(
+      _mm256_i32gather_epi32(reinterpret_cast<const int*>(m.base.data()), bin, 2), _mm256_set1_epi32(0xFFFF));
+  const __m256 t = _mm256_i32gather_ps(m.mid_pad.data(), base, 4);
+  const __m256i gt = _mm256_castps_si256(_mm256_cmp_ps(u, t, _CMP_GT_OQ));
+  return _mm256_sub_epi32(base, gt);  // gt is -1 where u > mid[base]
 }
 
 SHARDGAN_AVX2 float quantize_avx2(const float* x, int64_t n, const Map& m, uint8_t* codes) {
@@ -138,11 +211,11 @@ SHARDGAN_AVX2 float quantize_avx2(const float* x, int64_t n, const Map& m, uint8
   const __m256 div = _mm256_set1_ps(divs);
   alignas(32) int32_t idx[8];
   for (i = 0; i + 8 <= n; i += 8) {
-    const __m256i pos = search_avx2(m.mid.data(), _mm256_div_ps(_mm256_loadu_ps(x + i), div));
+    const __m256i pos = lookup_avx2(m, _mm256_div_ps(_mm256_loadu_ps(x + i), div));
     _mm256_store_si256(reinterpret_cast<__m256i*>(idx), pos);
     for (int l = 0; l < 8; ++l) codes[i + l] = static_cast<uint8_t>(idx[l]);
   }
-  for (; i < n; ++i) codes[i] = search_scalar(m.mid.data(), x[i] / divs);
+  for (; i < n; ++i) codes[i] = lookup_scalar(m, x[i] / divs);
   return am;
 }
 
@@ -160,14 +233,20 @@ SHARDGAN_AVX2 void dequantize_avx2(const uint8_t* codes, float absmax, int64_t n
 
 // ---- AVX-512F -------------------------------------------------------------------------
 
-SHARDGAN_AVX512 inline __m512i search_avx512(const float* mid, __m512 u) {
-  __m512i pos = _mm512_setzero_si512();
-  for (int s = 128; s >= 1; s >>= 1) {
-    const __m512i cand = _mm512_add_epi32(pos, _mm512_set1_epi32(s));
-    const __m512 t = _mm512_i32gather_ps(_mm512_sub_epi32(cand, _mm512_set1_epi32(1)), mid, 4);
-    pos = _mm512_mask_mov_epi32(pos, _mm512_cmp_ps_mask(u, t, _CMP_GT_OQ), cand);
-  }
-  return pos;
+SHARDGAN_AVX512 inline __m512i lookup_avx512(const Map& m, __m512 u) {
+  const __m512i bits = _mm512_castps_si512(u);
+  const __m512i sign = _mm512_srli_epi32(bits, 31);
+  const __m512i exp = _mm512_and_si512(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(0xFF));
+  __m512i mant = _mm512_and_si512(_mm512_srli_epi32(bits, 23 - kBinBits), _mm512_set1_epi32((1 << kBinBits) - 1));
+  __m512i row = _mm512_sub_epi32(exp, _mm512_set1_epi32(kLowExp - 1));
+  const __mmask16 tiny = _mm512_cmplt_epi32_mask(exp, _mm512_set1_epi32(kLowExp));
+  row = _mm512_mask_mov_epi32(row, tiny, _mm512_setzero_si512());
+  mant = _mm512_mask_mov_epi32(mant, tiny, _mm512_setzero_si512());
+  const __m512i bin = _mm512_add_epi32(
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_mullo_epi32(sign, _mm512_set1_epi32(kRows)), row), kBinBits), mant);
+  const __m512i base = _mm512_and_si512(_mm512_i32gather_epi32(bin, m.base.data(), 2), _mm512_set1_epi32(0xFFFF));
+  const __m512 t = _mm512_i32gather_ps(base, m.mid_pad.data(), 4);
+  return _mm512_mask_add_epi32(base, _mm512_cmp_ps_mask(u, t, _CMP_GT_OQ), base, _mm512_set1_epi32(1));
 }
 
 SHARDGAN_AVX512 float quantize_avx512(const float* x, int64_t n, const Map& m, uint8_t* codes) {
@@ -188,7 +267,7 @@ SHARDGAN_AVX512 float quantize_avx512(const float* x, int64_t n, const Map& m, u
   const __m512 div = _mm512_set1_ps(am == 0.0f ? 1.0f : am);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = detail::tail_mask16(n - i);
-    const __m512i pos = search_avx512(m.mid.data(), _mm512_div_ps(_mm512_maskz_loadu_ps(k, x + i), div));
+    const __m512i pos = lookup_avx512(m, _mm512_div_ps(_mm512_maskz_loadu_ps(k, x + i), div));
     _mm512_mask_cvtepi32_storeu_epi8(codes + i, k, pos);
   }
   return am;
