@@ -4,7 +4,8 @@
 /// dtype and which keep float32, and where each run lives in its store. Pure bookkeeping on
 /// element offsets; no torch.
 ///
-/// The rules (bitsandbytes' practice, Dettmers et al. 2022, Sec. 2 and App. F):
+/// The rules (bitsandbytes' practice: its optimizers' `min_8bit_size`, 4096, and the
+/// per-parameter 32-bit override its docs suggest for embeddings):
 /// - a parameter with fewer than `min_numel` elements, or whose qualified name matches one
 ///   of the `float32` globs (fnmatch), keeps float32 states;
 /// - 8-bit blocks are per parameter: each parameter's run starts a new block. Together with
