@@ -115,6 +115,9 @@ TEST(CodeMap, MidpointsSplitExactlyBetweenNeighbours) {
       EXPECT_EQ(nearest_code(m, above), reference_code(map, above)) << k;
       EXPECT_EQ(nearest_code(m, mid[k]), reference_code(map, mid[k])) << k;
     }
+    EXPECT_EQ(nearest_code(m, 1.0f), 255);
+    EXPECT_THROW(nearest_code(m, 1.5f), std::invalid_argument);
+    EXPECT_THROW(nearest_code(m, std::numeric_limits<float>::quiet_NaN()), std::invalid_argument);
   }
 }
 

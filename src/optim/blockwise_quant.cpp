@@ -1,8 +1,7 @@
 // Block-wise dynamic 8-bit quantization (see include/shardgan/optim/blockwise_quant.h).
 // Built without -march flags, as fused_adam_kernel.cpp: each SIMD path carries its own
 // target attribute. The nearest code comes from a 25 KiB table of bins (see build_bins)
-// and one comparison, vectorized with gathers; nearest_code() keeps the plain binary
-// search over the midpoints, which the table must agree with.
+// and one comparison, vectorized with gathers.
 #include "shardgan/optim/blockwise_quant.h"
 
 #include <algorithm>
@@ -129,17 +128,6 @@ Map build_map(bool is_signed) {
 const Map& get(CodeMap map) {
   static const Map s = build_map(true), u = build_map(false);
   return map == CodeMap::kSigned ? s : u;
-}
-
-// The number of midpoints strictly below u: binary lifting over 255 sorted values (the
-// largest index read is 254). NaN compares false everywhere and gets 0 (blocks with a
-// non-finite value never reach the search).
-inline uint8_t search_scalar(const float* mid, float u) {
-  int pos = 0;
-  for (int s = 128; s >= 1; s >>= 1) {
-    if (u > mid[pos + s - 1]) pos += s;
-  }
-  return static_cast<uint8_t>(pos);
 }
 
 // ---- scalar ---------------------------------------------------------------------------
@@ -291,15 +279,17 @@ void check_block(int64_t block, const char* what) {
   if (block < 1) throw std::invalid_argument(std::string(what) + ": block must be >= 1, got " + std::to_string(block));
 }
 
-// Tiles that hold whole blocks: about kTile elements, at least one block.
-int64_t block_tile(int64_t block) { return block * std::max<int64_t>(1, detail::kTile / block); }
-
 }  // namespace
 
 const std::array<float, 256>& code_map(CodeMap map) { return get(map).code; }
 const std::array<float, 255>& code_midpoints(CodeMap map) { return get(map).mid; }
 uint8_t zero_code(CodeMap map) { return get(map).zero; }
-uint8_t nearest_code(CodeMap map, float u) { return search_scalar(get(map).mid.data(), u); }
+uint8_t nearest_code(CodeMap map, float u) {
+  if (!(std::fabs(u) <= 1.0f)) {
+    throw std::invalid_argument("nearest_code: the normalized value must be in [-1, 1], got " + std::to_string(u));
+  }
+  return lookup_scalar(get(map), u);
+}
 
 float quantize_block(const float* x, int64_t n, CodeMap map, uint8_t* codes, CpuIsa isa) {
   check_isa(isa, "quantize_block");
@@ -329,7 +319,7 @@ int64_t quantize_blockwise(const float* x, int64_t n, int64_t block, CodeMap map
   if (n <= 0) return 0;
   const CpuIsa isa = best_cpu_isa();
   int64_t bad = 0;
-  const int64_t tile = block_tile(block);
+  const int64_t tile = detail::block_tile(block);
   const int nt = detail::threads_for(n, num_threads, tile);
   const int64_t tiles = (n + tile - 1) / tile;
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : bad)
@@ -357,7 +347,7 @@ void dequantize_blockwise(const uint8_t* codes, const float* absmax, int64_t n, 
           dequantize_block(codes + b, absmax[b / block], std::min(block, begin + count - b), map, out + b, isa);
         }
       },
-      block_tile(block));
+      detail::block_tile(block));
 }
 
 }  // namespace shardgan

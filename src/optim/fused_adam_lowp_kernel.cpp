@@ -106,7 +106,7 @@ int64_t fused_adam8_step(float* p, const float* g, QuantizedState m, QuantizedSt
   if (v.codes == nullptr || v.absmax == nullptr || (m.codes != nullptr && m.absmax == nullptr)) {
     throw std::invalid_argument("fused_adam8_step: a stored state needs both codes and absmax");
   }
-  const int64_t tile = block * std::max<int64_t>(1, detail::kTile / block);
+  const int64_t tile = detail::block_tile(block);
   const int nt = detail::threads_for(n, num_threads, tile);
   const int64_t tiles = (n + tile - 1) / tile;
   int64_t bad = 0;

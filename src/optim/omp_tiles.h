@@ -22,6 +22,10 @@ inline int threads_for(int64_t n, int num_threads, int64_t tile = kTile) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nt, tiles)));
 }
 
+// Tiles that hold whole blocks of `block` elements: about kTile elements, at least one block
+// (the 8-bit kernels: a block never straddles two threads).
+inline int64_t block_tile(int64_t block) { return block * std::max<int64_t>(1, kTile / block); }
+
 // Runs fn(begin, count) over [0, n) in tiles of `tile` elements, contiguous runs of tiles
 // per thread. A tile that is a multiple of a block size keeps every block in one call.
 template <typename Fn>

@@ -13,7 +13,9 @@
 /// - the code is the index of the nearest map value, ties to the lower index: the number
 ///   of the map's 255 midpoints that lie strictly below x / absmax, the midpoints being
 ///   computed in float64 and rounded toward minus infinity to float32 (so that `x > mid`
-///   in float32 is exactly `x > midpoint` in the reals);
+///   in float32 is exactly `x > midpoint` in the reals). It is found through a table of
+///   bins (sign, binade, top 8 mantissa bits) holding at most one midpoint each, and one
+///   comparison;
 /// - dequantization is one float32 multiply.
 /// No torch here: plain arrays on the CPU. Each path (AVX-512F, AVX2, scalar) is chosen as
 /// in fused_adam.h and gives the same bits.
@@ -37,8 +39,9 @@ const std::array<float, 256>& code_map(CodeMap map);
 const std::array<float, 255>& code_midpoints(CodeMap map);
 /// The index of 0 in the map (every element of an all-zero block gets this code).
 uint8_t zero_code(CodeMap map);
-/// The code of one normalized value u (|u| <= 1 after division by the absmax): the number of
-/// midpoints strictly below u. Scalar; the kernels use the same search vectorized.
+/// The code of one normalized value u (after division by the absmax): the number of
+/// midpoints strictly below u, through the same bin table as the kernels. Throws
+/// std::invalid_argument unless |u| <= 1 (NaN included).
 uint8_t nearest_code(CodeMap map, float u);
 
 /// Quantizes one block of n (>= 1) float32 values: writes n codes and returns the block's
