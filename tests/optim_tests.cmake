@@ -38,3 +38,18 @@ target_link_libraries(test_optimizer_state_dtype PRIVATE shardgan GTest::gtest G
 target_compile_options(test_optimizer_state_dtype PRIVATE -Wall -Wextra -Wno-unused-parameter)
 add_test(NAME optimizer_state_dtype COMMAND test_optimizer_state_dtype)
 set_tests_properties(optimizer_state_dtype PROPERTIES TIMEOUT 120 ENVIRONMENT "OMP_NUM_THREADS=2")
+
+# The same states inside the trainer's sharded optimizer: sharded Adam with bfloat16 or int8
+# states at stages 1-3 equals the unsharded step bit for bit (blocks aligned per parameter
+# and shard), frozen parameters keep their stored bits, m is not stored with beta1 0, and
+# the negative control (int8 blocks not aligned) shows the comparison catches a straddle.
+shardgan_test(test_state_dtype_sharded)
+shardgan_mpi_filtered(optimizer_state_dtype_sharded test_state_dtype_sharded "StateDtypeSharded.*-StateDtypeSharded.UnalignedControl" 300 1 2 4)
+add_test(NAME optimizer_state_dtype_unaligned_control_np2
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe $<TARGET_FILE:test_state_dtype_sharded>
+                 --gtest_filter=StateDtypeSharded.UnalignedControl)
+set_tests_properties(optimizer_state_dtype_unaligned_control_np2 PROPERTIES TIMEOUT 120 PROCESSORS 2
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_CONTROL=state_dtype_unaligned")
+# Reduced states through a checkpoint: bfloat16 resumes bit for bit across stages; float32
+# and int8 checkpoints load into each other's flat layouts parameter by parameter.
+shardgan_mpi_filtered(state_dtype_checkpoint test_state_dtype_sharded "StateDtypeCheckpoint.*" 300 2)

@@ -29,25 +29,34 @@ WIDE=("$SRC/configs/fmnist-biggan.yaml" --set data.source=synthetic --set data.s
       --set model.ch=${WIDTH:-128} --set model.d_ch=${WIDTH:-128} --set model.g_ch_mult=[8,8,2,1] --set model.d_ch_mult=[1,2,8,8]
       --set optim.generator.type=sgd --set optim.discriminator.type=sgd
       --set train.update=simultaneous --set train.shared_d_forward=true)
-# NAME RANKS STAGE D_STEPS. ctest runs the 2-rank cells (about 75 s); "all" adds 4 ranks
-# (about 75 s more).
+# NAME RANKS STAGE D_STEPS [STATES]. STATES int8 or float32 trains with Adam (beta1 0, so v
+# only) whose states are stored in that dtype, instead of SGD; the optimizer state the
+# pre-flight predicts must then equal rank 0's measured state exactly at 1 rank and bound
+# it from above at 2 (the prediction is the largest rank's). ctest runs the 2-rank cells
+# and the 8-bit cells (about 2 minutes); "all" adds 4 ranks (about 75 s more).
 if [ "$CELLS" = ctest ]; then
-  SPECS=("s3-np2 2 3 1" "s2-np2 2 2 1" "s3-np2-d2 2 3 2")
+  SPECS=("s3-np2 2 3 1" "s2-np2 2 2 1" "s3-np2-d2 2 3 2" "s3-np1-int8 1 3 1 int8" "s3-np2-int8 2 3 1 int8")
 elif [ "$CELLS" = all ]; then
-  SPECS=("s3-np2 2 3 1" "s2-np2 2 2 1" "s3-np4 4 3 1" "s2-np4 4 2 1" "s3-np2-d2 2 3 2")
+  SPECS=("s3-np2 2 3 1" "s2-np2 2 2 1" "s3-np4 4 3 1" "s2-np4 4 2 1" "s3-np2-d2 2 3 2"
+         "s3-np1-int8 1 3 1 int8" "s3-np2-int8 2 3 1 int8" "s3-np2-f32 2 3 1 float32")
 else
   SPECS=("$CELLS")
 fi
 for spec in "${SPECS[@]}"; do
-  set -- $spec; name=$1; np=$2; stage=$3; dsteps=$4
+  set -- $spec; name=$1; np=$2; stage=$3; dsteps=$4; states=${5:-}
+  extra=()
+  if [ -n "$states" ]; then
+    extra=(--set optim.generator.type=adam --set optim.discriminator.type=adam
+           --set optim.generator.state_dtype="$states" --set optim.discriminator.state_dtype="$states")
+  fi
   start=$(date +%s.%N)
-  if ! timeout 300 "${MPIRUN[@]}" -np "$np" "$TRAIN" "${WIDE[@]}" --set sharding.generator.stage="$stage" \
+  if ! timeout 300 "${MPIRUN[@]}" -np "$np" "$TRAIN" "${WIDE[@]}" "${extra[@]}" --set sharding.generator.stage="$stage" \
        --set sharding.discriminator.stage="$stage" --set train.d_steps="$dsteps" --set run.dir="$T/$name" \
        > "$T/$name.log" 2>&1; then
     bad "$name: $(tail -3 "$T/$name.log")"; continue
   fi
   secs=$(echo "$(date +%s.%N) - $start" | bc)
-  "${SHARDGAN_PYTHON:-python3}" - "$T/$name/memory.json" "$name" "$secs" > "$T/$name.txt" 2>&1 <<'PY'
+  "${SHARDGAN_PYTHON:-python3}" - "$T/$name/memory.json" "$name" "$secs" "$np" "$states" > "$T/$name.txt" 2>&1 <<'PY'
 import json, os, sys
 m = json.load(open(sys.argv[1]))
 pre = m["preflight"]
@@ -72,6 +81,14 @@ if sanitized:
     print("  SHARDGAN_SANITIZE: the +-10% VmHWM bound is not checked under the sanitizers")
 ok = sanitized or all(0.9 <= r <= 1.1 for r in ratios)
 ok = ok and predicted - old == smaller and smaller > 0
+if sys.argv[5]:  # Adam with reduced states: the state itself, predicted against rank 0's
+    for who in ("generator", "discriminator"):
+        want = stage[who]["optimizer_state_bytes"]
+        got = m[who + "_accounting_rank0"]["optimizer_state_bytes"]
+        exact = sys.argv[4] == "1"
+        print(f"  {who} optimizer state: rank 0 holds {got} bytes, the pre-flight predicts {want} "
+              f"({'must be equal' if exact else 'the largest rank: must not be below'})")
+        ok = ok and (got == want if exact else got <= want)
 sys.exit(0 if ok else 1)
 PY
   if [ $? -eq 0 ]; then ok "$(cat "$T/$name.txt")"; else bad "$(cat "$T/$name.txt")"; fi

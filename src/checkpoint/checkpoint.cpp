@@ -46,8 +46,10 @@ void check_model_matches(const ckpt::ModelEntry& me, ShardedModel& m, const std:
     }
     for (size_t p = 0; p < ue.params.size(); ++p) {
       const auto& s = u.slots()[p];
-      if (ue.params[p].name != s.name || ue.params[p].shape != s.shape || ue.params[p].offset != s.offset) {
-        differ("parameter '" + ue.name + "." + ue.params[p].name + "' differs in name, shape or position");
+      // Offsets may differ (a flat alignment on one side only, for 8-bit optimizer states):
+      // read_owned maps each parameter from its place there to its place here.
+      if (ue.params[p].name != s.name || ue.params[p].shape != s.shape) {
+        differ("parameter '" + ue.name + "." + ue.params[p].name + "' differs in name or shape");
       }
     }
   }
@@ -57,17 +59,35 @@ void check_model_matches(const ckpt::ModelEntry& me, ShardedModel& m, const std:
   }
 }
 
-// Fills `t` (1-D, this rank's S elements) with global flat elements [lo, lo + S) of `kind`;
-// elements at or past the unit's numel are padding and become 0.
+// Fills `t` (1-D, this rank's S elements) with global flat elements [lo, lo + S) of `kind`
+// under this run's layout (`u`'s slots). Where the checkpoint laid the parameters out at
+// the same offsets, that is one read of its elements [lo, lo + S); elements past its data
+// are padding and become 0. Where the offsets differ (a flat alignment on one side only),
+// each parameter's owned part is read from its place there, and the padding is 0.
 void read_owned(ckpt::CheckpointReader& rd, const ckpt::ModelEntry& me, const ckpt::UnitEntry& ue,
-                const std::string& kind, int64_t lo, at::Tensor t) {
-  const int64_t s = t.numel(), hi = std::min(lo + s, ue.numel);
+                const ShardedUnit& u, const std::string& kind, int64_t lo, at::Tensor t) {
+  const int64_t s = t.numel();
   // HDF5 reads into host memory; a device tensor is filled from a host copy in chunks.
   const bool direct = t.device().is_cpu() && t.is_contiguous();
   at::Tensor c = direct ? t : torch::empty({s}, t.options().device(at::kCPU));
-  if (hi > lo) rd.read_flat(me, ue, kind, lo, hi, c.data_ptr());
-  const int64_t got = std::max<int64_t>(0, hi - lo);
-  if (got < s) c.narrow(0, got, s - got).zero_();
+  bool same = true;
+  for (size_t k = 0; k < ue.params.size(); ++k) same &= ue.params[k].offset == u.slots()[k].offset;
+  if (same) {
+    const int64_t hi = std::min(lo + s, ue.data_end());
+    if (hi > lo) rd.read_flat(me, ue, kind, lo, hi, c.data_ptr());
+    const int64_t got = std::max<int64_t>(0, hi - lo);
+    if (got < s) c.narrow(0, got, s - got).zero_();
+  } else {
+    c.zero_();
+    const int64_t esize = c.element_size();
+    for (size_t k = 0; k < ue.params.size(); ++k) {
+      const int64_t d = u.slots()[k].offset, n = u.slots()[k].numel;
+      const int64_t a = std::max(lo, d), b = std::min(lo + s, d + n);
+      if (a >= b) continue;
+      const int64_t from = ue.params[k].offset + (a - d);
+      rd.read_flat(me, ue, kind, from, from + (b - a), static_cast<char*>(c.data_ptr()) + (a - lo) * esize);
+    }
+  }
   if (direct) return;
   if (t.is_contiguous()) {
     copy_from_host(c, t);
@@ -93,10 +113,10 @@ void load_local(const std::string& dir, TrainCounters& counters, const std::vect
       if (u.shard_offloaded()) {
         // Parameter offload: one unit's shard at a time, through a transient tensor.
         at::Tensor t = torch::empty({u.shard_numel()}, torch::TensorOptions().dtype(u.master_dtype()));
-        read_owned(rd, *me, ue, "param_shard", lo, t);
+        read_owned(rd, *me, ue, u, "param_shard", lo, t);
         u.set_master_shard(t);
       } else {
-        read_owned(rd, *me, ue, "param_shard", lo, u.shard());
+        read_owned(rd, *me, ue, u, "param_shard", lo, u.shard());
       }
       if (mo.optim) {
         // Offloaded state is filled in a transient tensor and streamed to its tier.
@@ -105,14 +125,14 @@ void load_local(const std::string& dir, TrainCounters& counters, const std::vect
             throw CheckpointError("checkpoint '" + dir + "' has no optimizer state '" + sname + "' for " +
                                   model.name() + " (saved with another optimizer?)");
           }
-          read_owned(rd, *me, ue, "optim/" + sname, lo, st);
+          read_owned(rd, *me, ue, u, "optim/" + sname, lo, st);
         });
       }
       for (auto& [ename, fn] : mo.extra) {
         if (std::find(me->extras.begin(), me->extras.end(), ename) == me->extras.end()) {
           throw CheckpointError("checkpoint '" + dir + "' has no '" + ename + "' state for " + model.name());
         }
-        read_owned(rd, *me, ue, ename, lo, fn(i));
+        read_owned(rd, *me, ue, u, ename, lo, fn(i));
       }
     }
     for (auto& [bname, buf] : model.named_buffers()) {

@@ -93,9 +93,10 @@ void reshard(const std::string& src, const std::string& dst, int world_size, int
       for (size_t ui = 0; ui < mo.units.size(); ++ui) {
         UnitEntry& u = mo.units[ui];
         if (mo.stage == 0 && r != 0) continue;  // stage 0: rank 0 holds everything once
-        const int64_t s = mo.stage == 0 ? u.numel : (u.numel + world_size - 1) / world_size;
-        const int64_t off = mo.stage == 0 ? 0 : s * r, hi = std::min(off + s, u.numel);
-        u.padded_numel = mo.stage == 0 ? u.numel : s * world_size;
+        const int64_t e = u.data_end();  // T, or more with aligned parameters
+        const int64_t s = mo.stage == 0 ? e : (e + world_size - 1) / world_size;
+        const int64_t off = mo.stage == 0 ? 0 : s * r, hi = std::min(off + s, e);
+        u.padded_numel = mo.stage == 0 ? e : s * world_size;
         for (const std::string& kind : state_kinds(mo)) {
           buf.assign(static_cast<size_t>(s * eb), 0);  // padding stays zero
           if (hi > off) rd.read_flat(om, om.units[ui], kind, off, hi, buf.data());

@@ -115,10 +115,12 @@ void check_manifest(const Manifest& m) {
       for (const ParamEntry& p : u.params) {
         const int64_t n = elements(p.shape, where + "." + p.name);
         count(p.offset, where + "." + p.name + ": offset");
-        if (p.numel != n || p.offset + p.numel > u.numel) {
+        // Aligned parameters leave gaps: a parameter ends within the padded flat parameter.
+        const int64_t room = std::max(u.numel, u.padded_numel);
+        if (p.numel != n || p.offset + p.numel > room) {
           throw std::runtime_error(where + "." + p.name + ": elements [" + std::to_string(p.offset) + ", +" +
                                    std::to_string(p.numel) + ") do not fit its shape (" + std::to_string(n) +
-                                   " elements) or its unit's " + std::to_string(u.numel) + " elements");
+                                   " elements) or its unit's " + std::to_string(room) + " elements");
         }
       }
       for (const ShardEntry& sh : u.shards) {
@@ -417,7 +419,7 @@ void CheckpointReader::read_flat(const ModelEntry& model, const UnitEntry& unit,
   int64_t covered = 0;
   for (const ShardEntry& sh : unit.shards) {
     const int64_t a = std::max(lo, sh.offset);
-    const int64_t b = std::min({hi, sh.offset + sh.numel, unit.numel});
+    const int64_t b = std::min({hi, sh.offset + sh.numel, unit.data_end()});
     if (a >= b) continue;
     read_verified(sh.rank, path, a - sh.offset, b - a, static_cast<char*>(out) + (a - lo) * eb);
     covered += b - a;

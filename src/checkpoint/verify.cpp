@@ -257,7 +257,7 @@ std::vector<std::string> CheckpointReader::verify_all() {
                                      unit_dataset(mo.name, u.name, kind) + "' that the index maps");
             }
           }
-          ranges.emplace_back(sh.offset, std::min(sh.offset + sh.numel, u.numel));
+          ranges.emplace_back(sh.offset, std::min(sh.offset + sh.numel, u.data_end()));
         }
         std::sort(ranges.begin(), ranges.end());
         int64_t next = 0;
@@ -265,9 +265,9 @@ std::vector<std::string> CheckpointReader::verify_all() {
           if (a != next) break;
           next = b;
         }
-        if (next != u.numel) {
+        if (next != u.data_end()) {
           throw CheckpointError("checkpoint '" + dir_ + "': " + mo.name + "/" + u.name + " elements [" +
-                                std::to_string(next) + ", " + std::to_string(u.numel) +
+                                std::to_string(next) + ", " + std::to_string(u.data_end()) +
                                 ") are not held exactly once by the rank files (incomplete index)");
         }
       });

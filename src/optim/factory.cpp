@@ -54,7 +54,12 @@ AdamConfig adam_config(const OptimizerConfig& cfg) {
   a.weight_decay = cfg.weight_decay;
   a.decoupled_weight_decay = cfg.type == OptimizerType::kAdamW;
   a.param_copy = cfg.param_copy;
+  a.state = cfg.state;
   return a;
+}
+
+void resolve_state_float32(OptimizerConfig& cfg, const std::vector<std::string>& sparse_params) {
+  if (!cfg.state_float32_set) cfg.state.float32 = sparse_params;
 }
 
 std::unique_ptr<ShardedOptimizer> make_optimizer(ShardedModel& model, const OptimizerConfig& cfg) {
@@ -67,6 +72,14 @@ std::unique_ptr<ShardedOptimizer> make_optimizer(ShardedModel& model, const Opti
   if (cfg.offload.optimizer != OffloadDevice::kNone && cfg.type != OptimizerType::kAdam &&
       cfg.type != OptimizerType::kAdamW) {
     throw std::invalid_argument(std::string("optimizer offload supports adam and adamw, not ") + to_string(cfg.type));
+  }
+  if (cfg.state.dtype != StateDtype::kFloat32 && cfg.type != OptimizerType::kAdam && cfg.type != OptimizerType::kAdamW) {
+    throw std::invalid_argument(std::string("state_dtype ") + to_string(cfg.state.dtype) +
+                                " is only supported by adam and adamw, not " + to_string(cfg.type));
+  }
+  if (cfg.state.dtype != StateDtype::kFloat32 && cfg.offload.optimizer != OffloadDevice::kNone) {
+    throw std::invalid_argument(std::string("state_dtype ") + to_string(cfg.state.dtype) +
+                                " with optimizer offload is not supported yet: offloaded states are float32");
   }
   switch (cfg.type) {
     case OptimizerType::kAdam:

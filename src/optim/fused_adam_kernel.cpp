@@ -263,8 +263,19 @@ void fused_adam_step(float* p, const float* g, float* m, float* v, int64_t n,
   const bool l2 = c.l2 != 0.0f, dec = c.decay != 1.0f;
   const KernelFn fn = l2 ? (dec ? pick<true, true>(isa) : pick<true, false>(isa))
                          : (dec ? pick<false, true>(isa) : pick<false, false>(isa));
+  if (m == nullptr && c.beta1 != 0.0f) {
+    throw std::invalid_argument("fused_adam_step: m may be left unstored only when beta1 == 0");
+  }
   for_tiles(n, num_threads, [&](int64_t b, int64_t len) {
-    fn(p + b, g + b, m + b, v + b, len, c, copy, copy_out ? copy_out + b : nullptr);
+    if (m != nullptr) return fn(p + b, g + b, m + b, v + b, len, c, copy, copy_out ? copy_out + b : nullptr);
+    // m not stored: a zeroed, L1-resident scratch per chunk stands in for it.
+    constexpr int64_t kChunk = 2048;
+    alignas(64) float scratch[kChunk];
+    for (int64_t k = b; k < b + len; k += kChunk) {
+      const int64_t l = std::min(kChunk, b + len - k);
+      std::memset(scratch, 0, sizeof(float) * static_cast<size_t>(l));
+      fn(p + k, g + k, scratch, v + k, l, c, copy, copy_out ? copy_out + k : nullptr);
+    }
   });
 }
 

@@ -53,9 +53,9 @@ void ShardedOptimizer::step() {
   // through this mask: the frozen ranges of value and state are kept and put back.
   struct Kept {
     size_t unit;
-    std::vector<std::pair<int64_t, int64_t>> ranges;
+    Ranges ranges;
     at::Tensor value;
-    std::map<std::string, at::Tensor> state;
+    std::shared_ptr<void> state;
   };
   std::vector<Kept> kept;
   torch::NoGradGuard no_grad;
@@ -64,7 +64,7 @@ void ShardedOptimizer::step() {
     auto ranges = frozen_ranges(*units[i]);
     if (ranges.empty()) continue;
     Kept k{i, ranges, take(units[i]->master_shard(), ranges), {}};
-    read_unit_state(i, [&](const std::string& name, at::Tensor& st) { k.state[name] = take(st, ranges); });
+    k.state = keep_frozen_state(i, ranges);
     kept.push_back(std::move(k));
   }
   update();
@@ -77,16 +77,27 @@ void ShardedOptimizer::step() {
     } else {
       put(u.shard(), k.value, k.ranges);
     }
-    std::map<std::string, at::Tensor> now;  // full copies: a tier's write needs every element
-    read_unit_state(k.unit, [&](const std::string& name, at::Tensor& st) { now[name] = st.clone(); });
-    write_unit_state(k.unit, [&](const std::string& name, at::Tensor& st) {
-      at::Tensor& v = now.at(name);
-      put(v, k.state.at(name), k.ranges);
-      st.copy_(v);
-    });
+    restore_frozen_state(k.unit, k.ranges, k.state);
     after_frozen_restore(k.unit);
   }
   update_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::shared_ptr<void> ShardedOptimizer::keep_frozen_state(size_t unit, const Ranges& ranges) {
+  auto kept = std::make_shared<std::map<std::string, at::Tensor>>();
+  read_unit_state(unit, [&](const std::string& name, at::Tensor& st) { (*kept)[name] = take(st, ranges); });
+  return kept;
+}
+
+void ShardedOptimizer::restore_frozen_state(size_t unit, const Ranges& ranges, const std::shared_ptr<void>& kept) {
+  const auto& saved = *std::static_pointer_cast<std::map<std::string, at::Tensor>>(kept);
+  std::map<std::string, at::Tensor> now;  // full copies: a tier's write needs every element
+  read_unit_state(unit, [&](const std::string& name, at::Tensor& st) { now[name] = st.clone(); });
+  write_unit_state(unit, [&](const std::string& name, at::Tensor& st) {
+    at::Tensor& v = now.at(name);
+    put(v, saved.at(name), ranges);
+    st.copy_(v);
+  });
 }
 
 int64_t ShardedOptimizer::state_bytes() {

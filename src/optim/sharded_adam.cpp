@@ -1,11 +1,16 @@
 #include "shardgan/optim/sharded_adam.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "shardgan/optim/blockwise_quant.h"
 #include "shardgan/sharding/sharded_model.h"
+#include "shardgan/util/test_control.h"
 
 namespace shardgan {
 
@@ -32,19 +37,73 @@ void validate_adam_config(const AdamConfig& cfg) {
   }
 }
 
+bool adam_stores_m(double beta1, bool device_is_cpu) { return beta1 != 0.0 || !device_is_cpu; }
+
+namespace {
+
+std::vector<StateParam> state_params(const ShardedUnit& u) {
+  std::vector<StateParam> out;
+  for (const auto& s : u.slots()) out.push_back({u.name() + "." + s.name, s.offset, s.numel});
+  return out;
+}
+
+std::string unit_what(const ShardedUnit& u, const at::Tensor& p) {
+  return "unit '" + u.name() + "' has " + std::string(c10::toString(p.scalar_type())) + " on " + p.device().str();
+}
+
+}  // namespace
+
 ShardedAdam::ShardedAdam(ShardedModel& model, AdamConfig cfg)
     : ShardedOptimizer(model, cfg.lr), cfg_(cfg) {
   validate_adam_config(cfg);
+  validate_state_policy(cfg.state);
+  const bool int8 = cfg.state.dtype == StateDtype::kInt8;
+  bool any_gpu = false;
+  for (auto& u : model_.units()) any_gpu |= !u->shard().device().is_cpu();
+  stores_m_ = adam_stores_m(cfg.beta1, !any_gpu);
   for (auto& u : model_.units()) {
-    exp_avg_.push_back(torch::zeros_like(u->shard()));
-    exp_avg_sq_.push_back(torch::zeros_like(u->shard()));
+    const at::Tensor& shard = u->shard();
+    if ((cfg.param_copy != ParamCopy::kNone || reduced()) && !fused_ok(shard, u->grad_shard())) {
+      throw std::invalid_argument(std::string(reduced() ? "Adam state_dtype " : "Adam param_copy ") +
+                                  (reduced() ? to_string(cfg.state.dtype) : "") + " needs float32 CPU shards; " +
+                                  unit_what(*u, shard));
+    }
+    // Control "state_dtype_unaligned" (tests/test_state_dtype_sharded.cpp) accepts an
+    // unaligned layout, whose blocks straddle ranks, to show the parity test catches it.
+    if (int8 && model_.config().flat_align != cfg.state.block && !test_control("state_dtype_unaligned")) {
+      throw std::invalid_argument("Adam state_dtype int8 with blocks of " + std::to_string(cfg.state.block) +
+                                  " needs the model's flat parameters aligned to the block (ShardingConfig::"
+                                  "flat_align " + std::to_string(model_.config().flat_align) + "); unit '" +
+                                  u->name() + "'");
+    }
+    StatePolicy policy = cfg.state;
+    layouts_.push_back(make_state_layout(state_params(*u), u->padded_numel(), u->shard_offset(), u->shard_numel(),
+                                         policy));
+    const StateLayout& l = layouts_.back();
+    if (!reduced()) {
+      exp_avg_.push_back(stores_m_ ? torch::zeros_like(shard) : at::Tensor());
+      exp_avg_sq_.push_back(torch::zeros_like(shard));
+      m_red_.emplace_back();
+      v_red_.emplace_back();
+    } else {
+      const auto f32 = torch::TensorOptions().dtype(at::kFloat);
+      exp_avg_.push_back(stores_m_ ? torch::zeros({l.float32_numel}, f32) : at::Tensor());
+      exp_avg_sq_.push_back(torch::zeros({l.float32_numel}, f32));
+      auto make = [&](CodeMap map) {
+        Reduced r;
+        if (int8) {
+          r.values = torch::full({l.reduced_numel}, static_cast<int64_t>(zero_code(map)), torch::kByte);
+          r.absmax = torch::zeros({l.blocks}, f32);
+        } else {
+          r.values = torch::zeros({l.reduced_numel}, torch::kBFloat16);  // bits 0 are +0.0
+        }
+        return r;
+      };
+      m_red_.push_back(stores_m_ ? make(CodeMap::kSigned) : Reduced{});
+      v_red_.push_back(make(CodeMap::kUnsigned));
+    }
     if (cfg.param_copy != ParamCopy::kNone) {
-      if (!fused_ok(u->shard(), u->grad_shard())) {
-        throw std::invalid_argument("Adam param_copy needs float32 CPU shards; unit '" + u->name() +
-                                    "' has " + std::string(c10::toString(u->shard().scalar_type())) +
-                                    " on " + u->shard().device().str());
-      }
-      copies_.push_back(u->shard().to(copy_dtype(cfg.param_copy)));
+      copies_.push_back(shard.to(copy_dtype(cfg.param_copy)));
     } else {
       copies_.emplace_back();
     }
@@ -60,22 +119,180 @@ void ShardedAdam::update() {
   for (size_t i = 0; i < units.size(); ++i) {
     at::Tensor& p = units[i]->shard();
     const at::Tensor& g = units[i]->grad_shard();
+    const AdamCoefficients c = adam_coefficients(lr_, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, adamw, step_);
+    if (reduced()) {
+      update_runs(i, c);
+      continue;
+    }
     const bool floating = p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble;
     if (!copies_[i].defined() && floating && p.is_contiguous() && (!p.device().is_cpu() || torch_fused_)) {
       torch_fused.push_back(i);
       continue;
     }
     if (fused_ok(p, g)) {
-      const AdamCoefficients c =
-          adam_coefficients(lr_, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, adamw, step_);
       uint16_t* out = copies_[i].defined() ? static_cast<uint16_t*>(copies_[i].data_ptr()) : nullptr;
-      fused_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), exp_avg_[i].data_ptr<float>(),
-                      exp_avg_sq_[i].data_ptr<float>(), p.numel(), c, cfg_.param_copy, out, isa_);
+      float* m = exp_avg_[i].defined() ? exp_avg_[i].data_ptr<float>() : nullptr;
+      fused_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m, exp_avg_sq_[i].data_ptr<float>(), p.numel(), c,
+                      cfg_.param_copy, out, isa_);
       continue;
     }
-    adam_torch_step(p, g, exp_avg_[i], exp_avg_sq_[i], cfg_, lr_, step_);
+    // m not stored (beta1 == 0): a zero m each step, which the update overwrites with g.
+    at::Tensor m = exp_avg_[i].defined() ? exp_avg_[i] : torch::zeros_like(p);
+    adam_torch_step(p, g, m, exp_avg_sq_[i], cfg_, lr_, step_);
   }
   if (!torch_fused.empty()) torch_fused_step(torch_fused);
+}
+
+void ShardedAdam::update_runs(size_t i, const AdamCoefficients& c) {
+  ShardedUnit& u = *model_.units()[i];
+  float* p = u.shard().data_ptr<float>();
+  const float* g = u.grad_shard().data_ptr<float>();
+  uint16_t* out = copies_[i].defined() ? static_cast<uint16_t*>(copies_[i].data_ptr()) : nullptr;
+  float* m32 = exp_avg_[i].defined() ? exp_avg_[i].data_ptr<float>() : nullptr;
+  float* v32 = exp_avg_sq_[i].data_ptr<float>();
+  const Reduced& mr = m_red_[i];
+  const Reduced& vr = v_red_[i];
+  const int64_t block = cfg_.state.block;
+  for (const StateRun& r : layouts_[i].runs) {
+    float* pr = p + r.begin;
+    const float* gr = g + r.begin;
+    uint16_t* o = out ? out + r.begin : nullptr;
+    if (!r.reduced) {
+      fused_adam_step(pr, gr, m32 ? m32 + r.store_offset : nullptr, v32 + r.store_offset, r.numel, c, cfg_.param_copy,
+                      o, isa_);
+    } else if (cfg_.state.dtype == StateDtype::kBFloat16) {
+      uint16_t* mb = mr.values.defined() ? static_cast<uint16_t*>(mr.values.data_ptr()) + r.store_offset : nullptr;
+      fused_adam_bf16_step(pr, gr, mb, static_cast<uint16_t*>(vr.values.data_ptr()) + r.store_offset, r.numel, c,
+                           cfg_.param_copy, o, isa_);
+    } else {
+      QuantizedState mq, vq;
+      if (mr.values.defined()) {
+        mq = {mr.values.data_ptr<uint8_t>() + r.store_offset, mr.absmax.data_ptr<float>() + r.block_offset};
+      }
+      vq = {vr.values.data_ptr<uint8_t>() + r.store_offset, vr.absmax.data_ptr<float>() + r.block_offset};
+      nonfinite_blocks_ += fused_adam8_step(pr, gr, mq, vq, r.numel, block, c, cfg_.param_copy, o, isa_);
+    }
+  }
+}
+
+at::Tensor ShardedAdam::widen(size_t unit, bool second) {
+  const StateLayout& l = layouts_.at(unit);
+  const int64_t S = model_.units().at(unit)->shard_numel();
+  at::Tensor out = torch::zeros({S}, torch::kFloat);
+  const at::Tensor& f32 = second ? exp_avg_sq_[unit] : exp_avg_[unit];
+  const Reduced& red = second ? v_red_[unit] : m_red_[unit];
+  if (!f32.defined()) return out;  // m not stored: it reads as zeros
+  const CodeMap map = second ? CodeMap::kUnsigned : CodeMap::kSigned;
+  float* o = out.data_ptr<float>();
+  for (const StateRun& r : l.runs) {
+    if (!r.reduced) {
+      std::memcpy(o + r.begin, f32.data_ptr<float>() + r.store_offset, sizeof(float) * r.numel);
+    } else if (cfg_.state.dtype == StateDtype::kBFloat16) {
+      bf16_to_float(static_cast<const uint16_t*>(red.values.data_ptr()) + r.store_offset, r.numel, o + r.begin, isa_);
+    } else {
+      dequantize_blockwise(red.values.data_ptr<uint8_t>() + r.store_offset, red.absmax.data_ptr<float>() + r.block_offset,
+                           r.numel, cfg_.state.block, map, o + r.begin);
+    }
+  }
+  return out;
+}
+
+void ShardedAdam::narrow(size_t unit, bool second, const at::Tensor& values) {
+  const StateLayout& l = layouts_.at(unit);
+  at::Tensor& f32 = second ? exp_avg_sq_[unit] : exp_avg_[unit];
+  Reduced& red = second ? v_red_[unit] : m_red_[unit];
+  if (!f32.defined()) return;
+  const CodeMap map = second ? CodeMap::kUnsigned : CodeMap::kSigned;
+  const at::Tensor in = values.to(at::kFloat).contiguous();
+  const float* x = in.data_ptr<float>();
+  for (const StateRun& r : l.runs) {
+    if (!r.reduced) {
+      std::memcpy(f32.data_ptr<float>() + r.store_offset, x + r.begin, sizeof(float) * r.numel);
+    } else if (cfg_.state.dtype == StateDtype::kBFloat16) {
+      float_to_bf16(x + r.begin, r.numel, static_cast<uint16_t*>(red.values.data_ptr()) + r.store_offset, isa_);
+    } else {
+      quantize_blockwise(x + r.begin, r.numel, cfg_.state.block, map, red.values.data_ptr<uint8_t>() + r.store_offset,
+                         red.absmax.data_ptr<float>() + r.block_offset);
+    }
+  }
+}
+
+std::vector<std::string> ShardedAdam::state_names() {
+  if (stores_m_) return {"exp_avg", "exp_avg_sq"};
+  return {"exp_avg_sq"};
+}
+
+void ShardedAdam::read_unit_state(size_t unit, const StateVisitor& fn) {
+  if (!reduced()) return ShardedOptimizer::read_unit_state(unit, fn);
+  if (cfg_.state.dtype == StateDtype::kInt8 && !warned_dequantized_) {
+    warned_dequantized_ = true;
+    spdlog::warn("{}: int8 optimizer states are read as dequantized float32 (checkpoints store them so); a resume "
+                 "requantizes them, which is close to, not bit-exact with, an uninterrupted run",
+                 model_.name());
+  }
+  for (const std::string& name : state_names()) {
+    at::Tensor t = widen(unit, name == "exp_avg_sq");
+    fn(name, t);
+  }
+}
+
+void ShardedAdam::write_unit_state(size_t unit, const StateVisitor& fn) {
+  if (!reduced()) return ShardedOptimizer::write_unit_state(unit, fn);
+  for (const std::string& name : state_names()) {
+    at::Tensor t = torch::zeros({model_.units().at(unit)->shard_numel()}, torch::kFloat);
+    fn(name, t);
+    narrow(unit, name == "exp_avg_sq", t);
+  }
+}
+
+int64_t ShardedAdam::state_bytes() {
+  int64_t b = 0;
+  auto add = [&](const at::Tensor& t) { b += t.defined() ? t.numel() * t.element_size() : 0; };
+  for (size_t i = 0; i < layouts_.size(); ++i) {
+    for (const at::Tensor* t : {&exp_avg_[i], &exp_avg_sq_[i], &m_red_[i].values, &m_red_[i].absmax,
+                                &v_red_[i].values, &v_red_[i].absmax}) {
+      add(*t);
+    }
+  }
+  return b;
+}
+
+std::shared_ptr<void> ShardedAdam::keep_frozen_state(size_t unit, const Ranges& ranges) {
+  if (!reduced()) return ShardedOptimizer::keep_frozen_state(unit, ranges);
+  // The raw stores: a float32 round trip of 8-bit blocks is not the identity.
+  auto kept = std::make_shared<std::vector<at::Tensor>>();
+  for (const at::Tensor* t : {&exp_avg_[unit], &exp_avg_sq_[unit], &m_red_[unit].values, &m_red_[unit].absmax,
+                              &v_red_[unit].values, &v_red_[unit].absmax}) {
+    kept->push_back(t->defined() ? t->clone() : at::Tensor());
+  }
+  return kept;
+}
+
+void ShardedAdam::restore_frozen_state(size_t unit, const Ranges& ranges, const std::shared_ptr<void>& kept) {
+  if (!reduced()) return ShardedOptimizer::restore_frozen_state(unit, ranges, kept);
+  const auto& k = *std::static_pointer_cast<std::vector<at::Tensor>>(kept);
+  at::Tensor* live[] = {&exp_avg_[unit], &exp_avg_sq_[unit], &m_red_[unit].values, &m_red_[unit].absmax,
+                        &v_red_[unit].values, &v_red_[unit].absmax};
+  const int64_t block = cfg_.state.block;
+  const bool int8 = cfg_.state.dtype == StateDtype::kInt8;
+  for (const StateRun& r : layouts_[unit].runs) {
+    for (auto [lo, hi] : ranges) {
+      const int64_t a = std::max(lo, r.begin), b = std::min(hi, r.begin + r.numel);
+      if (a >= b) continue;
+      const int64_t off = r.store_offset + (a - r.begin), n = b - a;
+      // Stores of this run: float32 (m, v) or reduced values (m, v) and, int8, their absmax.
+      for (int s = 0; s < 2; ++s) {
+        const int vi = r.reduced ? 2 + 2 * s : s;
+        if (!live[vi]->defined()) continue;
+        live[vi]->narrow(0, off, n).copy_(k[vi].narrow(0, off, n));
+        if (r.reduced && int8) {
+          // A frozen parameter's blocks hold only its elements and the zero padding after it.
+          const int64_t b0 = r.block_offset + (a - r.begin) / block, b1 = r.block_offset + (b - 1 - r.begin) / block;
+          live[vi + 1]->narrow(0, b0, b1 - b0 + 1).copy_(k[vi + 1].narrow(0, b0, b1 - b0 + 1));
+        }
+      }
+    }
+  }
 }
 
 void ShardedAdam::torch_fused_step(const std::vector<size_t>& which) {
@@ -89,6 +306,7 @@ void ShardedAdam::torch_fused_step(const std::vector<size_t>& which) {
     // The kernel reads the step count from a float tensor on the parameters' device (the
     // caller increments it first, as torch.optim does); step_ already counts this step.
     if (!state_steps_[i].defined()) state_steps_[i] = at::zeros({}, shard.options().dtype(at::kFloat));
+    if (!exp_avg_[i].defined()) exp_avg_[i] = torch::zeros_like(shard);  // m not stored: torch's kernel needs one
     p.push_back(shard);
     g.push_back(grad);
     m.push_back(exp_avg_[i]);
@@ -143,6 +361,11 @@ void ShardedAdam::set_param_copy(size_t unit, at::Tensor out) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardedAdam::unit_state(size_t unit) {
+  if (reduced()) {
+    throw std::logic_error(std::string("ShardedAdam::unit_state: the states are stored in ") +
+                           to_string(cfg_.state.dtype) + "; use read_unit_state");
+  }
+  if (!stores_m_) return {{"exp_avg_sq", exp_avg_sq_.at(unit)}};
   return {{"exp_avg", exp_avg_.at(unit)}, {"exp_avg_sq", exp_avg_sq_.at(unit)}};
 }
 

@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include "shardgan/sharding/flat_layout.h"
+
 namespace shardgan {
 
 uint64_t unit_seed(uint64_t seed, const std::string& unit_name) {
@@ -45,20 +47,34 @@ void populate_sharded_model(ShardedModel& model, const ModelSpec& spec, uint64_t
   if (spec.program) model.set_program(spec.program);
 }
 
-std::vector<int64_t> unit_shard_numels(const ModelSpec& spec, int world_size, int stage) {
-  std::vector<int64_t> out = unit_numels(spec);
-  if (stage == 0) return out;
-  for (int64_t& t : out) t = (t + world_size - 1) / world_size;
+std::vector<int64_t> unit_shard_numels(const ModelSpec& spec, int world_size, int stage, int64_t align) {
+  std::vector<int64_t> out;
+  for (const UnitParams& u : unit_params(spec)) {
+    out.push_back(make_flat_layout(u.numels, align, world_size, stage).shard_numel);
+  }
+  return out;
+}
+
+std::vector<UnitParams> unit_params(const ModelSpec& spec) {
+  std::vector<UnitParams> out;
+  torch::NoGradGuard no_grad;
+  for (const UnitSpec& u : spec.units) {
+    BuiltUnit b = u.make(/*initialize=*/false);
+    UnitParams up;
+    for (const auto& kv : b.module->named_parameters(/*recurse=*/true)) {
+      up.names.push_back(kv.key());
+      up.numels.push_back(kv.value().numel());
+    }
+    out.push_back(std::move(up));
+  }
   return out;
 }
 
 std::vector<int64_t> unit_numels(const ModelSpec& spec) {
   std::vector<int64_t> out;
-  torch::NoGradGuard no_grad;
-  for (const UnitSpec& u : spec.units) {
-    BuiltUnit b = u.make(/*initialize=*/false);
+  for (const UnitParams& u : unit_params(spec)) {
     int64_t n = 0;
-    for (const auto& p : b.module->parameters()) n += p.numel();
+    for (int64_t k : u.numels) n += k;
     out.push_back(n);
   }
   return out;

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "shardgan/device/host_copy.h"
+#include "shardgan/sharding/flat_layout.h"
 #include "shardgan/sharding/shard_source.h"
 #include "sharding/ownership.h"
 #include "sharding/torch_internals.h"
@@ -16,7 +17,7 @@ int64_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element
 }  // namespace
 
 FlatParam::FlatParam(const std::string& unit, const std::string& qualified, torch::nn::Module& module, int rank,
-                     int world_size, int stage, c10::optional<at::ScalarType> compute_dtype)
+                     int world_size, int stage, c10::optional<at::ScalarType> compute_dtype, int64_t align)
     : stage_(stage) {
   torch::NoGradGuard no_grad;
   c10::optional<at::ScalarType> dtype;
@@ -35,8 +36,7 @@ FlatParam::FlatParam(const std::string& unit, const std::string& qualified, torc
       // Throws, naming both owners, if another unit already owns this parameter.
       detail::claim_parameter(p, qualified + kv.key());
       dtype = p.scalar_type();
-      slots_.push_back({kv.key(), p.sizes().vec(), numel_, p.numel(), p});
-      numel_ += p.numel();
+      slots_.push_back({kv.key(), p.sizes().vec(), 0, p.numel(), p});
     }
   } catch (...) {
     for (auto& s : slots_) detail::release_parameter(s.param);
@@ -44,15 +44,15 @@ FlatParam::FlatParam(const std::string& unit, const std::string& qualified, torc
   }
   master_dtype_ = dtype.value_or(at::kFloat);
   compute_dtype_ = compute_dtype.value_or(master_dtype_);
-  const int64_t n = world_size;
-  if (stage == 0) {
-    padded_numel_ = shard_numel_ = numel_;
-    shard_offset_ = 0;
-  } else {
-    shard_numel_ = (numel_ + n - 1) / n;
-    padded_numel_ = shard_numel_ * n;
-    shard_offset_ = shard_numel_ * rank;
-  }
+  std::vector<int64_t> numels;
+  for (const auto& s : slots_) numels.push_back(s.numel);
+  const FlatLayout layout = make_flat_layout(numels, align, world_size, stage);
+  for (size_t k = 0; k < slots_.size(); ++k) slots_[k].offset = layout.offsets[k];
+  numel_ = layout.numel;
+  data_end_ = layout.data_end;
+  padded_numel_ = layout.padded_numel;
+  shard_numel_ = layout.shard_numel;
+  shard_offset_ = stage == 0 ? 0 : shard_numel_ * rank;
   const auto master_opts = torch::TensorOptions().dtype(master_dtype_).device(device_);
   const auto compute_opts = torch::TensorOptions().dtype(compute_dtype_).device(device_);
   shard_aliases_full_ = compute_dtype_ == master_dtype_ && stage <= 2;

@@ -1,4 +1,5 @@
 #include "shardgan/sharding/memory_estimate.h"
+#include "shardgan/sharding/flat_layout.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -38,6 +39,11 @@ void validate(const ModelMemorySpec& s) {
     throw std::invalid_argument("memory estimate: hpz_partition_size = " + std::to_string(s.hpz_partition_size) +
                                 " (must be >= 1 and divide world_size " + std::to_string(s.world_size) + ")");
   }
+  if (!s.unit_param_numels.empty() && s.unit_param_numels.size() != s.unit_numels.size()) {
+    throw std::invalid_argument("memory estimate: unit_param_numels has " + std::to_string(s.unit_param_numels.size()) +
+                                " units, unit_numels " + std::to_string(s.unit_numels.size()));
+  }
+  if (s.flat_align < 1) throw std::invalid_argument("memory estimate: flat_align must be >= 1");
   for (size_t i = 0; i < s.unit_numels.size(); ++i) {
     if (s.unit_numels[i] < 0) {
       throw std::invalid_argument("memory estimate: unit_numels[" + std::to_string(i) +
@@ -103,9 +109,13 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
   const int64_t in_flight = static_cast<int64_t>(ShardedModel::kMaxReducesInFlight);
   std::vector<int64_t> gathered;  // P * compute bytes per unit (stage 3)
   int64_t max_t = 0, max_p = 0, max_s = 0, max_ps = 0;
-  for (int64_t t : spec.unit_numels) {
-    const int64_t s = spec.stage == 0 ? t : (t + n - 1) / n;
-    const int64_t p = spec.stage == 0 ? t : s * n;
+  for (size_t ui = 0; ui < spec.unit_numels.size(); ++ui) {
+    const int64_t t = spec.unit_numels[ui];
+    const FlatLayout layout =
+        make_flat_layout(spec.unit_param_numels.empty() ? std::vector<int64_t>{t} : spec.unit_param_numels.at(ui),
+                         spec.flat_align, static_cast<int>(n), spec.stage);
+    const int64_t s = layout.shard_numel;
+    const int64_t p = layout.padded_numel;
     e.numel += t;
     e.padded_numel += p;
     e.shard_numel += s;
@@ -113,7 +123,7 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
     const bool grad_off = spec.offload_grads_to_disk && spec.stage >= 2;
     e.grad_bytes += (spec.stage <= 1 ? p * rb : 0) + (grad_shard_is_view || grad_off ? 0 : s * mb);
     e.grad_released_bytes += grad_shard_is_view || grad_off ? 0 : s * mb;
-    if (!spec.offload_to_disk) e.optimizer_state_bytes += spec.optimizer_states * s * mb;
+    if (!spec.offload_to_disk && spec.optimizer_state_bytes < 0) e.optimizer_state_bytes += spec.optimizer_states * s * mb;
     e.ema_bytes += spec.ema ? s * mb : 0;
     if (spec.stage == 3 && spec.hpz_partition_size > 1) e.secondary_param_bytes += p / spec.hpz_partition_size * cb;
     if (spec.stage == 3) gathered.push_back(p * cb);
@@ -123,6 +133,7 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
     max_ps = std::max(max_ps, p + s);
   }
   e.padding_elements = e.padded_numel - e.numel;
+  if (!spec.offload_to_disk && spec.optimizer_state_bytes >= 0) e.optimizer_state_bytes += spec.optimizer_state_bytes;
   if (spec.offload_ring_bytes > 0) e.optimizer_state_bytes += spec.offload_ring_bytes;
 
   if (spec.stage == 3 && !gathered.empty()) {

@@ -27,7 +27,7 @@ ShardedUnit::ShardedUnit(std::string name, std::shared_ptr<torch::nn::Module> mo
   torch::NoGradGuard no_grad;
   const std::string qualified = (owner_ ? owner_->name() + "." : std::string()) + name_ + ".";
   flat_ = std::make_unique<FlatParam>(name_, qualified, *module_, comm_.rank(), comm_.world_size(), cfg_.stage,
-                                      cfg_.compute_dtype);
+                                      cfg_.compute_dtype, cfg_.flat_align);
   coll_ = std::make_unique<detail::UnitCollectives>(*this, *flat_, comm_, cfg_, owner_);
   hooks_ = std::make_unique<detail::UnitHooks>(*this, name_, *module_, forward_, *flat_, *coll_, cfg_, owner_);
   detail::register_live_unit(this);

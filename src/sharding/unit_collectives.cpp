@@ -289,7 +289,14 @@ void UnitCollectives::stage_gradients() {
     }
     g.reset();
   }
-  if (fresh) staged_flat_.narrow(0, flat_.numel(), flat_.padded_numel() - flat_.numel()).zero_();
+  if (fresh) {  // the padding: the alignment gaps between parameters and the tail
+    int64_t end = 0;
+    for (auto& s : flat_.slots()) {
+      if (s.offset > end) staged_flat_.narrow(0, end, s.offset - end).zero_();
+      end = s.offset + s.numel;
+    }
+    staged_flat_.narrow(0, end, flat_.padded_numel() - end).zero_();
+  }
 }
 
 void UnitCollectives::start_reduce() {
@@ -428,7 +435,7 @@ void UnitCollectives::abandon() {
 }
 
 at::Tensor UnitCollectives::gather_full_copy() {
-  const int64_t T = flat_.numel();
+  const int64_t T = flat_.data_end();
   if (cfg_.stage == 0) return (flat_.shard_aliases_full() ? flat_.full() : flat_.shard()).narrow(0, 0, T).clone();
   at::Tensor full = torch::empty({flat_.padded_numel()},
                                  torch::TensorOptions().dtype(flat_.master_dtype()).device(flat_.device()));

@@ -46,6 +46,9 @@ void read_offload(Reader& r, TrainConfig& c) {
     require(o.optimizer == OffloadDevice::kNone || oc->type == OptimizerType::kAdam || oc->type == OptimizerType::kAdamW,
             r, "offload." + w + ".optimizer",
             "needs optim." + w + ".type adam or adamw: the offloaded step is the fused CPU Adam");
+    require(o.optimizer == OffloadDevice::kNone || oc->state.dtype == StateDtype::kFloat32, r,
+            "offload." + w + ".optimizer",
+            "needs optim." + w + ".state_dtype float32: offloaded optimizer states are float32 for now");
     require(o.param == OffloadDevice::kNone || sc->stage == 3, r, "offload." + w + ".param",
             "needs sharding." + w + ".stage 3: parameter offload moves parameter shards, which only stage 3 keeps");
     require(o.param == OffloadDevice::kNone || o.param == o.optimizer, r, "offload." + w + ".param",

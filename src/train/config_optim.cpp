@@ -2,6 +2,11 @@
 // (config_sections.h): each model's optimizer and learning-rate schedule, G's EMA, and the
 // dynamic loss scale of float16 compute.
 #include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "shardgan/optim/fused_adam.h"
+#include "shardgan/optim/state_layout.h"
 
 #include "shardgan/train/config_sections.h"
 
@@ -58,6 +63,33 @@ OptimizerConfig read_model_optim(Reader& r, const std::string& who, int64_t step
   require(c.schedule.step_size >= 0, r, p + "step_size", "must be >= 0");
   c.schedule.gamma = r.get<double>(p + "gamma", 0.1, "step schedule: factor applied every step_size steps");
   require(c.schedule.gamma > 0, r, p + "gamma", "must be > 0");
+  const bool adam = c.type == OptimizerType::kAdam || c.type == OptimizerType::kAdamW;
+  const std::string sd = r.get<std::string>(p + "state_dtype", "float32",
+      "dtype Adam's m and v are stored in: float32, bfloat16 (round to nearest even) or int8 (block-wise dynamic "
+      "8-bit, Dettmers et al. 2022); with beta1 0 on the CPU, m is not stored in any of them");
+  try {
+    c.state.dtype = parse_state_dtype(sd);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(r.source() + ": key '" + p + "state_dtype' " + e.what());
+  }
+  require(adam || c.state.dtype == StateDtype::kFloat32, r, p + "state_dtype",
+          "must be float32 unless optim." + who + ".type is adam or adamw");
+  c.state.block = r.get<int64_t>(p + "state_block", c.state.block,
+      "int8 states: elements per float32 absmax block (bitsandbytes' 256); parameters are aligned to it in the "
+      "flat parameter");
+  require(c.state.block >= 1 && c.state.block <= kMaxStateBlock, r, p + "state_block",
+          "must be 1 to " + std::to_string(kMaxStateBlock));
+  c.state.min_numel = r.get<int64_t>(p + "state_min_numel", c.state.min_numel,
+      "parameters with fewer elements keep float32 states (bitsandbytes' min_8bit_size)");
+  require(c.state.min_numel >= 0, r, p + "state_min_numel", "must be >= 0");
+  c.state_float32_set = r.has(p + "state_float32");
+  c.state.float32 = r.get<std::vector<std::string>>(p + "state_float32", {},
+      "globs of '<unit>.<param>' names whose states stay float32; when absent, the model family's sparse-gradient "
+      "parameters (BigGAN: the class embeddings)");
+  const bool lowp = c.state.dtype != StateDtype::kFloat32;
+  r.warn_if_ignored(c.state.dtype != StateDtype::kInt8, p + "state_block", "has no effect unless state_dtype is int8");
+  r.warn_if_ignored(!lowp, p + "state_min_numel", "has no effect when state_dtype is float32");
+  r.warn_if_ignored(!lowp && c.state_float32_set, p + "state_float32", "has no effect when state_dtype is float32");
   try {
     LrSchedule check(c.lr, c.schedule);  // validates the schedule's fields
   } catch (const std::invalid_argument& e) {
@@ -71,6 +103,11 @@ OptimizerConfig read_model_optim(Reader& r, const std::string& who, int64_t step
 void read_optim(Reader& r, TrainConfig& c) {
   c.g_optim = read_model_optim(r, "generator", c.steps);
   c.d_optim = read_model_optim(r, "discriminator", c.steps);
+  // 8-bit blocks never span two parameters or two ranks: the flat parameter aligns every
+  // parameter and shard boundary to the block (flat_layout.h), and only then.
+  for (auto [oc, sc] : {std::pair{&c.g_optim, &c.g_sharding}, std::pair{&c.d_optim, &c.d_sharding}}) {
+    sc->flat_align = oc->state.dtype == StateDtype::kInt8 ? oc->state.block : 1;
+  }
 }
 
 void read_ema(Reader& r, TrainConfig& c) {

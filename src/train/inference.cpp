@@ -42,16 +42,26 @@ std::unique_ptr<ShardedModel> load_generator(ckpt::CheckpointReader& rd, Communi
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < g->units().size(); ++i) {
     ShardedUnit& u = *g->units()[i];
-    if (me->units[i].numel != u.numel() || me->dtype != std::string(h5::dtype_name(ckpt::parse_dtype(me->dtype))) ||
-        u.shard().numel() != u.numel() || !u.shard().is_contiguous()) {
+    const ckpt::UnitEntry& ue = me->units[i];
+    if (ue.numel != u.numel() || ue.params.size() != u.slots().size() || !u.shard().is_contiguous()) {
       throw CheckpointError("checkpoint '" + rd.dir() + "': generator unit '" + u.name() + "' differs from its config");
     }
-    at::Tensor tmp = torch::empty({u.numel()}, u.shard().options());
-    if (std::string(h5::dtype_name(ckpt::parse_dtype(me->dtype))) != (tmp.scalar_type() == at::kDouble ? "float64" : "float32")) {
+    if (std::string(h5::dtype_name(ckpt::parse_dtype(me->dtype))) !=
+        (u.shard().scalar_type() == at::kDouble ? "float64" : "float32")) {
       throw CheckpointError("checkpoint '" + rd.dir() + "': generator dtype " + me->dtype + " differs from its config");
     }
-    rd.read_flat(*me, me->units[i], kind, 0, u.numel(), tmp.data_ptr());
-    u.shard().copy_(tmp);
+    // Parameter by parameter, from its place in the checkpoint's flat layout to its place
+    // here (the two differ when one side aligns the parameters).
+    for (size_t k = 0; k < u.slots().size(); ++k) {
+      const auto& s = u.slots()[k];
+      if (ue.params[k].name != s.name || ue.params[k].numel != s.numel) {
+        throw CheckpointError("checkpoint '" + rd.dir() + "': generator parameter '" + u.name() + "." + s.name +
+                              "' differs from its config");
+      }
+      at::Tensor tmp = torch::empty({s.numel}, u.shard().options());
+      rd.read_flat(*me, ue, kind, ue.params[k].offset, ue.params[k].offset + s.numel, tmp.data_ptr());
+      u.shard().narrow(0, s.offset, s.numel).copy_(tmp);
+    }
   }
   for (auto& [bname, buf] : g->named_buffers()) {
     const ckpt::BufferEntry* be = nullptr;

@@ -102,7 +102,9 @@ std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> Mode
     const ModelSpec& spec, Communicator& comm, const ShardingConfig& sc, const OptimizerConfig& oc, uint64_t seed) {
   if (oc.offload.param == OffloadDevice::kNone) {
     auto model = build_sharded_model(spec, comm, sc, seed, cfg_.model_dtype, cfg_.compute_device);
-    auto opt = make_optimizer(*model, oc);
+    OptimizerConfig resolved = oc;
+    resolve_state_float32(resolved, spec.sparse_params);
+    auto opt = make_optimizer(*model, resolved);
     return {std::move(model), std::move(opt)};
   }
   // Parameter offload: the optimizer's store first, then each unit's master shard into it
@@ -110,7 +112,7 @@ std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> Mode
   // are the size of the state offload exists to keep out of RAM).
   auto model = std::make_unique<ShardedModel>(spec.name, comm, sc);
   auto opt = std::make_unique<OffloadedAdam>(*model, adam_config(oc), oc.offload,
-                                             unit_shard_numels(spec, comm.world_size(), sc.stage), cfg_.model_dtype);
+                                             unit_shard_numels(spec, comm.world_size(), sc.stage, sc.flat_align), cfg_.model_dtype);
   opt->set_schedule(LrSchedule(oc.lr, oc.schedule));
   populate_sharded_model(*model, spec, seed, cfg_.model_dtype, cfg_.compute_device,
                          [&](ShardedUnit& u) { opt->adopt_unit(u); });

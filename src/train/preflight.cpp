@@ -14,6 +14,8 @@
 #include "shardgan/checkpoint/async_checkpoint.h"
 #include "shardgan/models/family.h"
 #include "shardgan/optim/factory.h"
+#include "shardgan/sharding/deferred.h"
+#include "shardgan/sharding/flat_layout.h"
 #include "shardgan/sharding/memory_estimate.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/activation_probe.h"
@@ -33,16 +35,55 @@ bool snapshot_copies(const TrainConfig& cfg) {
 
 int dtype_bytes(at::ScalarType t) { return static_cast<int>(c10::elementSize(t)); }
 
+// The most bytes of Adam state any rank holds for `model` under a reduced-dtype policy:
+// per rank, the sum over units of its shard's StateLayout.
+int64_t reduced_state_bytes(const ModelSpec& model, const std::vector<UnitParams>& params, const ShardingConfig& sc,
+                            const StatePolicy& policy, int states, int world_size) {
+  const int ranks = sc.stage == 0 ? 1 : world_size;
+  std::vector<int64_t> per_rank(static_cast<size_t>(ranks), 0);
+  for (size_t u = 0; u < params.size(); ++u) {
+    const FlatLayout fl = make_flat_layout(params[u].numels, sc.flat_align, world_size, sc.stage);
+    std::vector<StateParam> sp;
+    for (size_t k = 0; k < params[u].names.size(); ++k) {
+      sp.push_back({model.units[u].name + "." + params[u].names[k], fl.offsets[k], params[u].numels[k]});
+    }
+    for (int r = 0; r < ranks; ++r) {
+      const StateLayout l = make_state_layout(sp, fl.padded_numel, r * fl.shard_numel, fl.shard_numel, policy);
+      per_rank[static_cast<size_t>(r)] += states * l.state_bytes(policy.dtype);
+    }
+  }
+  return *std::max_element(per_rank.begin(), per_rank.end());
+}
+
 ModelMemorySpec spec_for(const TrainConfig& cfg, const ModelSpec& model, const ShardingConfig& sc,
                          const OptimizerConfig& oc, bool ema, int world_size, int local_ranks) {
   ModelMemorySpec s;
-  s.unit_numels = unit_numels(model);
+  const std::vector<UnitParams> params = unit_params(model);
+  for (const UnitParams& up : params) {
+    int64_t t = 0;
+    for (int64_t n : up.numels) t += n;
+    s.unit_numels.push_back(t);
+    s.unit_param_numels.push_back(up.numels);
+  }
+  s.flat_align = sc.flat_align;
   s.world_size = world_size;
   s.stage = sc.stage;
   s.master_bytes = dtype_bytes(cfg.model_dtype);
   s.compute_bytes = dtype_bytes(sc.compute_dtype.value_or(cfg.model_dtype));
   s.reduce_bytes = dtype_bytes(sc.reduce_dtype.value_or(cfg.model_dtype));
   s.optimizer_states = optimizer_states(to_string(oc.type), oc.momentum, oc.centered);
+  const bool adam = oc.type == OptimizerType::kAdam || oc.type == OptimizerType::kAdamW;
+  if (adam && oc.offload.optimizer == OffloadDevice::kNone) {
+    // ShardedAdam's own rules: m not stored with beta1 0 on the CPU; reduced states by the
+    // same layout the optimizer allocates from (make_flat_layout, make_state_layout).
+    const int states = adam_stores_m(oc.beta1, cfg.compute_device.is_cpu()) ? 2 : 1;
+    s.optimizer_states = states;
+    if (oc.state.dtype != StateDtype::kFloat32) {
+      OptimizerConfig o = oc;
+      resolve_state_float32(o, model.sparse_params);
+      s.optimizer_state_bytes = reduced_state_bytes(model, params, sc, o.state, states, world_size);
+    }
+  }
   s.ema = ema;
   if (oc.offload.optimizer != OffloadDevice::kNone) {
     s.offload_ring_bytes = oc.offload.buffer_count * oc.offload.buffer_bytes;

@@ -18,6 +18,7 @@ const char* type_name() {
   else if constexpr (std::is_integral_v<T>) return "integer";
   else if constexpr (std::is_floating_point_v<T>) return "number";
   else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "list of integers, e.g. [4, 4, 2]";
+  else if constexpr (std::is_same_v<T, std::vector<std::string>>) return "list of strings, e.g. [\"a.*\", \"b\"]";
   else return "string";
 }
 
@@ -27,6 +28,10 @@ std::string to_text(const T& v) {
   if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
     s << "[";
     for (size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
+    s << "]";
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    s << "[";  // quoted: a glob may start with '*', YAML's alias mark
+    for (size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << std::quoted(v[i]);
     s << "]";
   } else if constexpr (std::is_floating_point_v<T>) {
     s << std::setprecision(std::numeric_limits<double>::max_digits10) << v;  // reads back exactly
@@ -83,6 +88,8 @@ template uint64_t ConfigReader::get<uint64_t>(const std::string&, uint64_t, cons
 template double ConfigReader::get<double>(const std::string&, double, const char*);
 template std::string ConfigReader::get<std::string>(const std::string&, std::string, const char*);
 template std::vector<int64_t> ConfigReader::get<std::vector<int64_t>>(const std::string&, std::vector<int64_t>, const char*);
+template std::vector<std::string> ConfigReader::get<std::vector<std::string>>(const std::string&,
+                                                                               std::vector<std::string>, const char*);
 
 void ConfigReader::require(bool ok, const std::string& key, const std::string& what) {
   auto& rules = info_[key].rules;

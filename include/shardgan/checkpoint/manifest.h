@@ -7,6 +7,7 @@
 /// `numel` (T) elements. A rank file stores one contiguous range of it per unit (and the
 /// same range of every optimizer state and extra state) as 1-D datasets. A tensor's
 /// elements are the range [offset, offset + numel) of its unit's flat parameter.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -55,7 +56,14 @@ struct UnitEntry {
   int64_t numel = 0;         ///< T
   int64_t padded_numel = 0;  ///< P at save time (informational)
   std::vector<ParamEntry> params;
-  std::vector<ShardEntry> shards;  ///< together they cover [0, T)
+  std::vector<ShardEntry> shards;  ///< together they cover [0, data_end())
+  /// One past the last parameter element: T, unless the parameters were aligned in the
+  /// flat parameter (ShardingConfig::flat_align), which leaves zero gaps between them.
+  int64_t data_end() const {
+    int64_t e = params.empty() ? numel : 0;
+    for (const auto& p : params) e = std::max(e, p.offset + p.numel);
+    return e;
+  }
 };
 
 struct BufferEntry {

@@ -3,12 +3,14 @@
 /// model (TTUR, Heusel et al. 2017: G and D get their own learning rates and betas).
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shardgan/offload/offload_config.h"
 #include "shardgan/optim/fused_adam.h"
 #include "shardgan/optim/lr_schedule.h"
 #include "shardgan/optim/optimizer.h"
 #include "shardgan/optim/sharded_adam.h"
+#include "shardgan/optim/state_layout.h"
 
 namespace shardgan {
 
@@ -40,6 +42,11 @@ struct OptimizerConfig {
   ParamCopy param_copy = ParamCopy::kNone;
   /// offload.<model>.* and the shared offload.* keys: adam and adamw only (offloaded_adam.h).
   OffloadConfig offload;
+  /// adam, adamw: optim.<model>.state_dtype, state_block, state_min_numel, state_float32.
+  StatePolicy state;
+  /// Whether state.float32 was given (optim.<model>.state_float32). When not, the model
+  /// family's sparse-gradient parameters fill it (resolve_state_float32).
+  bool state_float32_set = false;
 
   /// DCGAN (Radford et al. 2016, Sec. 4): Adam, lr 2e-4, betas (0.5, 0.999).
   static OptimizerConfig dcgan();
@@ -48,6 +55,11 @@ struct OptimizerConfig {
   static OptimizerConfig biggan_generator();
   static OptimizerConfig biggan_discriminator();
 };
+
+/// Unless cfg.state_float32_set, sets cfg.state.float32 to `sparse_params` (ModelSpec::
+/// sparse_params: the family's class embeddings). The optimizer and the pre-flight both
+/// call it, so they agree on which states stay float32.
+void resolve_state_float32(OptimizerConfig& cfg, const std::vector<std::string>& sparse_params);
 
 /// Builds the optimizer for `model` (which must outlive it), with the schedule set: an
 /// OffloadedAdam when offload.optimizer is cpu or disk. Throws std::invalid_argument naming

@@ -44,7 +44,9 @@ AdamCoefficients adam_coefficients(double lr, double beta1, double beta2, double
 /// One Adam/AdamW step on n contiguous float32 elements, in place on p, m and v. `g` is
 /// read only. When `copy` is not kNone, `copy_out` (n uint16 elements: the raw bits of
 /// bfloat16 or float16, rounded to nearest even from the new p) is written too. The arrays
-/// must not overlap. `isa` must be supported by this CPU (std::invalid_argument otherwise);
+/// must not overlap. m == nullptr: m is not stored (only when c.beta1 == 0, where m is the
+/// current gradient; a zero scratch stands in). `isa` must be supported by this CPU
+/// (std::invalid_argument otherwise, or for m missing with beta1 != 0);
 /// `num_threads` 0 uses omp_get_max_threads() (small n runs on one thread). Local.
 void fused_adam_step(float* p, const float* g, float* m, float* v, int64_t n,
                      const AdamCoefficients& c, ParamCopy copy = ParamCopy::kNone,

@@ -7,6 +7,7 @@
 /// (clip_grad.h, loss_scaler.h).
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -95,6 +96,16 @@ class ShardedOptimizer {
   /// Called after the frozen elements of unit `unit`'s shard were put back: an optimizer
   /// that keeps a derived copy of the shard (Adam's 16-bit param_copy) refreshes it.
   virtual void after_frozen_restore(size_t unit) {}
+  /// Shard-local [lo, hi) ranges of frozen elements.
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  /// Before update(): keeps what restore_frozen_state needs to put the state of unit
+  /// `unit` at `ranges` back as it was. The default copies those elements of every state
+  /// through read_unit_state; an optimizer whose stored bits do not survive a float32
+  /// round trip (8-bit states) keeps its raw stores instead.
+  virtual std::shared_ptr<void> keep_frozen_state(size_t unit, const Ranges& ranges);
+  /// After update(): puts the kept state back at `ranges` (the default: through
+  /// read_unit_state and write_unit_state).
+  virtual void restore_frozen_state(size_t unit, const Ranges& ranges, const std::shared_ptr<void>& kept);
 
   ShardedModel& model_;
   int64_t step_ = 0;

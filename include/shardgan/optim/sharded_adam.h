@@ -8,6 +8,7 @@
 
 #include "shardgan/optim/fused_adam.h"
 #include "shardgan/optim/optimizer.h"
+#include "shardgan/optim/state_layout.h"
 
 namespace shardgan {
 
@@ -24,7 +25,19 @@ struct AdamConfig {
   /// float32 shards only: also keep a bfloat16 or float16 copy of every shard, written by
   /// the fused kernel in the same pass (for a low-precision compute copy).
   ParamCopy param_copy = ParamCopy::kNone;
+  /// The dtype m and v are stored in, per parameter (state_layout.h): float32 (the default:
+  /// the shard's dtype, as torch::optim), bfloat16, or block-wise 8-bit. bfloat16 and int8
+  /// need float32 CPU shards; int8 needs the model built with ShardingConfig::flat_align
+  /// equal to state.block (so that sharded and unsharded steps quantize the same blocks).
+  /// Its float32 globs are matched against "<unit>.<param>".
+  StatePolicy state;
 };
+
+/// Whether Adam keeps m between steps for shards on `device_is_cpu`: not when beta1 == 0
+/// on the CPU, where m is the current gradient (m = 0 * m + 1 * g) and the kernels start it
+/// from zero each step (the BigGAN recipe, Brock et al. 2019, App. C). Torch's fused GPU
+/// kernel needs the tensor, so GPU shards keep it.
+bool adam_stores_m(double beta1, bool device_is_cpu);
 
 /// Throws std::invalid_argument, naming the field and value, for a learning rate, beta,
 /// epsilon or weight decay out of torch::optim::Adam's accepted range.
@@ -43,21 +56,45 @@ void adam_torch_step(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tens
 ///   p = p' - lr/(1-beta1^t) * m / (sqrt(v)/sqrt(1-beta2^t) + eps)
 /// Contiguous float32 CPU shards go through the fused kernel (fused_adam.h); GPU shards
 /// through torch's fused CUDA Adam (set_torch_fused); any other shard (float64 on the CPU)
-/// through the same sequence of torch ops as torch::optim.
+/// through the same sequence of torch ops as torch::optim. With a reduced state dtype each
+/// unit's shard is cut into runs (StateLayout): reduced runs go through fused_adam_bf16_step
+/// or fused_adam8_step, float32 runs through fused_adam_step.
 class ShardedAdam final : public ShardedOptimizer {
  public:
-  /// Allocates exp_avg and exp_avg_sq (zeros, the shard's dtype and device) for every unit
-  /// of `model`, which must outlive the optimizer. Throws std::invalid_argument on a bad
-  /// hyperparameter, or when param_copy is asked for a shard that is not float32 on the CPU.
+  /// Allocates the states (zeros; float32 policy: the shard's dtype and device) for every
+  /// unit of `model`, which must outlive the optimizer. Throws std::invalid_argument on a
+  /// bad hyperparameter or state policy, when param_copy or a reduced state dtype is asked
+  /// for a shard that is not float32 on the CPU, or when int8 states meet a model whose
+  /// flat_align is not state.block (naming the unit).
   ShardedAdam(ShardedModel& model, AdamConfig cfg);
 
-  /// {"exp_avg", "exp_avg_sq"} of unit `unit`.
+  /// Float32 policy: {"exp_avg", "exp_avg_sq"} of unit `unit` (without "exp_avg" when m is
+  /// not stored), live. Reduced policies: throws std::logic_error (the stores are not
+  /// shard-shaped; read_unit_state gives float32 views).
   std::vector<std::pair<std::string, at::Tensor>> unit_state(size_t unit) override;
+  std::vector<std::string> state_names() override;
+  /// Reduced policies: fn gets a transient float32 tensor of shard_numel() elements, the
+  /// states widened (bfloat16, exact) or dequantized (int8). Float32: the live tensors.
+  void read_unit_state(size_t unit, const StateVisitor& fn) override;
+  /// Reduced policies: fn fills a transient float32 tensor, which is then rounded to
+  /// bfloat16 (exact for values that came from bfloat16) or requantized in the unit's
+  /// blocks (int8: not the stored bits again in general). Float32: the live tensors.
+  void write_unit_state(size_t unit, const StateVisitor& fn) override;
+  int64_t state_bytes() override;
   const char* type_name() const override { return cfg_.decoupled_weight_decay ? "adamw" : "adam"; }
 
-  /// Per unit, first and second moments: 1-D, shard_numel() elements, shard dtype, device.
+  /// Per unit, the float32 store of m and v: float32 policy, 1-D shard_numel() elements in
+  /// the shard's dtype and device (m undefined when not stored); reduced policies, the
+  /// StateLayout's float32 runs, concatenated (float32_numel elements).
   std::vector<at::Tensor>& exp_avg() { return exp_avg_; }
   std::vector<at::Tensor>& exp_avg_sq() { return exp_avg_sq_; }
+  /// The layout of unit `unit`'s shard (one float32 run under the float32 policy).
+  const StateLayout& layout(size_t unit) const { return layouts_.at(unit); }
+  /// Whether m is kept between steps (adam_stores_m for the model's device).
+  bool stores_m() const { return stores_m_; }
+  /// int8: blocks whose new m or v was not finite, summed over steps (their absmax is NaN,
+  /// so the block's states read NaN, as float32 states would hold NaN).
+  int64_t nonfinite_blocks() const { return nonfinite_blocks_; }
   /// The low-precision copy of unit `unit`'s shard (bfloat16 or float16, [S], CPU), current
   /// after every step and at construction; undefined when param_copy is kNone.
   at::Tensor& param_copy(size_t unit) { return copies_.at(unit); }
@@ -78,12 +115,30 @@ class ShardedAdam final : public ShardedOptimizer {
  protected:
   void update() override;
   void after_frozen_restore(size_t unit) override;
+  std::shared_ptr<void> keep_frozen_state(size_t unit, const Ranges& ranges) override;
+  void restore_frozen_state(size_t unit, const Ranges& ranges, const std::shared_ptr<void>& kept) override;
 
  private:
+  /// The reduced-precision store of one state of one unit: bfloat16 bits (kBFloat16, [L])
+  /// or int8 codes (kByte, [L]) with float32 absmax ([blocks]).
+  struct Reduced {
+    at::Tensor values, absmax;
+  };
   AdamConfig cfg_;
   CpuIsa isa_ = best_cpu_isa();
   bool torch_fused_ = false;
+  bool stores_m_ = true;
+  int64_t nonfinite_blocks_ = 0;
+  bool warned_dequantized_ = false;
+  std::vector<StateLayout> layouts_;
+  std::vector<Reduced> m_red_, v_red_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_, copies_;
+  bool reduced() const { return cfg_.state.dtype != StateDtype::kFloat32; }
+  /// Steps unit `i` run by run (reduced policies).
+  void update_runs(size_t i, const AdamCoefficients& c);
+  /// Reduced policies: the unit's m (`second` false) or v as float32 [S], or back.
+  at::Tensor widen(size_t unit, bool second);
+  void narrow(size_t unit, bool second, const at::Tensor& values);
   std::vector<at::Tensor> state_steps_;  // per unit, a 0-d float32 tensor on its device (torch fused Adam)
   /// Steps units `which` with at::_fused_adam(w)_.
   void torch_fused_step(const std::vector<size_t>& which);

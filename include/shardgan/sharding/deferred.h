@@ -36,6 +36,11 @@ struct ModelSpec {
   std::vector<UnitSpec> units;
   /// Runs the units on the model's inputs; empty means "chain the units' first outputs".
   ShardedModel::Program program;
+  /// Globs (fnmatch) of "<unit>.<param>" names whose gradients are sparse, such as class
+  /// embeddings (a batch touches a few rows). Optimizers that store reduced-precision
+  /// states keep these in float32 unless optim.<model>.state_float32 names others
+  /// (bitsandbytes' advice for embeddings, Dettmers et al. 2022, Sec. 2.3).
+  std::vector<std::string> sparse_params;
 };
 
 /// Local (no collectives; must be called identically on every rank). Builds each unit of
@@ -59,8 +64,18 @@ void populate_sharded_model(ShardedModel& model, const ModelSpec& spec, uint64_t
                             c10::Device device, const std::function<void(ShardedUnit&)>& after_unit);
 
 /// Local. The shard elements S of each unit of `spec` on `world_size` ranks at `stage`
-/// (T at stage 0, else ceil(T / world_size), as FlatParam pads), from unit_numels.
-std::vector<int64_t> unit_shard_numels(const ModelSpec& spec, int world_size, int stage);
+/// with flat alignment `align`, as FlatParam lays them out (make_flat_layout), from
+/// unit_params.
+std::vector<int64_t> unit_shard_numels(const ModelSpec& spec, int world_size, int stage, int64_t align = 1);
+
+/// One unit's parameters, in FlatParam's order (named_parameters()).
+struct UnitParams {
+  std::vector<std::string> names;  ///< names within the unit's module
+  std::vector<int64_t> numels;
+};
+/// Local. Each unit's parameters, found by building each unit uninitialized and dropping
+/// it at once (peak memory: one unit). For the pre-flights and the offload stores' sizes.
+std::vector<UnitParams> unit_params(const ModelSpec& spec);
 
 /// Local. Parameter elements of each unit of `spec`, in order, found by building each unit
 /// uninitialized and dropping it at once (peak memory: one unit). For the memory pre-flight.

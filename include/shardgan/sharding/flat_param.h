@@ -4,9 +4,11 @@
 /// FlatParameter, Zhao et al. 2023, Sec. 3.2; FSDP2's FSDPParam). No collectives: the unit
 /// (sharded_unit.h) gathers into full() and reduces gradients; the runtime hooks decide when.
 ///
-/// Layout: the module's parameters, in named_parameters() order, are concatenated into T
-/// elements, zero-padded to P = ceil(T / N) * N for world size N; rank r owns elements
-/// [r * S, (r + 1) * S) with S = P / N. At stage 0 nothing is padded or sharded (S = P = T).
+/// Layout (flat_layout.h): the module's parameters, in named_parameters() order, are
+/// concatenated into T elements, each starting at a multiple of the alignment (1: back to
+/// back), and zero-padded to P = N * S for world size N; rank r owns elements
+/// [r * S, (r + 1) * S). With alignment 1, S = ceil(T / N), and at stage 0 nothing is
+/// padded or sharded (S = P = T).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -34,14 +36,17 @@ class FlatParam {
   /// gathered buffer full() is in `compute_dtype` (undefined: the master dtype); at stage 3
   /// its storage is freed on return. Local. Throws std::invalid_argument naming `unit` and
   /// the parameter for mixed dtypes or devices, or a parameter another unit owns.
+  /// `align` (>= 1): ShardingConfig::flat_align.
   FlatParam(const std::string& unit, const std::string& qualified, torch::nn::Module& module, int rank,
-            int world_size, int stage, c10::optional<at::ScalarType> compute_dtype);
+            int world_size, int stage, c10::optional<at::ScalarType> compute_dtype, int64_t align = 1);
   /// Releases the ownership claims. Does not throw.
   ~FlatParam();
   FlatParam(const FlatParam&) = delete;
   FlatParam& operator=(const FlatParam&) = delete;
 
   int64_t numel() const { return numel_; }                ///< T
+  /// E: one past the last parameter's last element (T unless aligned); [E, P) is padding.
+  int64_t data_end() const { return data_end_; }
   int64_t padded_numel() const { return padded_numel_; }  ///< P
   int64_t shard_numel() const { return shard_numel_; }    ///< S
   int64_t shard_offset() const { return shard_offset_; }  ///< first owned element
@@ -89,7 +94,7 @@ class FlatParam {
 
  private:
   std::vector<Slot> slots_;
-  int64_t numel_ = 0, padded_numel_ = 0, shard_numel_ = 0, shard_offset_ = 0;
+  int64_t numel_ = 0, data_end_ = 0, padded_numel_ = 0, shard_numel_ = 0, shard_offset_ = 0;
   int stage_ = 3;
   at::ScalarType master_dtype_ = at::kFloat, compute_dtype_ = at::kFloat;
   c10::Device device_ = c10::Device(c10::kCPU);

@@ -28,6 +28,15 @@ namespace shardgan {
 struct ModelMemorySpec {
   /// Unpadded parameter count T of every sharding unit (elements), in any order.
   std::vector<int64_t> unit_numels;
+  /// When set (one list per unit, in the order of unit_numels): each unit's parameters'
+  /// elements, laid out with flat_align as FlatParam lays them out (flat_layout.h). Empty:
+  /// each unit is one run of unit_numels[i] elements, which is exact for flat_align 1.
+  std::vector<std::vector<int64_t>> unit_param_numels;
+  int64_t flat_align = 1;  ///< ShardingConfig::flat_align
+  /// When >= 0: the bytes of optimizer state this rank holds in RAM (the caller derives
+  /// them from the optimizer's own layout, e.g. reduced-precision states), replacing
+  /// optimizer_states * S * master bytes. Ignored when offloaded to disk.
+  int64_t optimizer_state_bytes = -1;
   int world_size = 1;  ///< N, ranks sharing the model (>= 1)
   int stage = 3;       ///< ZeRO stage 0-3
   /// Bytes per element of the master dtype (the module's dtype: 4 float32, 8 float64), of

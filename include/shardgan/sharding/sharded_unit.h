@@ -131,6 +131,8 @@ class ShardedUnit {
   size_t index() const { return index_; }
   int64_t numel() const { return flat_->numel(); }                ///< T, unpadded elements
   int64_t padded_numel() const { return flat_->padded_numel(); }  ///< P
+  /// E: one past the last parameter (T unless ShardingConfig::flat_align > 1).
+  int64_t data_end() const { return flat_->data_end(); }
   int64_t shard_numel() const { return flat_->shard_numel(); }    ///< S, elements this rank owns
   int64_t shard_offset() const { return flat_->shard_offset(); }  ///< first owned flat element
   int stage() const { return cfg_.stage; }
@@ -218,7 +220,8 @@ class ShardedUnit {
   /// stages 0-2, where the full parameters are persistent).
   int64_t full_bytes_alive() const;
 
-  /// Collective at stage 3: the full, unpadded flat parameter (T elements, a new tensor).
+  /// Collective at stage 3: the full flat parameter without its tail padding (data_end()
+  /// elements, a new tensor; slots() give each parameter's place in it).
   at::Tensor gather_full_copy();
 
   // Backward bookkeeping, called from autograd hooks. Not for users.

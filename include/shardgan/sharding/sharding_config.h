@@ -98,6 +98,12 @@ struct ShardingConfig {
   /// only sizes the memory pre-flight. Where the node-shared gather applies (one host), it
   /// serves the gathers first; only its fallbacks gather over the world or the group.
   int hpz_partition_size = 1;
+  /// Alignment, in elements, of every parameter's first element in the flat parameter and
+  /// of every shard boundary (flat_layout.h). 1 (the default) packs the parameters back to
+  /// back. 8-bit optimizer states (optim.<model>.state_dtype: int8) set it to their block,
+  /// so that no block spans two parameters or two ranks; the trainer derives it, it is not
+  /// a config key. The gaps are padding: zero, never trained, counted in padding_elements.
+  int64_t flat_align = 1;
 };
 
 /// Inputs or outputs of a unit or model. Tensors may be undefined (e.g. no labels).

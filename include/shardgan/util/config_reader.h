@@ -36,7 +36,7 @@ class ConfigReader {
   ConfigReader(std::map<std::string, std::string> values, std::string source);
 
   /// The value of `key` as T, or `fallback` when the key is absent. T is bool, int,
-  /// int64_t, uint64_t, double, std::string or std::vector<int64_t>. `meaning` is the
+  /// int64_t, uint64_t, double, std::string, std::vector<int64_t> or std::vector<std::string>. `meaning` is the
   /// key's one-line description in the config reference. Throws ConfigError naming the
   /// file and key when the value does not parse as T.
   template <typename T>

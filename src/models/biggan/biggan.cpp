@@ -112,6 +112,7 @@ ModelSpec BigGanFamily::generator(Communicator& comm) const {
   Communicator* cm = &comm;
   ModelSpec spec;
   spec.name = "generator";
+  spec.sparse_params = {"shared.*"};  // the shared class embedding
   spec.units.push_back(unit<biggan::SNEmbedding>(
       "shared", scheme, [c] { return biggan::SNEmbedding(c.n_classes, c.shared_dim); },
       [](biggan::SNEmbedding& m, const TensorList& in) { return TensorList{m->forward(in[0])}; }));
@@ -184,6 +185,7 @@ ModelSpec BigGanFamily::discriminator(Communicator& /*comm*/) const {
   const int64_t L = num_z_chunks(), res = resolution();
   ModelSpec spec;
   spec.name = "discriminator";
+  spec.sparse_params = {"out.embed.*"};  // the projection head's class embedding
   std::vector<std::string> order;
   int64_t n = 0, in = c.channels;
   bool attn_placed = false;

@@ -1,0 +1,340 @@
+// Reduced-precision Adam states inside the sharded optimizer (optim.<model>.state_dtype):
+// - sharded Adam with bfloat16 or int8 states at stages 1-3 over every rank of the run
+//   equals the unsharded step (stage 0 on one rank) bit for bit, parameters and states,
+//   because 8-bit blocks start at every parameter and the flat layout aligns parameters and
+//   shard boundaries to the block (flat_layout.h);
+// - frozen parameters keep their stored bits (raw 8-bit blocks, not a float32 round trip);
+// - with beta1 0, m is not stored, and the step equals the stored-m step;
+// - the bfloat16 states survive the checkpoint's float32 view bit for bit;
+// - negative control (ctest optimizer_state_dtype_unaligned_control_np2, under
+//   SHARDGAN_TEST_CONTROL=state_dtype_unaligned): int8 states on an unaligned flat layout,
+//   where a block straddles two ranks, and the comparison then fails.
+#include <cstring>
+#include <filesystem>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "shardgan/checkpoint/checkpoint.h"
+#include "shardgan/comm/mpi_communicator.h"
+#include "shardgan/optim/blockwise_quant.h"
+#include "shardgan/optim/sharded_adam.h"
+#include "shardgan/sharding/sharded_model.h"
+
+using namespace shardgan;
+
+namespace {
+
+constexpr int kSteps = 12;
+
+// Three units whose parameters do not divide by 2 or 4 ranks or by the block:
+// a: Linear 96->80 (weight 7680, bias 80), b: Linear 80->70 (weight 5600: kept float32 by
+// a glob; bias 70), c: two Linears 70->64 and 64->65 (4480 + 64, 4160 + 65), c's first
+// weight frozen.
+std::unique_ptr<ShardedModel> make_model(Communicator& comm, int stage, int64_t align,
+                                        at::ScalarType dtype = torch::kFloat) {
+  ShardingConfig sc;
+  sc.stage = stage;
+  sc.flat_align = align;
+  auto model = std::make_unique<ShardedModel>("m", comm, sc);
+  torch::manual_seed(11);
+  auto a = torch::nn::Linear(96, 80);
+  auto b = torch::nn::Linear(80, 70);
+  auto c = torch::nn::Sequential(torch::nn::Linear(70, 64), torch::nn::Linear(64, 65));
+  a->to(dtype);
+  b->to(dtype);
+  c->to(dtype);
+  model->add_unit("a", a.ptr(), [a](const at::Tensor& x) mutable { return a->forward(x); });
+  model->add_unit("b", b.ptr(), [b](const at::Tensor& x) mutable { return b->forward(x); });
+  model->add_unit("c", c.ptr(), [c](const at::Tensor& x) mutable { return c->forward(x); });
+  for (auto& s : model->units()[2]->slots()) {
+    if (s.name == "0.weight") s.param.requires_grad_(false);
+  }
+  return model;
+}
+
+// The same gradient on every rank, seeded by step and unit: each parameter's part (scaled
+// per parameter, so blocks see different magnitudes) at its flat offset, zero padding.
+void set_gradients(ShardedModel& model, int step) {
+  for (size_t u = 0; u < model.units().size(); ++u) {
+    ShardedUnit& unit = *model.units()[u];
+    at::Tensor padded = torch::zeros({unit.padded_numel()}, torch::kFloat);
+    int k = 0;
+    for (const auto& s : unit.slots()) {
+      torch::manual_seed(5000 + 100 * step + 10 * static_cast<int64_t>(u) + k);
+      padded.narrow(0, s.offset, s.numel).copy_(torch::randn({s.numel}) * std::pow(10.0, k % 3 - 1));
+      ++k;
+    }
+    unit.grad_shard().copy_(padded.narrow(0, unit.shard_offset(), unit.shard_numel()));
+  }
+}
+
+AdamConfig config(StateDtype dtype, double beta1, bool adamw) {
+  AdamConfig c;
+  c.lr = 1e-2;
+  c.beta1 = beta1;
+  c.weight_decay = adamw ? 0.05 : 0.01;
+  c.decoupled_weight_decay = adamw;
+  c.state.dtype = dtype;
+  c.state.float32 = {"b.weight"};
+  return c;
+}
+
+int64_t align_for(const AdamConfig& c) { return c.state.dtype == StateDtype::kInt8 ? c.state.block : 1; }
+
+// Per unit: [data_end] float32 of the parameters, then of each state, gathered over the
+// model's ranks (a collective at stages 1-3).
+std::vector<at::Tensor> snapshot(ShardedModel& model, ShardedAdam& opt, Communicator& comm, int stage) {
+  std::vector<at::Tensor> out;
+  for (size_t u = 0; u < model.units().size(); ++u) {
+    ShardedUnit& unit = *model.units()[u];
+    std::vector<at::Tensor> shards = {unit.shard().clone()};
+    opt.read_unit_state(u, [&](const std::string&, at::Tensor& st) { shards.push_back(st.clone()); });
+    for (at::Tensor& s : shards) {
+      at::Tensor full = s;
+      if (stage != 0) {
+        full = torch::empty({unit.padded_numel()}, torch::kFloat);
+        comm.all_gather(full, s);
+      }
+      out.push_back(full.narrow(0, 0, unit.data_end()).clone());
+    }
+  }
+  return out;
+}
+
+std::vector<at::Tensor> run(Communicator& comm, int stage, const AdamConfig& cfg, int64_t align) {
+  auto model = make_model(comm, stage, align);
+  ShardedAdam opt(*model, cfg);
+  for (int s = 0; s < kSteps; ++s) {
+    set_gradients(*model, s);
+    opt.step();
+    model->after_optimizer_step();
+  }
+  EXPECT_EQ(opt.nonfinite_blocks(), 0);
+  return snapshot(*model, opt, comm, stage);
+}
+
+// Bitwise equality of two snapshots (memcmp: also the sign of zero and NaN payloads).
+bool same_bits(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].numel() != b[i].numel()) return false;
+    if (std::memcmp(a[i].data_ptr(), b[i].data_ptr(), static_cast<size_t>(a[i].numel()) * 4) != 0) return false;
+  }
+  return true;
+}
+
+struct Case {
+  StateDtype dtype;
+  double beta1;
+  bool adamw;
+};
+
+TEST(StateDtypeSharded, ShardedEqualsUnshardedBitForBit) {
+  MpiCommunicator world(MPI_COMM_WORLD, 60.0), self(MPI_COMM_SELF, 60.0);
+  for (Case k : {Case{StateDtype::kInt8, 0.5, false}, Case{StateDtype::kInt8, 0.0, true},
+                 Case{StateDtype::kBFloat16, 0.5, true}, Case{StateDtype::kBFloat16, 0.0, false}}) {
+    const AdamConfig cfg = config(k.dtype, k.beta1, k.adamw);
+    const auto ref = run(self, 0, cfg, align_for(cfg));
+    for (int stage : {1, 2, 3}) {
+      const auto got = run(world, stage, cfg, align_for(cfg));
+      EXPECT_TRUE(same_bits(ref, got)) << to_string(k.dtype) << " beta1 " << k.beta1 << " stage " << stage << " on "
+                                       << world.world_size() << " ranks";
+    }
+    if (world.rank() == 0) {
+      std::printf("  %s beta1 %.1f %s: stages 1-3 on %d rank(s) equal stage 0 bit for bit\n", to_string(k.dtype),
+                  k.beta1, k.adamw ? "adamw" : "adam", world.world_size());
+    }
+  }
+}
+
+TEST(StateDtypeSharded, LayoutIsAlignedAndCounted) {
+  MpiCommunicator world(MPI_COMM_WORLD, 60.0);
+  const AdamConfig cfg = config(StateDtype::kInt8, 0.5, false);
+  auto model = make_model(world, 3, cfg.state.block);
+  ShardedAdam opt(*model, cfg);
+  int64_t bytes = 0;
+  for (size_t u = 0; u < model->units().size(); ++u) {
+    const ShardedUnit& unit = *model->units()[u];
+    EXPECT_EQ(unit.shard_offset() % cfg.state.block, 0) << unit.name();
+    EXPECT_EQ(unit.shard_numel() % cfg.state.block, 0) << unit.name();
+    for (const auto& s : unit.slots()) EXPECT_EQ(s.offset % cfg.state.block, 0) << unit.name() << "." << s.name;
+    const StateLayout& l = opt.layout(u);
+    EXPECT_EQ(l.reduced_numel + l.float32_numel, unit.shard_numel());
+    bytes += 2 * l.state_bytes(StateDtype::kInt8);
+  }
+  EXPECT_EQ(opt.state_bytes(), bytes);
+  // b.weight is kept float32 by the glob, the biases by state_min_numel: every rank's
+  // reduced elements are those of a.weight, c.0.weight and c.1.weight, with their padding.
+  EXPECT_TRUE(opt.stores_m());
+  EXPECT_EQ(opt.state_names(), (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
+}
+
+TEST(StateDtypeSharded, Int8RefusesAnUnalignedModel) {
+  MpiCommunicator world(MPI_COMM_WORLD, 60.0);
+  auto model = make_model(world, 3, 1);
+  EXPECT_THROW(ShardedAdam(*model, config(StateDtype::kInt8, 0.5, false)), std::invalid_argument);
+  // float64 shards: the reduced kernels take float32 only.
+  auto f64 = make_model(world, 3, 1, torch::kDouble);
+  EXPECT_THROW(ShardedAdam(*f64, config(StateDtype::kBFloat16, 0.5, false)), std::invalid_argument);
+}
+
+TEST(StateDtypeSharded, UnstoredMomentEqualsTheStoredStep) {
+  // beta1 0, float32 states: m is not stored, and p and v equal the reference loop that
+  // keeps m (the same operations; m is 0 * m + 1 * g either way).
+  MpiCommunicator self(MPI_COMM_SELF, 60.0);
+  AdamConfig cfg = config(StateDtype::kFloat32, 0.0, false);
+  auto model = make_model(self, 0, 1);
+  ShardedAdam opt(*model, cfg);
+  EXPECT_FALSE(opt.stores_m());
+  EXPECT_EQ(opt.state_names(), std::vector<std::string>{"exp_avg_sq"});
+  std::vector<at::Tensor> p, m, v;
+  for (auto& u : model->units()) {
+    p.push_back(u->shard().clone());
+    m.push_back(torch::zeros_like(u->shard()));
+    v.push_back(torch::zeros_like(u->shard()));
+  }
+  for (int s = 0; s < kSteps; ++s) {
+    set_gradients(*model, s);
+    const AdamCoefficients c = adam_coefficients(cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, false, s + 1);
+    for (size_t u = 0; u < p.size(); ++u) {
+      at::Tensor g = model->units()[u]->grad_shard().clone();
+      at::Tensor before = p[u].clone();
+      reference_adam_step(p[u].data_ptr<float>(), g.data_ptr<float>(), m[u].data_ptr<float>(), v[u].data_ptr<float>(),
+                          p[u].numel(), c);
+      for (const auto& sl : model->units()[u]->slots()) {  // the frozen weight keeps its value
+        if (!sl.param.requires_grad()) {
+          p[u].narrow(0, sl.offset, sl.numel).copy_(before.narrow(0, sl.offset, sl.numel));
+        }
+      }
+    }
+    opt.step();
+    model->after_optimizer_step();
+  }
+  for (size_t u = 0; u < p.size(); ++u) {
+    EXPECT_TRUE(torch::equal(p[u], model->units()[u]->shard())) << "unit " << u;
+  }
+}
+
+TEST(StateDtypeSharded, Bf16StatesSurviveTheFloat32View) {
+  // Checkpoints store the states through read_unit_state / write_unit_state (float32): for
+  // bfloat16 states the round trip gives back the same bits, so a resume is exact.
+  MpiCommunicator world(MPI_COMM_WORLD, 60.0);
+  const AdamConfig cfg = config(StateDtype::kBFloat16, 0.5, false);
+  auto model = make_model(world, 2, 1);
+  ShardedAdam opt(*model, cfg);
+  for (int s = 0; s < 3; ++s) {
+    set_gradients(*model, s);
+    opt.step();
+    model->after_optimizer_step();
+  }
+  for (size_t u = 0; u < model->units().size(); ++u) {
+    std::vector<at::Tensor> before;
+    opt.read_unit_state(u, [&](const std::string&, at::Tensor& st) { before.push_back(st.clone()); });
+    size_t k = 0;
+    opt.write_unit_state(u, [&](const std::string&, at::Tensor& st) { st.copy_(before[k++]); });
+    std::vector<at::Tensor> after;
+    opt.read_unit_state(u, [&](const std::string&, at::Tensor& st) { after.push_back(st.clone()); });
+    EXPECT_TRUE(same_bits(before, after)) << "unit " << u;
+  }
+}
+
+TEST(StateDtypeSharded, UnalignedControl) {
+  // Run only under SHARDGAN_TEST_CONTROL=state_dtype_unaligned, on 2 ranks: ShardedAdam then
+  // accepts int8 states on a flat layout that is not aligned to the block, so a.weight's
+  // blocks straddle the shard boundary at element 3880, and the sharded step must differ
+  // from the unsharded one somewhere.
+  MpiCommunicator world(MPI_COMM_WORLD, 60.0), self(MPI_COMM_SELF, 60.0);
+  ASSERT_EQ(world.world_size(), 2) << "the control runs on 2 ranks";
+  const AdamConfig cfg = config(StateDtype::kInt8, 0.5, false);
+  const auto ref = run(self, 0, cfg, 1);
+  const auto got = run(world, 1, cfg, 1);
+  EXPECT_FALSE(same_bits(ref, got)) << "unaligned 8-bit blocks gave the unsharded bits: the comparison cannot fail";
+}
+
+// A temporary directory with the same name on every rank.
+std::string shared_tmpdir(Communicator& world) {
+  char buf[256] = {0};
+  if (world.rank() == 0) {
+    std::snprintf(buf, sizeof(buf), "/tmp/shardgan-state-dtype.XXXXXX");
+    if (!mkdtemp(buf)) std::abort();
+  }
+  at::Tensor t = torch::from_blob(buf, {static_cast<int64_t>(sizeof(buf))}, torch::kByte).clone();
+  world.broadcast(t, 0);
+  return std::string(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()));
+}
+
+// Trains `cfg` for 3 steps at `stage` over the world, saves, and loads the checkpoint into
+// a fresh model and optimizer with `cfg_to` (another state dtype, hence another flat
+// layout for int8) at `stage_to`. Returns the snapshots of the saved run and of the loaded
+// one (parameters and float32 views of the states, each [data_end]).
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> save_and_load(Communicator& world, const AdamConfig& cfg,
+                                                                          int stage, const AdamConfig& cfg_to,
+                                                                          int stage_to, const std::string& dir) {
+  auto model = make_model(world, stage, align_for(cfg));
+  ShardedAdam opt(*model, cfg);
+  for (int s = 0; s < 3; ++s) {
+    set_gradients(*model, s);
+    opt.step();
+    model->after_optimizer_step();
+  }
+  TrainCounters counters;
+  counters.step = 3;
+  counters.noise_rng_state = torch::zeros({8}, torch::kByte);
+  const std::string ckpt = save_checkpoint(dir, counters, {ModelAndOptimizer{model.get(), &opt}}, "", world);
+  auto saved = snapshot(*model, opt, world, stage);
+  auto to = make_model(world, stage_to, align_for(cfg_to));
+  ShardedAdam opt_to(*to, cfg_to);
+  TrainCounters back;
+  load_checkpoint(ckpt, back, {ModelAndOptimizer{to.get(), &opt_to}}, world);
+  EXPECT_EQ(opt_to.step_count(), 3);
+  return {saved, snapshot(*to, opt_to, world, stage_to)};
+}
+
+// Snapshots hold, per unit, [param, m, v]: the parameters' elements of each, in parameter
+// order (the two layouts place them differently).
+std::vector<at::Tensor> by_parameter(const std::vector<at::Tensor>& snap, ShardedModel& layout) {
+  std::vector<at::Tensor> out;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    for (size_t k = 0; k < 3; ++k) {
+      std::vector<at::Tensor> parts;
+      for (const auto& s : layout.units()[u]->slots()) parts.push_back(snap[3 * u + k].narrow(0, s.offset, s.numel));
+      out.push_back(torch::cat(parts));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(StateDtypeCheckpoint, ReducedStatesLoadAcrossDtypesAndLayouts) {
+  MpiCommunicator world(MPI_COMM_WORLD, 60.0), self(MPI_COMM_SELF, 60.0);
+  const std::string base = shared_tmpdir(world);
+  auto plain = make_model(self, 0, 1);
+  auto aligned = make_model(self, 0, 256);
+  const AdamConfig f32 = config(StateDtype::kFloat32, 0.5, false), bf16 = config(StateDtype::kBFloat16, 0.5, false),
+                   i8 = config(StateDtype::kInt8, 0.5, false);
+  {  // bfloat16 at stage 3 over the world -> bfloat16 at stage 1: every bit, states included
+    auto [a, b] = save_and_load(world, bf16, 3, bf16, 1, base + "/bf16");
+    EXPECT_TRUE(same_bits(a, b)) << "bfloat16 states did not resume bit for bit";
+  }
+  {  // float32 (packed layout) -> int8 (aligned layout): parameters exact, states requantized
+    auto [a, b] = save_and_load(world, f32, 2, i8, 3, base + "/f32-to-int8");
+    const auto pa = by_parameter(a, *plain), pb = by_parameter(b, *aligned);
+    for (size_t i = 0; i < pa.size(); ++i) {
+      if (i % 3 == 0) {
+        EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameters of unit " << i / 3;
+      } else {  // requantized: a loose bound (the map's gaps are under 0.02 of a block's absmax)
+        const double tol = 0.06 * pa[i].abs().max().item<double>();
+        EXPECT_LE((pa[i] - pb[i]).abs().max().item<double>(), tol) << "state " << i % 3 << " of unit " << i / 3;
+      }
+    }
+  }
+  {  // int8 (aligned) -> float32 (packed): parameters exact, states the dequantized values
+    auto [a, b] = save_and_load(world, i8, 1, f32, 3, base + "/int8-to-f32");
+    const auto pa = by_parameter(a, *aligned), pb = by_parameter(b, *plain);
+    for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "tensor " << i;
+  }
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(base);
+}
