@@ -228,6 +228,34 @@ TEST(ConfigWarnings, QuantizationBlockWithoutQuantization) {
   EXPECT_EQ(warnings_naming(parse_config("", "t.yaml", {d + "=64"}), d), 1u);
 }
 
+TEST(Config, StateDtypeKeys) {
+  // int8 states align the model's flat parameter to their block; the globs read as a list.
+  const TrainConfig c = parse_config(
+      "optim:\n  generator: {state_dtype: int8, state_block: 128, state_float32: [\"shared.*\", \"*.bias\"]}\n"
+      "  discriminator: {state_dtype: bfloat16}\n",
+      "t.yaml", {});
+  EXPECT_EQ(c.g_optim.state.dtype, StateDtype::kInt8);
+  EXPECT_EQ(c.g_sharding.flat_align, 128);
+  EXPECT_EQ(c.g_optim.state.float32, (std::vector<std::string>{"shared.*", "*.bias"}));
+  EXPECT_EQ(c.d_optim.state.dtype, StateDtype::kBFloat16);
+  EXPECT_EQ(c.d_sharding.flat_align, 1);  // only 8-bit blocks need the alignment
+  EXPECT_EQ(c.d_optim.state.float32, std::vector<std::string>{"family"});  // the family's embeddings
+  OptimizerConfig r = c.d_optim;
+  r.state.float32.push_back("out.linear.*");
+  resolve_state_float32(r, {"out.embed.*"});
+  EXPECT_EQ(r.state.float32, (std::vector<std::string>{"out.embed.*", "out.linear.*"}));
+  EXPECT_NE(error_of("optim: {generator: {state_dtype: int4}}\n").find("optim.generator.state_dtype"), std::string::npos);
+  EXPECT_NE(error_of("optim: {generator: {type: sgd, state_dtype: int8}}\n").find("adam or adamw"), std::string::npos);
+  EXPECT_NE(error_of("optim: {generator: {state_dtype: int8}}\noffload: {generator: {optimizer: cpu}}\n")
+                .find("offload.generator.optimizer"),
+            std::string::npos);
+  EXPECT_NE(error_of("optim: {generator: {state_block: 0}}\n").find("state_block"), std::string::npos);
+  // Keys that do nothing with float32 states warn.
+  EXPECT_EQ(warnings_naming(parse_config("optim: {generator: {state_block: 128}}\n", "t.yaml", {}),
+                            "optim.generator.state_block"),
+            1u);
+}
+
 // One warning per key, whatever else is set; every family's defaults and --print-config's
 // output of a config with ignored keys warn about nothing new.
 TEST(ConfigWarnings, OncePerKeyAndNeverForDefaults) {

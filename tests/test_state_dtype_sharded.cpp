@@ -11,11 +11,14 @@
 //   where a block straddles two ranks, and the comparison then fails.
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <tuple>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "shardgan/checkpoint/checkpoint.h"
+#include "shardgan/checkpoint/shard_io.h"
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/optim/blockwise_quant.h"
 #include "shardgan/optim/sharded_adam.h"
@@ -266,29 +269,36 @@ std::string shared_tmpdir(Communicator& world) {
 
 // Trains `cfg` for 3 steps at `stage` over the world, saves, and loads the checkpoint into
 // a fresh model and optimizer with `cfg_to` (another state dtype, hence another flat
-// layout for int8) at `stage_to`. Returns the snapshots of the saved run and of the loaded
-// one (parameters and float32 views of the states, each [data_end]).
+// layout for int8) at `stage_to` over `to_comm`. Then both take `after` more steps on the
+// same gradients. Returns the snapshots of the saved run and of the loaded one
+// (parameters and float32 views of the states, each [data_end]).
 std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> save_and_load(Communicator& world, const AdamConfig& cfg,
-                                                                          int stage, const AdamConfig& cfg_to,
-                                                                          int stage_to, const std::string& dir) {
+                                                                          int stage, Communicator& to_comm,
+                                                                          const AdamConfig& cfg_to, int stage_to,
+                                                                          const std::string& dir, int after = 0) {
   auto model = make_model(world, stage, align_for(cfg));
   ShardedAdam opt(*model, cfg);
-  for (int s = 0; s < 3; ++s) {
-    set_gradients(*model, s);
-    opt.step();
-    model->after_optimizer_step();
-  }
+  auto train = [](ShardedModel& m, ShardedAdam& o, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      set_gradients(m, s);
+      o.step();
+      m.after_optimizer_step();
+    }
+  };
+  train(*model, opt, 0, 3);
   TrainCounters counters;
   counters.step = 3;
   counters.noise_rng_state = torch::zeros({8}, torch::kByte);
   const std::string ckpt = save_checkpoint(dir, counters, {ModelAndOptimizer{model.get(), &opt}}, "", world);
+  train(*model, opt, 3, 3 + after);
   auto saved = snapshot(*model, opt, world, stage);
-  auto to = make_model(world, stage_to, align_for(cfg_to));
+  auto to = make_model(to_comm, stage_to, align_for(cfg_to));
   ShardedAdam opt_to(*to, cfg_to);
   TrainCounters back;
-  load_checkpoint(ckpt, back, {ModelAndOptimizer{to.get(), &opt_to}}, world);
+  load_checkpoint(ckpt, back, {ModelAndOptimizer{to.get(), &opt_to}}, to_comm);
   EXPECT_EQ(opt_to.step_count(), 3);
-  return {saved, snapshot(*to, opt_to, world, stage_to)};
+  train(*to, opt_to, 3, 3 + after);
+  return {saved, snapshot(*to, opt_to, to_comm, stage_to)};
 }
 
 // Snapshots hold, per unit, [param, m, v]: the parameters' elements of each, in parameter
@@ -313,13 +323,22 @@ TEST(StateDtypeCheckpoint, ReducedStatesLoadAcrossDtypesAndLayouts) {
   auto plain = make_model(self, 0, 1);
   auto aligned = make_model(self, 0, 256);
   const AdamConfig f32 = config(StateDtype::kFloat32, 0.5, false), bf16 = config(StateDtype::kBFloat16, 0.5, false),
-                   i8 = config(StateDtype::kInt8, 0.5, false);
-  {  // bfloat16 at stage 3 over the world -> bfloat16 at stage 1: every bit, states included
-    auto [a, b] = save_and_load(world, bf16, 3, bf16, 1, base + "/bf16");
-    EXPECT_TRUE(same_bits(a, b)) << "bfloat16 states did not resume bit for bit";
+                   i8 = config(StateDtype::kInt8, 0.5, false), i8_b0 = config(StateDtype::kInt8, 0.0, true);
+  // Resumes that must equal the uninterrupted run bit for bit, 4 steps after the save:
+  // 8-bit states stored as held (per parameter: codes and absmax), bfloat16 widened.
+  for (auto [cfg, stage, to_stage, name] : {std::tuple{i8, 3, 1, "int8"}, std::tuple{i8_b0, 2, 3, "int8-beta1-0"},
+                                            std::tuple{bf16, 3, 1, "bf16"}}) {
+    auto [a, b] = save_and_load(world, cfg, stage, world, cfg, to_stage, base + "/" + name, 4);
+    EXPECT_TRUE(same_bits(a, b)) << name << ": the resumed run differs from the uninterrupted one";
+    if (world.rank() == 0) std::printf("  %s: stage %d -> %d on %d rank(s), resumed run equals the uninterrupted one bit for bit\n",
+                                       name, stage, to_stage, world.world_size());
+  }
+  {  // int8 at stage 2 over the world -> int8 at stage 0 on each rank alone: another world size
+    auto [a, b] = save_and_load(world, i8, 2, self, i8, 0, base + "/int8-to-1", 4);
+    EXPECT_TRUE(same_bits(a, b)) << "int8 resumed on 1 rank differs from the uninterrupted run";
   }
   {  // float32 (packed layout) -> int8 (aligned layout): parameters exact, states requantized
-    auto [a, b] = save_and_load(world, f32, 2, i8, 3, base + "/f32-to-int8");
+    auto [a, b] = save_and_load(world, f32, 2, world, i8, 3, base + "/f32-to-int8");
     const auto pa = by_parameter(a, *plain), pb = by_parameter(b, *aligned);
     for (size_t i = 0; i < pa.size(); ++i) {
       if (i % 3 == 0) {
@@ -331,9 +350,27 @@ TEST(StateDtypeCheckpoint, ReducedStatesLoadAcrossDtypesAndLayouts) {
     }
   }
   {  // int8 (aligned) -> float32 (packed): parameters exact, states the dequantized values
-    auto [a, b] = save_and_load(world, i8, 1, f32, 3, base + "/int8-to-f32");
+    auto [a, b] = save_and_load(world, i8, 1, world, f32, 3, base + "/int8-to-f32");
     const auto pa = by_parameter(a, *aligned), pb = by_parameter(b, *plain);
     for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "tensor " << i;
+    // The checkpoint verifies, and its consolidated view (what shardgan-ckpt consolidate
+    // writes) holds the 8-bit states dequantized: the run's own float32 view.
+    if (world.rank() == 0) {
+      ckpt::CheckpointReader rd(base + "/int8-to-f32/checkpoints/step-00000003");
+      EXPECT_TRUE(rd.verify_all().empty());
+      std::map<std::string, std::vector<at::Tensor>> parts;  // "<state>/<unit index>" -> per parameter
+      for (const ckpt::TensorRef& t : rd.tensors()) {
+        if (t.kind.rfind("optim/", 0) != 0) continue;
+        EXPECT_EQ(t.dtype, "float32");
+        at::Tensor v = torch::empty({t.numel()}, torch::kFloat);
+        rd.read_tensor(t, v.data_ptr());
+        parts[t.kind + "/" + std::to_string(t.unit)].push_back(v);
+      }
+      for (size_t u = 0; u < aligned->units().size(); ++u) {
+        EXPECT_TRUE(torch::equal(torch::cat(parts["optim/exp_avg/" + std::to_string(u)]), pa[3 * u + 1])) << u;
+        EXPECT_TRUE(torch::equal(torch::cat(parts["optim/exp_avg_sq/" + std::to_string(u)]), pa[3 * u + 2])) << u;
+      }
+    }
   }
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(base);

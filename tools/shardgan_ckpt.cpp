@@ -67,6 +67,9 @@ int cmd_info(ckpt::CheckpointReader& rd) {
     }
     std::string states;
     for (const auto& k : ckpt::state_kinds(mo)) states += (states.empty() ? "" : ", ") + k;
+    for (const auto& k : mo.raw_states) {
+      states += ", optim/" + k + " (8-bit, blocks of " + std::to_string(mo.raw_state_block) + ")";
+    }
     std::printf("%-15s stage %d, %s, %lld parameters in %lld tensors and %zu units, optimizer step %lld, states: %s\n",
                 mo.name.c_str(), mo.stage, mo.dtype.c_str(), (long long)params, (long long)n, mo.units.size(),
                 (long long)mo.optim_step, states.c_str());

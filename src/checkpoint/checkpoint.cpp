@@ -10,6 +10,7 @@
 #include <fstream>
 #include <future>
 
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "shardgan/h5/h5.h"
@@ -96,6 +97,41 @@ void read_owned(ckpt::CheckpointReader& rd, const ckpt::ModelEntry& me, const ck
   }
 }
 
+// The checkpoint's optimizer states of one unit, parameter by parameter.
+class ParamStates final : public StateSource {
+ public:
+  ParamStates(ckpt::CheckpointReader& rd, const ckpt::ModelEntry& me, const ckpt::UnitEntry& ue)
+      : rd_(rd), me_(me), ue_(ue) {}
+  bool has(const std::string& name) const override {
+    auto in = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), name) != v.end(); };
+    return in(me_.optim_states) || in(me_.raw_states);
+  }
+  int64_t block(const std::string& name, size_t param) override { return rd_.raw_block(me_, ue_, param, name); }
+  void read_values(const std::string& name, size_t param, int64_t lo, int64_t hi, float* out) override {
+    rd_.read_param_state(me_, ue_, param, name, lo, hi, out);
+  }
+  void read_raw(const std::string& name, size_t param, int64_t lo, int64_t hi, uint8_t* codes, float* absmax) override {
+    rd_.read_param_raw(me_, ue_, param, name, lo, hi, codes, absmax);
+  }
+
+ private:
+  ckpt::CheckpointReader& rd_;
+  const ckpt::ModelEntry& me_;
+  const ckpt::UnitEntry& ue_;
+};
+
+// A note when the checkpoint's states and this run's are held differently (float32 and
+// 8-bit, or 8-bit in other blocks): the states go through float32 and are requantized.
+void note_state_conversion(const ckpt::ModelEntry& me, ShardedModel& model, ShardedOptimizer& opt, int rank,
+                           const std::string& dir) {
+  const int64_t here = opt.raw_states().empty() ? 0 : opt.raw_state_block();
+  const int64_t there = me.raw_states.empty() ? 0 : me.raw_state_block;
+  if (here == there || rank != 0) return;
+  auto what = [](int64_t b) { return b == 0 ? std::string("float32") : "8-bit (blocks of " + std::to_string(b) + ")"; };
+  spdlog::info("checkpoint '{}': {}'s optimizer states were saved {} and are loaded {}: converted through float32, "
+               "so this resume is not bit-exact with an uninterrupted run", dir, model.name(), what(there), what(here));
+}
+
 void load_local(const std::string& dir, TrainCounters& counters, const std::vector<ModelAndOptimizer>& models,
                 Communicator& comm) {
   ckpt::CheckpointReader rd(dir);
@@ -106,6 +142,7 @@ void load_local(const std::string& dir, TrainCounters& counters, const std::vect
     const ckpt::ModelEntry* me = m.model(model.name());
     if (!me) throw CheckpointError("checkpoint '" + dir + "' holds no model '" + model.name() + "'");
     check_model_matches(*me, model, dir);
+    if (mo.optim) note_state_conversion(*me, model, *mo.optim, comm.rank(), dir);
     for (size_t i = 0; i < model.units().size(); ++i) {
       ShardedUnit& u = *model.units()[i];
       const ckpt::UnitEntry& ue = me->units[i];
@@ -118,7 +155,18 @@ void load_local(const std::string& dir, TrainCounters& counters, const std::vect
       } else {
         read_owned(rd, *me, ue, u, "param_shard", lo, u.shard());
       }
-      if (mo.optim) {
+      if (mo.optim && (!me->raw_states.empty() || !mo.optim->raw_states().empty())) {
+        // 8-bit states on either side: parameter by parameter (the stored bits where both
+        // sides hold them alike, float32 values otherwise).
+        ParamStates src(rd, *me, ue);
+        try {
+          mo.optim->load_unit_state(i, src);
+        } catch (const CheckpointError&) {
+          throw;
+        } catch (const std::runtime_error& e) {
+          throw CheckpointError("checkpoint '" + dir + "', " + model.name() + " unit '" + u.name() + "': " + e.what());
+        }
+      } else if (mo.optim) {
         // Offloaded state is filled in a transient tensor and streamed to its tier.
         mo.optim->write_unit_state(i, [&](const std::string& sname, at::Tensor& st) {
           if (std::find(me->optim_states.begin(), me->optim_states.end(), sname) == me->optim_states.end()) {

@@ -56,6 +56,11 @@ std::string to_json(const Manifest& m) {
     json jm = {{"name", mo.name},           {"stage", mo.stage},
                {"dtype", mo.dtype},         {"optim_step", mo.optim_step},
                {"optim_states", mo.optim_states}, {"extras", mo.extras}};
+    if (!mo.raw_states.empty()) {  // absent otherwise: older readers see the same manifest
+      jm["raw_states"] = mo.raw_states;
+      jm["raw_state_maps"] = mo.raw_state_maps;
+      jm["raw_state_block"] = mo.raw_state_block;
+    }
     jm["units"] = json::array();
     for (const auto& u : mo.units) {
       json ju = {{"name", u.name}, {"numel", u.numel}, {"padded_numel", u.padded_numel}};
@@ -112,6 +117,16 @@ Manifest manifest_from_json(const std::string& text, const std::string& where) {
       mo.optim_step = jm.at("optim_step").get<int64_t>();
       mo.optim_states = jm.at("optim_states").get<std::vector<std::string>>();
       mo.extras = jm.at("extras").get<std::vector<std::string>>();
+      if (jm.contains("raw_states")) {
+        mo.raw_states = jm.at("raw_states").get<std::vector<std::string>>();
+        mo.raw_state_maps = jm.at("raw_state_maps").get<std::vector<std::string>>();
+        mo.raw_state_block = jm.at("raw_state_block").get<int64_t>();
+        if (mo.raw_state_block < 1) throw std::runtime_error("bad raw_state_block");
+        if (mo.raw_state_maps.size() != mo.raw_states.size()) throw std::runtime_error("bad raw_state_maps");
+        for (const auto& mp : mo.raw_state_maps) {
+          if (mp != "signed" && mp != "unsigned") throw std::runtime_error("bad raw_state_maps");
+        }
+      }
       for (const auto& ju : jm.at("units")) {
         UnitEntry u;
         u.name = ju.at("name").get<std::string>();
@@ -165,6 +180,11 @@ std::string rank_file_name(int rank) {
   char name[32];
   std::snprintf(name, sizeof(name), "rank-%05d.h5", rank);
   return name;
+}
+
+std::string raw_state_dataset(const std::string& model, const std::string& unit, const std::string& state,
+                              const std::string& param, const std::string& part) {
+  return unit_dataset(model, unit, "optim_raw/" + state + "/" + param + "." + part);
 }
 
 std::vector<std::string> state_kinds(const ModelEntry& mo) {

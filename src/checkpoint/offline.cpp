@@ -67,6 +67,13 @@ void reshard(const std::string& src, const std::string& dst, int world_size, int
   if (fs::exists(dst)) throw CheckpointError("reshard: '" + dst + "' exists; choose a new directory");
   CheckpointReader rd(src);
   const Manifest& old = rd.manifest();
+  for (const ModelEntry& mo : old.models) {
+    if (!mo.raw_states.empty()) {
+      throw CheckpointError("reshard: '" + src + "' holds " + mo.name +
+                            "'s 8-bit optimizer states per parameter, which this tool does not re-slice. Resume the "
+                            "checkpoint directly at the new world size: loading reshards it, bit for bit");
+    }
+  }
   Manifest nm = old;
   nm.world_size = world_size;
   nm.files.clear();

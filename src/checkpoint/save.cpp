@@ -238,7 +238,19 @@ void visit_rank_file(SaveParts& parts, const TrainCounters& counters, const std:
       me.optim_step = mo.optim ? mo.optim->step_count() : 0;
       if (!m.units().empty()) {
         me.dtype = h5::dtype_name(h5_type(m.units()[0]->master_dtype()));
-        if (mo.optim) me.optim_states = mo.optim->state_names();
+        if (mo.optim) {
+          // Raw states (8-bit) are stored per parameter as held; the others as flat [S].
+          for (const auto& rs : mo.optim->raw_states()) {
+            me.raw_states.push_back(rs.name);
+            me.raw_state_maps.push_back(rs.signed_map ? "signed" : "unsigned");
+          }
+          if (!me.raw_states.empty()) me.raw_state_block = mo.optim->raw_state_block();
+          for (const auto& n : mo.optim->state_names()) {
+            if (std::find(me.raw_states.begin(), me.raw_states.end(), n) == me.raw_states.end()) {
+              me.optim_states.push_back(n);
+            }
+          }
+        }
       }
       for (auto& kv : mo.extra) me.extras.push_back(kv.first);
       for (auto& [bname, buf] : m.named_buffers()) {
@@ -261,8 +273,17 @@ void visit_rank_file(SaveParts& parts, const TrainCounters& counters, const std:
         const std::string g = m.name() + "/units/" + u.name();
         sink.dataset(g + "/param_shard", u.master_shard());  // transient when offloaded
         if (mo.optim) {
-          mo.optim->read_unit_state(
-              i, [&](const std::string& sname, at::Tensor& st) { sink.dataset(g + "/optim/" + sname, st); });
+          std::vector<std::string> raw;
+          for (const auto& rs : mo.optim->raw_states()) raw.push_back(rs.name);
+          if (raw.size() < mo.optim->state_names().size()) {
+            mo.optim->read_unit_state(i, [&](const std::string& sname, at::Tensor& st) {
+              if (std::find(raw.begin(), raw.end(), sname) == raw.end()) sink.dataset(g + "/optim/" + sname, st);
+            });
+          }
+          mo.optim->read_unit_raw(i, [&](const std::string& state, size_t k, const std::string& part,
+                                         const at::Tensor& t) {
+            sink.dataset(ckpt::raw_state_dataset(m.name(), u.name(), state, u.slots()[k].name, part), t);
+          });
         }
         for (auto& [ename, fn] : mo.extra) sink.dataset(g + "/" + ename, fn(i));
         sink.attr(g, "numel", u.numel());

@@ -1,5 +1,7 @@
 #include "shardgan/checkpoint/shard_io.h"
 
+#include "shardgan/optim/blockwise_quant.h"
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -444,6 +446,17 @@ std::vector<TensorRef> CheckpointReader::tensors() const {
         }
       }
     }
+    for (const std::string& state : mo.raw_states) {  // dequantized by read_tensor
+      const std::string kind = "optim/" + state;
+      for (size_t ui = 0; ui < mo.units.size(); ++ui) {
+        const UnitEntry& u = mo.units[ui];
+        for (size_t pi = 0; pi < u.params.size(); ++pi) {
+          const ParamEntry& p = u.params[pi];
+          out.push_back({&mo, kind, ui, pi, index_path(mo.name, kind, u.name + "." + p.name),
+                         p.shape.empty() ? std::vector<int64_t>{1} : p.shape, "float32"});
+        }
+      }
+    }
     for (size_t bi = 0; bi < mo.buffers.size(); ++bi) {
       const BufferEntry& b = mo.buffers[bi];
       out.push_back({&mo, "buffer", 0, bi, mo.name + "/buffers/" + b.name,
@@ -473,7 +486,103 @@ void CheckpointReader::read_tensor(const TensorRef& t, void* out) {
   }
   const UnitEntry& u = t.model->units[t.unit];
   const ParamEntry& p = u.params[t.item];
+  const auto& raw = t.model->raw_states;
+  if (t.kind.rfind("optim/", 0) == 0 && std::find(raw.begin(), raw.end(), t.kind.substr(6)) != raw.end()) {
+    read_param_state(*t.model, u, t.item, t.kind.substr(6), 0, p.numel, static_cast<float*>(out));
+    return;
+  }
   read_flat(*t.model, u, t.kind, p.offset, p.offset + p.numel, out);
+}
+
+namespace {
+
+bool is_raw(const ModelEntry& model, const std::string& state) {
+  return std::find(model.raw_states.begin(), model.raw_states.end(), state) != model.raw_states.end();
+}
+
+}  // namespace
+
+int64_t CheckpointReader::raw_block(const ModelEntry& model, const UnitEntry& unit, size_t param,
+                                    const std::string& state) {
+  if (!is_raw(model, state)) return 0;
+  const ParamEntry& p = unit.params.at(param);
+  for (const ShardEntry& sh : unit.shards) {
+    if (std::max(p.offset, sh.offset) >= std::min(p.offset + p.numel, sh.offset + sh.numel)) continue;
+    const auto& ds = m_.file(sh.rank).datasets;
+    return ds.count(raw_state_dataset(model.name, unit.name, state, p.name, "codes")) ? model.raw_state_block : 0;
+  }
+  return 0;
+}
+
+void CheckpointReader::read_param_state(const ModelEntry& model, const UnitEntry& unit, size_t param,
+                                        const std::string& state, int64_t lo, int64_t hi, float* out) {
+  const ParamEntry& p = unit.params.at(param);
+  if (!is_raw(model, state)) {
+    if (model.dtype != "float32") {
+      throw CheckpointError("checkpoint '" + dir_ + "': " + model.name + " states are " + model.dtype +
+                            ", not float32");
+    }
+    read_flat(model, unit, "optim/" + state, p.offset + lo, p.offset + hi, out);
+    return;
+  }
+  const int64_t block = raw_block(model, unit, param, state);
+  const size_t si = static_cast<size_t>(std::find(model.raw_states.begin(), model.raw_states.end(), state) -
+                                        model.raw_states.begin());
+  const auto& map = code_map(model.raw_state_maps.at(si) == "unsigned" ? CodeMap::kUnsigned : CodeMap::kSigned);
+  int64_t covered = 0;
+  std::vector<uint8_t> codes;
+  std::vector<float> absmax;
+  for (const ShardEntry& sh : unit.shards) {
+    // The rank's part of the parameter: parameter elements [pa, pb).
+    const int64_t pa = std::max(p.offset, sh.offset) - p.offset, pb = std::min(p.offset + p.numel, sh.offset + sh.numel) - p.offset;
+    const int64_t a = std::max(lo, pa), b = std::min(hi, pb);
+    if (a >= b) continue;
+    if (block == 0) {
+      read_verified(sh.rank, raw_state_dataset(model.name, unit.name, state, p.name, "float32"), a - pa, b - a,
+                    out + (a - lo));
+    } else {
+      codes.resize(static_cast<size_t>(b - a));
+      read_verified(sh.rank, raw_state_dataset(model.name, unit.name, state, p.name, "codes"), a - pa, b - a,
+                    codes.data());
+      const int64_t b0 = a / block, b1 = (b - 1) / block;  // blocks counted from the parameter's start
+      absmax.resize(static_cast<size_t>(b1 - b0 + 1));
+      read_verified(sh.rank, raw_state_dataset(model.name, unit.name, state, p.name, "absmax"), b0 - pa / block,
+                    b1 - b0 + 1, absmax.data());
+      for (int64_t i = a; i < b; ++i) out[i - lo] = map[codes[static_cast<size_t>(i - a)]] * absmax[static_cast<size_t>(i / block - b0)];
+    }
+    covered += b - a;
+  }
+  if (covered != hi - lo) {
+    throw CheckpointError("checkpoint '" + dir_ + "': the rank files do not hold all of " + model.name + "/" + unit.name +
+                          "." + p.name + "'s optimizer state '" + state + "'." + kDoWhat);
+  }
+}
+
+void CheckpointReader::read_param_raw(const ModelEntry& model, const UnitEntry& unit, size_t param,
+                                      const std::string& state, int64_t lo, int64_t hi, uint8_t* codes, float* absmax) {
+  const ParamEntry& p = unit.params.at(param);
+  const int64_t block = raw_block(model, unit, param, state);
+  if (block == 0 || lo % block != 0) {
+    throw CheckpointError("checkpoint '" + dir_ + "': " + model.name + "/" + unit.name + "." + p.name + "'s state '" +
+                          state + "' has no 8-bit blocks starting at element " + std::to_string(lo));
+  }
+  int64_t covered = 0;
+  for (const ShardEntry& sh : unit.shards) {
+    const int64_t pa = std::max(p.offset, sh.offset) - p.offset, pb = std::min(p.offset + p.numel, sh.offset + sh.numel) - p.offset;
+    const int64_t a = std::max(lo, pa), b = std::min(hi, pb);
+    if (a >= b) continue;
+    if (pa % block != 0) fail_file(sh.rank, "holds a part of '" + p.name + "' that does not start on a block");
+    read_verified(sh.rank, raw_state_dataset(model.name, unit.name, state, p.name, "codes"), a - pa, b - a,
+                  codes + (a - lo));
+    const int64_t nb = (b - a + block - 1) / block;
+    read_verified(sh.rank, raw_state_dataset(model.name, unit.name, state, p.name, "absmax"), (a - pa) / block, nb,
+                  absmax + (a - lo) / block);
+    covered += b - a;
+  }
+  if (covered != hi - lo) {
+    throw CheckpointError("checkpoint '" + dir_ + "': the rank files do not hold all of " + model.name + "/" + unit.name +
+                          "." + p.name + "'s optimizer state '" + state + "'." + kDoWhat);
+  }
 }
 
 }  // namespace shardgan::ckpt

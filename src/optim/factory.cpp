@@ -59,7 +59,12 @@ AdamConfig adam_config(const OptimizerConfig& cfg) {
 }
 
 void resolve_state_float32(OptimizerConfig& cfg, const std::vector<std::string>& sparse_params) {
-  if (!cfg.state_float32_set) cfg.state.float32 = sparse_params;
+  std::vector<std::string> out;
+  for (const std::string& g : cfg.state.float32) {
+    if (g == "family") out.insert(out.end(), sparse_params.begin(), sparse_params.end());
+    else out.push_back(g);
+  }
+  cfg.state.float32 = std::move(out);
 }
 
 std::unique_ptr<ShardedOptimizer> make_optimizer(ShardedModel& model, const OptimizerConfig& cfg) {

@@ -81,6 +81,7 @@ void OffloadedAdam::init(const OffloadConfig& offload, std::vector<int64_t> nume
   validate_adam_config(cfg_);
   if (offload.optimizer == OffloadDevice::kNone) throw std::invalid_argument("OffloadedAdam: offload.optimizer is none");
   if (cfg_.param_copy != ParamCopy::kNone) throw std::invalid_argument("OffloadedAdam: param_copy is not supported");
+  moments_ = adam_stores_m(cfg_.beta1, /*device_is_cpu=*/true) ? 2 : 1;  // the step runs on the CPU
   if (offload.param != OffloadDevice::kNone) {
     if (offload.param != offload.optimizer) {
       throw std::invalid_argument(std::string("parameter offload to ") + to_string(offload.param) +
@@ -104,7 +105,7 @@ void OffloadedAdam::init(const OffloadConfig& offload, std::vector<int64_t> nume
       throw std::invalid_argument("gradient offload needs ZeRO stage 2 or 3 (" + model.name() + " is at stage " +
                                   std::to_string(model.config().stage) + ")");
     }
-    grad_array_ = moment_array_ + 2;
+    grad_array_ = moment_array_ + moments_;
   }
   // Under HSDP ranks of different replica groups share a shard index: the group tells them apart.
   const Communicator& c = model.comm();
@@ -114,7 +115,7 @@ void OffloadedAdam::init(const OffloadConfig& offload, std::vector<int64_t> nume
   // gradient with gradient offload). Staging slices: the gradient and the parameters,
   // each unless it is an array of the store.
   const bool params = params_offloaded(), grads = grads_offloaded();
-  const int arrays = 2 + (params ? 1 : 0) + (grads ? 1 : 0);
+  const int arrays = moments_ + (params ? 1 : 0) + (grads ? 1 : 0);
   int scratch = 0;
   grad_scratch_ = grads ? -1 : scratch++;
   param_scratch_ = params ? -1 : scratch++;
@@ -177,29 +178,29 @@ std::vector<std::pair<std::string, at::Tensor>> OffloadedAdam::unit_state(size_t
 void OffloadedAdam::read_unit_state(size_t unit, const StateVisitor& fn) {
   model_.drain_grad_writes();  // the writer must not share the ring with this read
   const int64_t n = model_.units().at(unit)->shard_numel();
-  at::Tensor m = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
+  at::Tensor m = moments_ == 2 ? torch::empty({n}, torch::TensorOptions().dtype(dtype_)) : at::Tensor();
   at::Tensor v = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
-  const int a = moment_array_;
+  const int a = moment_array_, va = v_array();
   store_->stream({unit}, OffloadStore::Mode::kRead, [&](const OffloadStore::Chunk& c) {
-    m.narrow(0, c.offset, c.numel).copy_(view(c.data[a], c.numel, dtype_));
-    v.narrow(0, c.offset, c.numel).copy_(view(c.data[a + 1], c.numel, dtype_));
-  }, 3u << a);
-  fn("exp_avg", m);
+    if (m.defined()) m.narrow(0, c.offset, c.numel).copy_(view(c.data[a], c.numel, dtype_));
+    v.narrow(0, c.offset, c.numel).copy_(view(c.data[va], c.numel, dtype_));
+  }, ((1u << moments_) - 1) << a);
+  if (m.defined()) fn("exp_avg", m);
   fn("exp_avg_sq", v);
 }
 
 void OffloadedAdam::write_unit_state(size_t unit, const StateVisitor& fn) {
   model_.drain_grad_writes();
   const int64_t n = model_.units().at(unit)->shard_numel();
-  at::Tensor m = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
+  at::Tensor m = moments_ == 2 ? torch::empty({n}, torch::TensorOptions().dtype(dtype_)) : at::Tensor();
   at::Tensor v = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
-  fn("exp_avg", m);
+  if (m.defined()) fn("exp_avg", m);
   fn("exp_avg_sq", v);
-  const int a = moment_array_;
+  const int a = moment_array_, va = v_array();
   store_->stream({unit}, OffloadStore::Mode::kWrite, [&](const OffloadStore::Chunk& c) {
-    view(c.data[a], c.numel, dtype_).copy_(m.narrow(0, c.offset, c.numel));
-    view(c.data[a + 1], c.numel, dtype_).copy_(v.narrow(0, c.offset, c.numel));
-  }, 3u << a);
+    if (m.defined()) view(c.data[a], c.numel, dtype_).copy_(m.narrow(0, c.offset, c.numel));
+    view(c.data[va], c.numel, dtype_).copy_(v.narrow(0, c.offset, c.numel));
+  }, ((1u << moments_) - 1) << a);
 }
 
 int64_t OffloadedAdam::state_bytes() { return store_->ram_bytes(); }
@@ -208,9 +209,11 @@ int64_t OffloadedAdam::offloaded_bytes() { return store_->disk_bytes(); }
 void OffloadedAdam::adam_block(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
                                const AdamCoefficients& c) {
   if (dtype_ == at::kFloat) {
-    fused_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), p.numel(), c);
+    fused_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.defined() ? m.data_ptr<float>() : nullptr,
+                    v.data_ptr<float>(), p.numel(), c);
   } else {
-    adam_torch_step(p, g, m, v, cfg_, lr_, step_);  // ShardedAdam's float64 path
+    at::Tensor mm = m.defined() ? m : torch::zeros_like(p);  // m not stored: zero, overwritten by g
+    adam_torch_step(p, g, mm, v, cfg_, lr_, step_);  // ShardedAdam's float64 path
   }
 }
 
@@ -326,8 +329,8 @@ double OffloadedAdam::update_in_memory(const AdamCoefficients& c) {
       in[slot]->wait();
       at::Tensor p = params ? at(store_->host_array(k.unit, param_array_), k.offset, k.numel) : staged(param_scratch_, b);
       at::Tensor g = grads ? at(store_->host_array(k.unit, grad_array_), k.offset, k.numel) : staged(grad_scratch_, b);
-      at::Tensor m = at(store_->host_array(k.unit, moment_array_), k.offset, k.numel);
-      at::Tensor v = at(store_->host_array(k.unit, moment_array_ + 1), k.offset, k.numel);
+      at::Tensor m = moments_ == 2 ? at(store_->host_array(k.unit, moment_array_), k.offset, k.numel) : at::Tensor();
+      at::Tensor v = at(store_->host_array(k.unit, v_array()), k.offset, k.numel);
       const auto t0 = Clock::now();
       adam_block(p, g, m, v, c);
       compute += since(t0);
@@ -374,8 +377,8 @@ double OffloadedAdam::update_streamed(const AdamCoefficients& c) {
     at::Tensor p = params ? view(ch.data[param_array_], ch.numel, dtype_) : view(ch.scratch[param_scratch_], ch.numel, dtype_);
     at::Tensor g = grads ? view(ch.data[grad_array_], ch.numel, dtype_) : view(ch.scratch[grad_scratch_], ch.numel, dtype_);
     if (grads && !u.grad_in_tier()) g.zero_();  // nothing reduced since the last step: stale values
-    at::Tensor m = view(ch.data[moment_array_], ch.numel, dtype_);
-    at::Tensor v = view(ch.data[moment_array_ + 1], ch.numel, dtype_);
+    at::Tensor m = moments_ == 2 ? view(ch.data[moment_array_], ch.numel, dtype_) : at::Tensor();
+    at::Tensor v = view(ch.data[v_array()], ch.numel, dtype_);
     const int64_t block = overlap_ ? block_numel_ : ch.numel;
     const int64_t blocks = (ch.numel + block - 1) / block;
     auto part = [&](const at::Tensor& t, int64_t i) { return t.narrow(0, i * block, std::min(block, ch.numel - i * block)); };
@@ -391,7 +394,7 @@ double OffloadedAdam::update_streamed(const AdamCoefficients& c) {
     for (int64_t i = 0; i < blocks; ++i) {
       if (i + 1 < blocks) stage_in(i + 1);
       in[i % 2]->wait();
-      at::Tensor pi = part(p, i), gi = part(g, i), mi = part(m, i), vi = part(v, i);
+      at::Tensor pi = part(p, i), gi = part(g, i), mi = m.defined() ? part(m, i) : at::Tensor(), vi = part(v, i);
       const auto t0 = Clock::now();
       adam_block(pi, gi, mi, vi, c);
       compute += since(t0);

@@ -100,6 +100,21 @@ void ShardedOptimizer::restore_frozen_state(size_t unit, const Ranges& ranges, c
   });
 }
 
+void ShardedOptimizer::load_unit_state(size_t unit, StateSource& src) {
+  const ShardedUnit& u = *model_.units().at(unit);
+  const int64_t s0 = u.shard_offset(), S = u.shard_numel();
+  write_unit_state(unit, [&](const std::string& name, at::Tensor& st) {
+    if (!src.has(name)) throw std::runtime_error("it has no optimizer state '" + name + "' (saved with another optimizer?)");
+    at::Tensor c = torch::zeros({S}, torch::kFloat);
+    for (size_t k = 0; k < u.slots().size(); ++k) {
+      const auto& sl = u.slots()[k];
+      const int64_t a = std::max(s0, sl.offset), b = std::min(s0 + S, sl.offset + sl.numel);
+      if (a < b) src.read_values(name, k, a - sl.offset, b - sl.offset, c.data_ptr<float>() + (a - s0));
+    }
+    st.copy_(c);
+  });
+}
+
 int64_t ShardedOptimizer::state_bytes() {
   int64_t b = 0;
   for (size_t i = 0; i < model_.units().size(); ++i) {

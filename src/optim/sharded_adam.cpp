@@ -5,7 +5,6 @@
 #include <cstring>
 #include <stdexcept>
 
-#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "shardgan/optim/blockwise_quant.h"
@@ -224,12 +223,6 @@ std::vector<std::string> ShardedAdam::state_names() {
 
 void ShardedAdam::read_unit_state(size_t unit, const StateVisitor& fn) {
   if (!reduced()) return ShardedOptimizer::read_unit_state(unit, fn);
-  if (cfg_.state.dtype == StateDtype::kInt8 && !warned_dequantized_) {
-    warned_dequantized_ = true;
-    spdlog::warn("{}: int8 optimizer states are read as dequantized float32 (checkpoints store them so); a resume "
-                 "requantizes them, which is close to, not bit-exact with, an uninterrupted run",
-                 model_.name());
-  }
   for (const std::string& name : state_names()) {
     at::Tensor t = widen(unit, name == "exp_avg_sq");
     fn(name, t);
@@ -242,6 +235,90 @@ void ShardedAdam::write_unit_state(size_t unit, const StateVisitor& fn) {
     at::Tensor t = torch::zeros({model_.units().at(unit)->shard_numel()}, torch::kFloat);
     fn(name, t);
     narrow(unit, name == "exp_avg_sq", t);
+  }
+}
+
+std::vector<ShardedOptimizer::RawState> ShardedAdam::raw_states() {
+  if (cfg_.state.dtype != StateDtype::kInt8) return {};
+  std::vector<RawState> out;
+  if (stores_m_) out.push_back({"exp_avg", true});
+  out.push_back({"exp_avg_sq", false});
+  return out;
+}
+
+int64_t ShardedAdam::raw_state_block() const {
+  return cfg_.state.dtype == StateDtype::kInt8 ? cfg_.state.block : 0;
+}
+
+namespace {
+
+// The run of `l` holding shard-local element `at`.
+const StateRun& run_at(const StateLayout& l, int64_t at) {
+  for (const StateRun& r : l.runs) {
+    if (at >= r.begin && at < r.begin + r.numel) return r;
+  }
+  throw std::logic_error("state layout: element " + std::to_string(at) + " is in no run");
+}
+
+}  // namespace
+
+void ShardedAdam::read_unit_raw(size_t unit, const RawVisitor& fn) {
+  if (cfg_.state.dtype != StateDtype::kInt8) return;
+  const ShardedUnit& u = *model_.units().at(unit);
+  const int64_t s0 = u.shard_offset(), S = u.shard_numel(), B = cfg_.state.block;
+  for (const RawState& rs : raw_states()) {
+    const bool second = rs.name == "exp_avg_sq";
+    const at::Tensor& f32 = second ? exp_avg_sq_[unit] : exp_avg_[unit];
+    const Reduced& red = second ? v_red_[unit] : m_red_[unit];
+    for (size_t k = 0; k < u.slots().size(); ++k) {
+      const auto& sl = u.slots()[k];
+      const int64_t a = std::max(s0, sl.offset), b = std::min(s0 + S, sl.offset + sl.numel);
+      if (a >= b) continue;
+      const StateRun& r = run_at(layouts_[unit], a - s0);
+      const int64_t in_run = a - s0 - r.begin;
+      if (r.reduced) {
+        fn(rs.name, k, "codes", red.values.narrow(0, r.store_offset + in_run, b - a));
+        fn(rs.name, k, "absmax", red.absmax.narrow(0, r.block_offset + in_run / B, num_blocks(b - a, B)));
+      } else {
+        fn(rs.name, k, "float32", f32.narrow(0, r.store_offset + in_run, b - a));
+      }
+    }
+  }
+}
+
+void ShardedAdam::load_unit_state(size_t unit, StateSource& src) {
+  if (cfg_.state.dtype != StateDtype::kInt8) return ShardedOptimizer::load_unit_state(unit, src);
+  const ShardedUnit& u = *model_.units().at(unit);
+  const int64_t s0 = u.shard_offset(), S = u.shard_numel(), B = cfg_.state.block;
+  for (const RawState& rs : raw_states()) {
+    if (!src.has(rs.name)) {
+      throw std::runtime_error("it has no optimizer state '" + rs.name + "' (saved with another optimizer?)");
+    }
+    const bool second = rs.name == "exp_avg_sq";
+    const CodeMap map = second ? CodeMap::kUnsigned : CodeMap::kSigned;
+    at::Tensor& f32 = second ? exp_avg_sq_[unit] : exp_avg_[unit];
+    Reduced& red = second ? v_red_[unit] : m_red_[unit];
+    for (size_t k = 0; k < u.slots().size(); ++k) {
+      const auto& sl = u.slots()[k];
+      const int64_t a = std::max(s0, sl.offset), b = std::min(s0 + S, sl.offset + sl.numel);
+      if (a >= b) continue;
+      const StateRun& r = run_at(layouts_[unit], a - s0);
+      const int64_t in_run = a - s0 - r.begin, lo = a - sl.offset, hi = b - sl.offset;
+      if (!r.reduced) {
+        src.read_values(rs.name, k, lo, hi, f32.data_ptr<float>() + r.store_offset + in_run);
+        continue;
+      }
+      uint8_t* codes = red.values.data_ptr<uint8_t>() + r.store_offset + in_run;
+      float* absmax = red.absmax.data_ptr<float>() + r.block_offset + in_run / B;
+      if (src.block(rs.name, k) == B) {  // the stored bits: a bit-exact resume
+        src.read_raw(rs.name, k, lo, hi, codes, absmax);
+        continue;
+      }
+      // Stored as float32, or in other blocks: through float32, requantized in this run's blocks.
+      std::vector<float> values(static_cast<size_t>(hi - lo));
+      src.read_values(rs.name, k, lo, hi, values.data());
+      quantize_blockwise(values.data(), hi - lo, B, map, codes, absmax);
+    }
   }
 }
 

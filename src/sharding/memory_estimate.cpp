@@ -109,6 +109,7 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
   const int64_t in_flight = static_cast<int64_t>(ShardedModel::kMaxReducesInFlight);
   std::vector<int64_t> gathered;  // P * compute bytes per unit (stage 3)
   int64_t max_t = 0, max_p = 0, max_s = 0, max_ps = 0;
+  const bool by_stage = spec.optimizer_state_bytes_by_stage.size() == 4;
   for (size_t ui = 0; ui < spec.unit_numels.size(); ++ui) {
     const int64_t t = spec.unit_numels[ui];
     const FlatLayout layout =
@@ -123,7 +124,7 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
     const bool grad_off = spec.offload_grads_to_disk && spec.stage >= 2;
     e.grad_bytes += (spec.stage <= 1 ? p * rb : 0) + (grad_shard_is_view || grad_off ? 0 : s * mb);
     e.grad_released_bytes += grad_shard_is_view || grad_off ? 0 : s * mb;
-    if (!spec.offload_to_disk && spec.optimizer_state_bytes < 0) e.optimizer_state_bytes += spec.optimizer_states * s * mb;
+    if (!spec.offload_to_disk && !by_stage) e.optimizer_state_bytes += spec.optimizer_states * s * mb;
     e.ema_bytes += spec.ema ? s * mb : 0;
     if (spec.stage == 3 && spec.hpz_partition_size > 1) e.secondary_param_bytes += p / spec.hpz_partition_size * cb;
     if (spec.stage == 3) gathered.push_back(p * cb);
@@ -133,7 +134,7 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
     max_ps = std::max(max_ps, p + s);
   }
   e.padding_elements = e.padded_numel - e.numel;
-  if (!spec.offload_to_disk && spec.optimizer_state_bytes >= 0) e.optimizer_state_bytes += spec.optimizer_state_bytes;
+  if (!spec.offload_to_disk && by_stage) e.optimizer_state_bytes += spec.optimizer_state_bytes_by_stage[spec.stage];
   if (spec.offload_ring_bytes > 0) e.optimizer_state_bytes += spec.offload_ring_bytes;
 
   if (spec.stage == 3 && !gathered.empty()) {

@@ -82,14 +82,13 @@ OptimizerConfig read_model_optim(Reader& r, const std::string& who, int64_t step
   c.state.min_numel = r.get<int64_t>(p + "state_min_numel", c.state.min_numel,
       "parameters with fewer elements keep float32 states (bitsandbytes' min_8bit_size)");
   require(c.state.min_numel >= 0, r, p + "state_min_numel", "must be >= 0");
-  c.state_float32_set = r.has(p + "state_float32");
-  c.state.float32 = r.get<std::vector<std::string>>(p + "state_float32", {},
-      "globs of '<unit>.<param>' names whose states stay float32; when absent, the model family's sparse-gradient "
-      "parameters (BigGAN: the class embeddings)");
+  c.state.float32 = r.get<std::vector<std::string>>(p + "state_float32", {"family"},
+      "globs of '<unit>.<param>' names whose states stay float32; the entry 'family' stands for the model family's "
+      "sparse-gradient parameters (BigGAN: the class embeddings)");
   const bool lowp = c.state.dtype != StateDtype::kFloat32;
   r.warn_if_ignored(c.state.dtype != StateDtype::kInt8, p + "state_block", "has no effect unless state_dtype is int8");
   r.warn_if_ignored(!lowp, p + "state_min_numel", "has no effect when state_dtype is float32");
-  r.warn_if_ignored(!lowp && c.state_float32_set, p + "state_float32", "has no effect when state_dtype is float32");
+  r.warn_if_ignored(!lowp, p + "state_float32", "has no effect when state_dtype is float32");
   try {
     LrSchedule check(c.lr, c.schedule);  // validates the schedule's fields
   } catch (const std::invalid_argument& e) {

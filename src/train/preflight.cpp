@@ -73,15 +73,22 @@ ModelMemorySpec spec_for(const TrainConfig& cfg, const ModelSpec& model, const S
   s.reduce_bytes = dtype_bytes(sc.reduce_dtype.value_or(cfg.model_dtype));
   s.optimizer_states = optimizer_states(to_string(oc.type), oc.momentum, oc.centered);
   const bool adam = oc.type == OptimizerType::kAdam || oc.type == OptimizerType::kAdamW;
-  if (adam && oc.offload.optimizer == OffloadDevice::kNone) {
-    // ShardedAdam's own rules: m not stored with beta1 0 on the CPU; reduced states by the
-    // same layout the optimizer allocates from (make_flat_layout, make_state_layout).
-    const int states = adam_stores_m(oc.beta1, cfg.compute_device.is_cpu()) ? 2 : 1;
-    s.optimizer_states = states;
+  const bool offloaded = oc.offload.optimizer != OffloadDevice::kNone;
+  // m is not stored with beta1 0 where the CPU kernel steps (offloaded states always).
+  if (adam) s.optimizer_states = adam_stores_m(oc.beta1, offloaded || cfg.compute_device.is_cpu()) ? 2 : 1;
+  if (adam && !offloaded) {
+    // Reduced states by the same layout the optimizer allocates from (make_flat_layout,
+    // make_state_layout).
+    const int states = s.optimizer_states;
     if (oc.state.dtype != StateDtype::kFloat32) {
       OptimizerConfig o = oc;
       resolve_state_float32(o, model.sparse_params);
-      s.optimizer_state_bytes = reduced_state_bytes(model, params, sc, o.state, states, world_size);
+      s.checkpoint_states_as_held = o.state.dtype == StateDtype::kInt8;
+      for (int st = 0; st <= 3; ++st) {
+        ShardingConfig at = sc;
+        at.stage = st;
+        s.optimizer_state_bytes_by_stage.push_back(reduced_state_bytes(model, params, at, o.state, states, world_size));
+      }
     }
   }
   s.ema = ema;
@@ -265,8 +272,12 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   const int64_t master_elem = dtype_bytes(cfg.model_dtype);
   // The master shard, every optimizer state (wherever its tier keeps it) and the EMA, in
   // the master dtype.
+  // 8-bit states are stored as held (their RAM bytes); other states as flat master-dtype
+  // tensors (bfloat16 ones widened).
   auto ckpt_bytes = [&](const ModelMemoryEstimate& e, const ModelMemorySpec& s) {
-    return e.shard_numel * master_elem * (1 + s.optimizer_states) + e.ema_bytes;
+    const int64_t states = s.checkpoint_states_as_held ? e.optimizer_state_bytes
+                                                        : e.shard_numel * master_elem * s.optimizer_states;
+    return e.shard_numel * master_elem + states + e.ema_bytes;
   };
   const bool copy = snapshot_copies(cfg);
   auto snapshot = [&](int sg, int sd) {
@@ -323,10 +334,11 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
                      {"node_peak_bytes", (per_rank + outside) * local_ranks},
                      {"node_bytes_checked", (with_margin(per_rank) + outside) * local_ranks}};
   // The disk tier, per rank and model: the arrays each offload key sends to the file
-  // (Adam's two moments, the master shard, the gradient shard), S elements each.
+  // (Adam's moments, the master shard, the gradient shard), S elements each.
   auto disk_bytes = [&](const ModelMemoryEstimate& e, const OptimizerConfig& oc) {
     const OffloadConfig& o = oc.offload;
-    const int arrays = (o.optimizer == OffloadDevice::kDisk ? 2 : 0) + (o.param == OffloadDevice::kDisk ? 1 : 0) +
+    const int moments = adam_stores_m(oc.beta1, /*device_is_cpu=*/true) ? 2 : 1;  // OffloadedAdam's arrays
+    const int arrays = (o.optimizer == OffloadDevice::kDisk ? moments : 0) + (o.param == OffloadDevice::kDisk ? 1 : 0) +
                        (o.gradient == OffloadDevice::kDisk ? 1 : 0);
     return e.shard_numel * master_elem * arrays;
   };

@@ -78,7 +78,15 @@ struct ModelEntry {
   int stage = 0;      ///< ZeRO stage at save time
   std::string dtype;  ///< dtype of the flat parameter and its states ("float32", ...)
   int64_t optim_step = 0;
-  std::vector<std::string> optim_states;  ///< e.g. exp_avg, exp_avg_sq
+  std::vector<std::string> optim_states;  ///< flat states, e.g. exp_avg, exp_avg_sq
+  /// States stored per parameter as the optimizer holds them (8-bit states: codes and
+  /// absmax, or float32 for parameters kept in float32), not as flat datasets: see
+  /// raw_state_dataset. Empty for float32 and bfloat16 states.
+  std::vector<std::string> raw_states;
+  /// Per raw state, its code map: "signed" or "unsigned" (bitsandbytes' create_dynamic_map,
+  /// blockwise_quant.h).
+  std::vector<std::string> raw_state_maps;
+  int64_t raw_state_block = 0;  ///< elements per absmax of the raw states
   std::vector<std::string> extras;        ///< e.g. ema
   std::vector<UnitEntry> units;
   std::vector<BufferEntry> buffers;
@@ -119,6 +127,12 @@ Manifest manifest_from_json(const std::string& text, const std::string& where);
 /// Paths of a unit's 1-D datasets inside a rank file. `kind` is "param_shard",
 /// "optim/<state>" or an extra's name.
 std::string unit_dataset(const std::string& model, const std::string& unit, const std::string& kind);
+/// Path of one part of a raw optimizer state in a rank file: the elements of parameter
+/// `param` (its name in the unit) that the rank owns, <unit>/optim_raw/<state>/<param>.<part>
+/// with `part` "codes" (uint8, one per element), "absmax" (float32, one per block of
+/// raw_state_block elements counted from the parameter's first element) or "float32".
+std::string raw_state_dataset(const std::string& model, const std::string& unit, const std::string& state,
+                              const std::string& param, const std::string& part);
 /// Path of a full tensor in the index (and in a consolidated file): <model>/params/<p>,
 /// <model>/optim/<state>/<p>, <model>/<extra>/<p>.
 std::string index_path(const std::string& model, const std::string& kind, const std::string& qualified);

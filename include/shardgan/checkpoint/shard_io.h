@@ -1,6 +1,7 @@
 #pragma once
 /// Reading and writing the files of a sharded checkpoint (schema 2), without torch or MPI:
 /// the trainer, the offline resharder and the shardgan-ckpt tool all go through here.
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -76,7 +77,21 @@ class CheckpointReader {
   void read_dataset(int rank, const std::string& path, void* out, int64_t numel);
   /// Elements [start, start + count) of a 1-D dataset of rank file `rank`, verified.
   void read_verified(int rank, const std::string& path, int64_t start, int64_t count, void* out);
-  /// One full tensor (streamed from the shards that hold it).
+  /// Raw optimizer states (ModelEntry::raw_states), parameter by parameter:
+  /// the absmax block of parameter `param` of `unit` in state `state` when it is stored as
+  /// 8-bit codes; 0 when it is stored as float32, or when `state` is not a raw state.
+  int64_t raw_block(const ModelEntry& model, const UnitEntry& unit, size_t param, const std::string& state);
+  /// Elements [lo, hi) (the parameter's own element order) of optimizer state `state` of
+  /// parameter `param` as float32: read from the flat dataset (a float32 model), or
+  /// gathered from the raw parts and dequantized (code map times the block's absmax).
+  void read_param_state(const ModelEntry& model, const UnitEntry& unit, size_t param, const std::string& state,
+                        int64_t lo, int64_t hi, float* out);
+  /// 8-bit parts only (raw_block > 0), lo a multiple of the block: the codes of elements
+  /// [lo, hi) and the absmax of blocks [lo / block, ceil(hi / block)), as stored.
+  void read_param_raw(const ModelEntry& model, const UnitEntry& unit, size_t param, const std::string& state,
+                      int64_t lo, int64_t hi, uint8_t* codes, float* absmax);
+  /// One full tensor (streamed from the shards that hold it; raw optimizer states
+  /// dequantized to float32).
   void read_tensor(const TensorRef& t, void* out);
 
   /// Every tensor: parameters, optimizer states, extras, then buffers, model by model.

@@ -43,10 +43,13 @@ struct OptimizerConfig {
   /// offload.<model>.* and the shared offload.* keys: adam and adamw only (offloaded_adam.h).
   OffloadConfig offload;
   /// adam, adamw: optim.<model>.state_dtype, state_block, state_min_numel, state_float32.
-  StatePolicy state;
-  /// Whether state.float32 was given (optim.<model>.state_float32). When not, the model
-  /// family's sparse-gradient parameters fill it (resolve_state_float32).
-  bool state_float32_set = false;
+  /// An entry "family" in state.float32 stands for the model family's sparse-gradient
+  /// parameters (resolve_state_float32); the default is just that entry.
+  StatePolicy state = [] {
+    StatePolicy p;
+    p.float32 = {"family"};
+    return p;
+  }();
 
   /// DCGAN (Radford et al. 2016, Sec. 4): Adam, lr 2e-4, betas (0.5, 0.999).
   static OptimizerConfig dcgan();
@@ -56,7 +59,7 @@ struct OptimizerConfig {
   static OptimizerConfig biggan_discriminator();
 };
 
-/// Unless cfg.state_float32_set, sets cfg.state.float32 to `sparse_params` (ModelSpec::
+/// Replaces each "family" entry of cfg.state.float32 by `sparse_params` (ModelSpec::
 /// sparse_params: the family's class embeddings). The optimizer and the pre-flight both
 /// call it, so they agree on which states stay float32.
 void resolve_state_float32(OptimizerConfig& cfg, const std::vector<std::string>& sparse_params);

@@ -82,7 +82,12 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource, public 
   /// Throws std::logic_error: the state is not resident. Use read_unit_state and
   /// write_unit_state.
   std::vector<std::pair<std::string, at::Tensor>> unit_state(size_t unit) override;
-  std::vector<std::string> state_names() override { return {"exp_avg", "exp_avg_sq"}; }
+  /// {"exp_avg", "exp_avg_sq"}, or {"exp_avg_sq"} with beta1 0 (m is the gradient then,
+  /// and is not stored: adam_stores_m; the step runs on the CPU whatever the shards' device).
+  std::vector<std::string> state_names() override {
+    if (moments_ == 1) return {"exp_avg_sq"};
+    return {"exp_avg", "exp_avg_sq"};
+  }
   /// Streams unit `unit`'s moments out of the tier into two transient tensors ([S], the
   /// shard's dtype, CPU) and passes them to fn. Local; reads from disk.
   void read_unit_state(size_t unit, const StateVisitor& fn) override;
@@ -127,14 +132,16 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource, public 
   /// chunk. Returns the seconds spent in the kernel.
   double update_streamed(const AdamCoefficients& c);
   /// One Adam step on a block: the fused kernel for float32, ShardedAdam's torch ops for
-  /// float64. Host tensors of dtype_, numel equal.
+  /// float64. Host tensors of dtype_, numel equal; m undefined when it is not stored.
   void adam_block(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v, const AdamCoefficients& c);
 
   AdamConfig cfg_;
   std::unique_ptr<OffloadStore> store_;
   at::ScalarType dtype_;
   int param_array_ = -1;  // store array of the master shard (parameter offload), or -1
-  int moment_array_ = 0;  // store array of exp_avg; exp_avg_sq follows it
+  int moment_array_ = 0;  // store array of the first moment kept: exp_avg, or exp_avg_sq
+  int moments_ = 2;       // 2, or 1 when m is not stored (beta1 0: adam_stores_m)
+  int v_array() const { return moment_array_ + moments_ - 1; }
   int grad_array_ = -1;   // store array of the gradient shard (gradient offload), or -1
   int grad_scratch_ = 0;  // staging slice of the gradient, or -1 when it is an array
   int param_scratch_ = 1; // staging slice of the parameters, or -1 when they are an array

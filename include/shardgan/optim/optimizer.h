@@ -21,6 +21,25 @@ namespace shardgan {
 
 class ShardedModel;
 
+/// A checkpoint's optimizer states for one unit, parameter by parameter (load_checkpoint
+/// implements it over the checkpoint's files). Parameters are indexed in the unit's slot
+/// order; elements in each parameter's own order. Reads throw CheckpointError.
+class StateSource {
+ public:
+  virtual ~StateSource() = default;
+  /// Whether the checkpoint holds state `name`.
+  virtual bool has(const std::string& name) const = 0;
+  /// The absmax block of parameter `param`'s `name` when stored as 8-bit codes; 0 when its
+  /// values are stored as float32.
+  virtual int64_t block(const std::string& name, size_t param) = 0;
+  /// Elements [lo, hi) of parameter `param`'s `name` as float32 (dequantized when 8-bit).
+  virtual void read_values(const std::string& name, size_t param, int64_t lo, int64_t hi, float* out) = 0;
+  /// 8-bit only, lo a multiple of block(name, param): the codes of elements [lo, hi) and
+  /// the absmax of blocks [lo / block, ceil(hi / block)), as stored.
+  virtual void read_raw(const std::string& name, size_t param, int64_t lo, int64_t hi, uint8_t* codes,
+                        float* absmax) = 0;
+};
+
 class ShardedOptimizer {
  public:
   /// `model` must outlive the optimizer; its units must not change afterwards. `lr` is the
@@ -59,6 +78,30 @@ class ShardedOptimizer {
   /// tensor, or a transient one that is then written to the offload tier). Checkpoint
   /// loads go through here.
   virtual void write_unit_state(size_t unit, const StateVisitor& fn);
+
+  /// A state a checkpoint stores as held (8-bit codes and absmax per parameter) instead
+  /// of as a flat float32 tensor, with its code map.
+  struct RawState {
+    std::string name;
+    bool signed_map = true;  ///< CodeMap::kSigned (m) or kUnsigned (v)
+  };
+  /// The states of state_names() that checkpoints store raw (none by default).
+  virtual std::vector<RawState> raw_states() { return {}; }
+  /// Elements per absmax block of the raw states (0 without raw states).
+  virtual int64_t raw_state_block() const { return 0; }
+  /// Called with a raw state's name, a parameter (slot index), the part ("codes", uint8;
+  /// "absmax", float32, one per block counted from the parameter's first element; or
+  /// "float32" for a parameter whose state is not quantized) and its values.
+  using RawVisitor = std::function<void(const std::string& state, size_t param, const std::string& part,
+                                        const at::Tensor& values)>;
+  /// Local. For every raw state and every parameter with elements in this rank's shard of
+  /// unit `unit`: the parts holding those elements, as stored (views, valid during fn).
+  virtual void read_unit_raw(size_t unit, const RawVisitor& fn) {}
+  /// Local. Restores unit `unit`'s states from `src` when either side stores raw states.
+  /// The default fills write_unit_state's tensors parameter by parameter with float32
+  /// values (padding 0). Throws CheckpointError (from src) or std::runtime_error naming a
+  /// state the checkpoint lacks.
+  virtual void load_unit_state(size_t unit, StateSource& src);
 
   /// "adam", "adamw", "sgd" or "rmsprop".
   virtual const char* type_name() const = 0;

@@ -74,13 +74,24 @@ class ShardedAdam final : public ShardedOptimizer {
   std::vector<std::pair<std::string, at::Tensor>> unit_state(size_t unit) override;
   std::vector<std::string> state_names() override;
   /// Reduced policies: fn gets a transient float32 tensor of shard_numel() elements, the
-  /// states widened (bfloat16, exact) or dequantized (int8). Float32: the live tensors.
+  /// states widened (bfloat16, exact) or dequantized (int8; checkpoints use
+  /// read_unit_raw instead). Float32: the live tensors.
   void read_unit_state(size_t unit, const StateVisitor& fn) override;
   /// Reduced policies: fn fills a transient float32 tensor, which is then rounded to
   /// bfloat16 (exact for values that came from bfloat16) or requantized in the unit's
   /// blocks (int8: not the stored bits again in general). Float32: the live tensors.
   void write_unit_state(size_t unit, const StateVisitor& fn) override;
   int64_t state_bytes() override;
+  /// int8: checkpoints store m (when stored) and v as held: per parameter, its codes and
+  /// absmax (or float32 for parameters kept in float32), so a resume is bit-exact at any
+  /// world size and stage with the same block. Other dtypes: none.
+  std::vector<RawState> raw_states() override;
+  int64_t raw_state_block() const override;
+  void read_unit_raw(size_t unit, const RawVisitor& fn) override;
+  /// int8: the stored bits where the checkpoint holds this parameter in the same block
+  /// size; otherwise float32 values (a float32 checkpoint, another block or a parameter
+  /// kept in float32 there), requantized here. Other dtypes: the default.
+  void load_unit_state(size_t unit, StateSource& src) override;
   const char* type_name() const override { return cfg_.decoupled_weight_decay ? "adamw" : "adam"; }
 
   /// Per unit, the float32 store of m and v: float32 policy, 1-D shard_numel() elements in
@@ -129,7 +140,6 @@ class ShardedAdam final : public ShardedOptimizer {
   bool torch_fused_ = false;
   bool stores_m_ = true;
   int64_t nonfinite_blocks_ = 0;
-  bool warned_dequantized_ = false;
   std::vector<StateLayout> layouts_;
   std::vector<Reduced> m_red_, v_red_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_, copies_;

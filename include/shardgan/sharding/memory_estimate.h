@@ -33,10 +33,14 @@ struct ModelMemorySpec {
   /// each unit is one run of unit_numels[i] elements, which is exact for flat_align 1.
   std::vector<std::vector<int64_t>> unit_param_numels;
   int64_t flat_align = 1;  ///< ShardingConfig::flat_align
-  /// When >= 0: the bytes of optimizer state this rank holds in RAM (the caller derives
-  /// them from the optimizer's own layout, e.g. reduced-precision states), replacing
-  /// optimizer_states * S * master bytes. Ignored when offloaded to disk.
-  int64_t optimizer_state_bytes = -1;
+  /// When it has 4 entries (stages 0-3): the bytes of optimizer state this rank holds in
+  /// RAM at each stage (the caller derives them from the optimizer's own layout, e.g.
+  /// reduced-precision states), replacing optimizer_states * S * master bytes. Ignored when
+  /// offloaded to disk.
+  std::vector<int64_t> optimizer_state_bytes_by_stage;
+  /// Checkpoints store the optimizer state as held in RAM (8-bit states), not as
+  /// optimizer_states flat master-dtype tensors (the checkpoint and snapshot sizes).
+  bool checkpoint_states_as_held = false;
   int world_size = 1;  ///< N, ranks sharing the model (>= 1)
   int stage = 3;       ///< ZeRO stage 0-3
   /// Bytes per element of the master dtype (the module's dtype: 4 float32, 8 float64), of
