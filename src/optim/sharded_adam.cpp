@@ -63,9 +63,8 @@ ShardedAdam::ShardedAdam(ShardedModel& model, AdamConfig cfg)
   for (auto& u : model_.units()) {
     const at::Tensor& shard = u->shard();
     if ((cfg.param_copy != ParamCopy::kNone || reduced()) && !fused_ok(shard, u->grad_shard())) {
-      throw std::invalid_argument(std::string(reduced() ? "Adam state_dtype " : "Adam param_copy ") +
-                                  (reduced() ? to_string(cfg.state.dtype) : "") + " needs float32 CPU shards; " +
-                                  unit_what(*u, shard));
+      const std::string what = reduced() ? std::string("Adam state_dtype ") + to_string(cfg.state.dtype) : "Adam param_copy";
+      throw std::invalid_argument(what + " needs float32 CPU shards; " + unit_what(*u, shard));
     }
     // Control "state_dtype_unaligned" (tests/test_state_dtype_sharded.cpp) accepts an
     // unaligned layout, whose blocks straddle ranks, to show the parity test catches it.
@@ -75,9 +74,8 @@ ShardedAdam::ShardedAdam(ShardedModel& model, AdamConfig cfg)
                                   "flat_align " + std::to_string(model_.config().flat_align) + "); unit '" +
                                   u->name() + "'");
     }
-    StatePolicy policy = cfg.state;
     layouts_.push_back(make_state_layout(state_params(*u), u->padded_numel(), u->shard_offset(), u->shard_numel(),
-                                         policy));
+                                         cfg.state));
     const StateLayout& l = layouts_.back();
     if (!reduced()) {
       exp_avg_.push_back(stores_m_ ? torch::zeros_like(shard) : at::Tensor());
