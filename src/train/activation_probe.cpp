@@ -112,7 +112,10 @@ ActivationProbe probe_step_memory(const TrainConfig& cfg, const std::string& wor
   }
   const auto t0 = std::chrono::steady_clock::now();
   const auto level = spdlog::get_level();
-  spdlog::set_level(spdlog::level::warn);  // the stand-in trainer's own info lines
+  // The stand-in trainer's own lines: its info, and its warnings about steps skipped on
+  // non-finite values, which the stand-in gathers (shard 0 copied into every block) can
+  // produce. Its errors still show.
+  spdlog::set_level(spdlog::level::err);
   // Undone whether the probes return or throw.
   auto restore = [&] {
     spdlog::set_level(level);
