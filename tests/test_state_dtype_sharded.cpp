@@ -370,6 +370,19 @@ TEST(StateDtypeCheckpoint, ReducedStatesLoadAcrossDtypesAndLayouts) {
         EXPECT_TRUE(torch::equal(torch::cat(parts["optim/exp_avg/" + std::to_string(u)]), pa[3 * u + 1])) << u;
         EXPECT_TRUE(torch::equal(torch::cat(parts["optim/exp_avg_sq/" + std::to_string(u)]), pa[3 * u + 2])) << u;
       }
+      // verify_all checks the raw parts' sizes: an index that claims blocks of 128 (twice
+      // the absmax values the files hold) is reported, naming the absmax.
+      const std::string bad = base + "/int8-bad-index";
+      std::filesystem::copy(base + "/int8-to-f32/checkpoints/step-00000003", bad);
+      ckpt::Manifest m = rd.manifest();
+      m.models.at(0).raw_state_block = 128;
+      ckpt::write_index(bad, m);
+      ckpt::CheckpointReader bad_rd(bad);
+      const auto problems = bad_rd.verify_all();
+      EXPECT_FALSE(problems.empty());
+      bool named = false;
+      for (const auto& p : problems) named |= p.find("absmax") != std::string::npos;
+      EXPECT_TRUE(named) << (problems.empty() ? "no problem reported" : problems[0]);
     }
   }
   world.barrier();

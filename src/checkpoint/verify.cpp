@@ -258,6 +258,27 @@ std::vector<std::string> CheckpointReader::verify_all() {
             }
           }
           ranges.emplace_back(sh.offset, std::min(sh.offset + sh.numel, u.data_end()));
+          // Raw (8-bit) states: for every parameter part the rank owns, its codes and
+          // absmax, or its float32 values, each of the part's length.
+          for (const std::string& state : mo.raw_states) {
+            const auto& ds = m_.file(sh.rank).datasets;
+            for (const ParamEntry& p : u.params) {
+              const int64_t a = std::max(p.offset, sh.offset), b = std::min(p.offset + p.numel, sh.offset + sh.numel);
+              if (a >= b) continue;
+              auto numel = [&](const std::string& part) {
+                auto it = ds.find(raw_state_dataset(mo.name, u.name, state, p.name, part));
+                return it == ds.end() ? int64_t{-1} : it->second.numel;
+              };
+              const int64_t n = b - a, blocks = (n + mo.raw_state_block - 1) / mo.raw_state_block;
+              const bool codes = numel("codes") == n && numel("absmax") == blocks && numel("float32") < 0;
+              const bool values = numel("float32") == n && numel("codes") < 0 && numel("absmax") < 0;
+              if (!codes && !values) {
+                fail_file(sh.rank, "holds no " + std::to_string(n) + "-element parts of '" + p.name + "' for state '" +
+                                       state + "' (codes and " + std::to_string(blocks) +
+                                       " absmax values, or float32 values) that the index implies");
+              }
+            }
+          }
         }
         std::sort(ranges.begin(), ranges.end());
         int64_t next = 0;
