@@ -433,27 +433,62 @@ void CheckpointReader::read_flat(const ModelEntry& model, const UnitEntry& unit,
   }
 }
 
+namespace {
+
+bool is_raw(const ModelEntry& model, const std::string& state) {
+  return std::find(model.raw_states.begin(), model.raw_states.end(), state) != model.raw_states.end();
+}
+
+// The ranks holding parameter `param` of `unit` and which of its elements, [lo, hi) in the
+// parameter's own order, each holds.
+struct Part {
+  int rank;
+  int64_t lo, hi;
+};
+std::vector<Part> param_parts(const UnitEntry& unit, size_t param) {
+  const ParamEntry& p = unit.params.at(param);
+  std::vector<Part> out;
+  for (const ShardEntry& sh : unit.shards) {
+    const int64_t a = std::max(p.offset, sh.offset), b = std::min(p.offset + p.numel, sh.offset + sh.numel);
+    if (a < b) out.push_back({sh.rank, a - p.offset, b - p.offset});
+  }
+  return out;
+}
+
+// Calls fn(rank, a, b, pa) for each rank's part [a, b) of parameter elements [lo, hi)
+// (pa: the first element that rank's datasets hold); throws unless the parts cover it.
+template <typename Fn>
+void for_each_part(const std::string& dir, const ModelEntry& model, const UnitEntry& unit, size_t param,
+                   const std::string& state, int64_t lo, int64_t hi, Fn&& fn) {
+  int64_t covered = 0;
+  for (const Part& part : param_parts(unit, param)) {
+    const int64_t a = std::max(lo, part.lo), b = std::min(hi, part.hi);
+    if (a >= b) continue;
+    fn(part.rank, a, b, part.lo);
+    covered += b - a;
+  }
+  if (covered != hi - lo) {
+    throw CheckpointError("checkpoint '" + dir + "': the rank files do not hold all of " + model.name + "/" + unit.name +
+                          "." + unit.params.at(param).name + "'s optimizer state '" + state + "'." + kDoWhat);
+  }
+}
+
+}  // namespace
+
 std::vector<TensorRef> CheckpointReader::tensors() const {
   std::vector<TensorRef> out;
   for (const ModelEntry& mo : m_.models) {
-    for (const std::string& kind : state_kinds(mo)) {
+    // Flat kinds in the model's dtype, then raw states, which read_tensor dequantizes.
+    std::vector<std::pair<std::string, std::string>> kinds;
+    for (const std::string& kind : state_kinds(mo)) kinds.emplace_back(kind, mo.dtype);
+    for (const std::string& state : mo.raw_states) kinds.emplace_back("optim/" + state, "float32");
+    for (const auto& [kind, dtype] : kinds) {
       for (size_t ui = 0; ui < mo.units.size(); ++ui) {
         const UnitEntry& u = mo.units[ui];
         for (size_t pi = 0; pi < u.params.size(); ++pi) {
           const ParamEntry& p = u.params[pi];
           out.push_back({&mo, kind, ui, pi, index_path(mo.name, kind, u.name + "." + p.name),
-                         p.shape.empty() ? std::vector<int64_t>{1} : p.shape, mo.dtype});
-        }
-      }
-    }
-    for (const std::string& state : mo.raw_states) {  // dequantized by read_tensor
-      const std::string kind = "optim/" + state;
-      for (size_t ui = 0; ui < mo.units.size(); ++ui) {
-        const UnitEntry& u = mo.units[ui];
-        for (size_t pi = 0; pi < u.params.size(); ++pi) {
-          const ParamEntry& p = u.params[pi];
-          out.push_back({&mo, kind, ui, pi, index_path(mo.name, kind, u.name + "." + p.name),
-                         p.shape.empty() ? std::vector<int64_t>{1} : p.shape, "float32"});
+                         p.shape.empty() ? std::vector<int64_t>{1} : p.shape, dtype});
         }
       }
     }
@@ -469,12 +504,7 @@ std::vector<TensorRef> CheckpointReader::tensors() const {
 std::vector<std::tuple<int, int64_t, int64_t>> CheckpointReader::holders(const TensorRef& t) const {
   if (t.kind == "buffer") return {{t.model->buffers[t.item].rank, 0, t.numel()}};
   std::vector<std::tuple<int, int64_t, int64_t>> out;
-  const UnitEntry& u = t.model->units[t.unit];
-  const ParamEntry& p = u.params[t.item];
-  for (const ShardEntry& sh : u.shards) {
-    const int64_t a = std::max(p.offset, sh.offset), b = std::min(p.offset + p.numel, sh.offset + sh.numel);
-    if (a < b) out.emplace_back(sh.rank, a - p.offset, b - p.offset);
-  }
+  for (const Part& part : param_parts(t.model->units[t.unit], t.item)) out.emplace_back(part.rank, part.lo, part.hi);
   return out;
 }
 
@@ -486,32 +516,21 @@ void CheckpointReader::read_tensor(const TensorRef& t, void* out) {
   }
   const UnitEntry& u = t.model->units[t.unit];
   const ParamEntry& p = u.params[t.item];
-  const auto& raw = t.model->raw_states;
-  if (t.kind.rfind("optim/", 0) == 0 && std::find(raw.begin(), raw.end(), t.kind.substr(6)) != raw.end()) {
+  if (t.kind.rfind("optim/", 0) == 0 && is_raw(*t.model, t.kind.substr(6))) {
     read_param_state(*t.model, u, t.item, t.kind.substr(6), 0, p.numel, static_cast<float*>(out));
     return;
   }
   read_flat(*t.model, u, t.kind, p.offset, p.offset + p.numel, out);
 }
 
-namespace {
-
-bool is_raw(const ModelEntry& model, const std::string& state) {
-  return std::find(model.raw_states.begin(), model.raw_states.end(), state) != model.raw_states.end();
-}
-
-}  // namespace
-
 int64_t CheckpointReader::raw_block(const ModelEntry& model, const UnitEntry& unit, size_t param,
                                     const std::string& state) {
   if (!is_raw(model, state)) return 0;
-  const ParamEntry& p = unit.params.at(param);
-  for (const ShardEntry& sh : unit.shards) {
-    if (std::max(p.offset, sh.offset) >= std::min(p.offset + p.numel, sh.offset + sh.numel)) continue;
-    const auto& ds = m_.file(sh.rank).datasets;
-    return ds.count(raw_state_dataset(model.name, unit.name, state, p.name, "codes")) ? model.raw_state_block : 0;
-  }
-  return 0;
+  const auto parts = param_parts(unit, param);
+  if (parts.empty()) return 0;
+  const auto& ds = m_.file(parts.front().rank).datasets;
+  const std::string codes = raw_state_dataset(model.name, unit.name, state, unit.params.at(param).name, "codes");
+  return ds.count(codes) ? model.raw_state_block : 0;
 }
 
 void CheckpointReader::read_param_state(const ModelEntry& model, const UnitEntry& unit, size_t param,
@@ -526,36 +545,23 @@ void CheckpointReader::read_param_state(const ModelEntry& model, const UnitEntry
     return;
   }
   const int64_t block = raw_block(model, unit, param, state);
-  const size_t si = static_cast<size_t>(std::find(model.raw_states.begin(), model.raw_states.end(), state) -
-                                        model.raw_states.begin());
-  const auto& map = code_map(model.raw_state_maps.at(si) == "unsigned" ? CodeMap::kUnsigned : CodeMap::kSigned);
-  int64_t covered = 0;
-  std::vector<uint8_t> codes;
-  std::vector<float> absmax;
-  for (const ShardEntry& sh : unit.shards) {
-    // The rank's part of the parameter: parameter elements [pa, pb).
-    const int64_t pa = std::max(p.offset, sh.offset) - p.offset, pb = std::min(p.offset + p.numel, sh.offset + sh.numel) - p.offset;
-    const int64_t a = std::max(lo, pa), b = std::min(hi, pb);
-    if (a >= b) continue;
-    if (block == 0) {
-      read_verified(sh.rank, raw_state_dataset(model.name, unit.name, state, p.name, "float32"), a - pa, b - a,
-                    out + (a - lo));
-    } else {
-      codes.resize(static_cast<size_t>(b - a));
-      read_verified(sh.rank, raw_state_dataset(model.name, unit.name, state, p.name, "codes"), a - pa, b - a,
-                    codes.data());
-      const int64_t b0 = a / block, b1 = (b - 1) / block;  // blocks counted from the parameter's start
-      absmax.resize(static_cast<size_t>(b1 - b0 + 1));
-      read_verified(sh.rank, raw_state_dataset(model.name, unit.name, state, p.name, "absmax"), b0 - pa / block,
-                    b1 - b0 + 1, absmax.data());
-      for (int64_t i = a; i < b; ++i) out[i - lo] = map[codes[static_cast<size_t>(i - a)]] * absmax[static_cast<size_t>(i / block - b0)];
+  if (block > 0) {  // the codes and absmax, as stored, then dequantized
+    const int64_t b0 = lo / block * block;  // from the first block's start
+    std::vector<uint8_t> codes(static_cast<size_t>(hi - b0));
+    std::vector<float> absmax(static_cast<size_t>((hi - b0 + block - 1) / block));
+    read_param_raw(model, unit, param, state, b0, hi, codes.data(), absmax.data());
+    const size_t si = static_cast<size_t>(std::find(model.raw_states.begin(), model.raw_states.end(), state) -
+                                          model.raw_states.begin());
+    const auto& map = code_map(model.raw_state_maps.at(si) == "unsigned" ? CodeMap::kUnsigned : CodeMap::kSigned);
+    for (int64_t i = lo; i < hi; ++i) {
+      out[i - lo] = map[codes[static_cast<size_t>(i - b0)]] * absmax[static_cast<size_t>((i - b0) / block)];
     }
-    covered += b - a;
+    return;
   }
-  if (covered != hi - lo) {
-    throw CheckpointError("checkpoint '" + dir_ + "': the rank files do not hold all of " + model.name + "/" + unit.name +
-                          "." + p.name + "'s optimizer state '" + state + "'." + kDoWhat);
-  }
+  for_each_part(dir_, model, unit, param, state, lo, hi, [&](int rank, int64_t a, int64_t b, int64_t pa) {
+    read_verified(rank, raw_state_dataset(model.name, unit.name, state, p.name, "float32"), a - pa, b - a,
+                  out + (a - lo));
+  });
 }
 
 void CheckpointReader::read_param_raw(const ModelEntry& model, const UnitEntry& unit, size_t param,
@@ -566,23 +572,13 @@ void CheckpointReader::read_param_raw(const ModelEntry& model, const UnitEntry& 
     throw CheckpointError("checkpoint '" + dir_ + "': " + model.name + "/" + unit.name + "." + p.name + "'s state '" +
                           state + "' has no 8-bit blocks starting at element " + std::to_string(lo));
   }
-  int64_t covered = 0;
-  for (const ShardEntry& sh : unit.shards) {
-    const int64_t pa = std::max(p.offset, sh.offset) - p.offset, pb = std::min(p.offset + p.numel, sh.offset + sh.numel) - p.offset;
-    const int64_t a = std::max(lo, pa), b = std::min(hi, pb);
-    if (a >= b) continue;
-    if (pa % block != 0) fail_file(sh.rank, "holds a part of '" + p.name + "' that does not start on a block");
-    read_verified(sh.rank, raw_state_dataset(model.name, unit.name, state, p.name, "codes"), a - pa, b - a,
+  for_each_part(dir_, model, unit, param, state, lo, hi, [&](int rank, int64_t a, int64_t b, int64_t pa) {
+    if (pa % block != 0) fail_file(rank, "holds a part of '" + p.name + "' that does not start on a block");
+    read_verified(rank, raw_state_dataset(model.name, unit.name, state, p.name, "codes"), a - pa, b - a,
                   codes + (a - lo));
-    const int64_t nb = (b - a + block - 1) / block;
-    read_verified(sh.rank, raw_state_dataset(model.name, unit.name, state, p.name, "absmax"), (a - pa) / block, nb,
-                  absmax + (a - lo) / block);
-    covered += b - a;
-  }
-  if (covered != hi - lo) {
-    throw CheckpointError("checkpoint '" + dir_ + "': the rank files do not hold all of " + model.name + "/" + unit.name +
-                          "." + p.name + "'s optimizer state '" + state + "'." + kDoWhat);
-  }
+    read_verified(rank, raw_state_dataset(model.name, unit.name, state, p.name, "absmax"), (a - pa) / block,
+                  (b - a + block - 1) / block, absmax + (a - lo) / block);
+  });
 }
 
 }  // namespace shardgan::ckpt
