@@ -53,3 +53,6 @@ set_tests_properties(optimizer_state_dtype_unaligned_control_np2 PROPERTIES TIME
 # Reduced states through a checkpoint: bfloat16 resumes bit for bit across stages; float32
 # and int8 checkpoints load into each other's flat layouts parameter by parameter.
 shardgan_mpi_filtered(state_dtype_checkpoint test_state_dtype_sharded "StateDtypeCheckpoint.*" 300 2)
+# Offloaded reduced states and bfloat16 offloaded gradients: equal to resident, resume bit for bit.
+shardgan_test(test_state_dtype_offload)
+shardgan_mpi_filtered(state_dtype_offload test_state_dtype_offload "StateDtypeOffload.*" 300 1 2)

@@ -246,8 +246,20 @@ TEST(Config, StateDtypeKeys) {
   EXPECT_EQ(r.state.float32, (std::vector<std::string>{"out.embed.*", "out.linear.*"}));
   EXPECT_NE(error_of("optim: {generator: {state_dtype: int4}}\n").find("optim.generator.state_dtype"), std::string::npos);
   EXPECT_NE(error_of("optim: {generator: {type: sgd, state_dtype: int8}}\n").find("adam or adamw"), std::string::npos);
-  EXPECT_NE(error_of("optim: {generator: {state_dtype: int8}}\noffload: {generator: {optimizer: cpu}}\n")
-                .find("offload.generator.optimizer"),
+  // Offloaded reduced states are accepted; float64 shards and a bfloat16 gradient dtype
+  // without gradient offload are refused, naming the key.
+  const TrainConfig off = parse_config(
+      "optim: {generator: {state_dtype: int8}}\n"
+      "offload: {generator: {optimizer: disk, param: disk, gradient: disk, gradient_dtype: bfloat16}}\n"
+      "sharding: {generator: {stage: 3}}\n", "t.yaml", {});
+  EXPECT_EQ(off.g_optim.offload.gradient_dtype, OffloadGradDtype::kBFloat16);
+  EXPECT_EQ(off.g_optim.state.dtype, StateDtype::kInt8);
+  EXPECT_NE(error_of("model: {dtype: float64}\noptim: {generator: {state_dtype: int8}}\n").find("optim.generator.state_dtype"),
+            std::string::npos);
+  EXPECT_NE(error_of("offload: {generator: {optimizer: cpu, gradient_dtype: bfloat16}}\n")
+                .find("offload.generator.gradient_dtype"),
+            std::string::npos);
+  EXPECT_NE(error_of("offload: {generator: {gradient_dtype: float16}}\n").find("offload.generator.gradient_dtype"),
             std::string::npos);
   EXPECT_NE(error_of("optim: {generator: {state_block: 0}}\n").find("state_block"), std::string::npos);
   // Keys that do nothing with float32 states warn.

@@ -20,4 +20,12 @@ OffloadDevice parse_offload_device(const std::string& s) {
   throw std::invalid_argument("'" + s + "': expected none, cpu or disk");
 }
 
+const char* to_string(OffloadGradDtype d) { return d == OffloadGradDtype::kBFloat16 ? "bfloat16" : "master"; }
+
+OffloadGradDtype parse_offload_grad_dtype(const std::string& s) {
+  if (s == "master" || s == "float32") return OffloadGradDtype::kMaster;
+  if (s == "bfloat16") return OffloadGradDtype::kBFloat16;
+  throw std::invalid_argument("'" + s + "': expected master (the shards' dtype, also written float32) or bfloat16");
+}
+
 }  // namespace shardgan

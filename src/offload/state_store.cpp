@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <numeric>
 #include <stdexcept>
 #include <system_error>
 
@@ -24,14 +25,28 @@ struct OffloadStore::HostArray {
   int64_t bytes;
 };
 
+namespace {
+std::vector<int64_t> repeat(int64_t bytes, int n) { return std::vector<int64_t>(static_cast<size_t>(std::max(0, n)), bytes); }
+}  // namespace
+
 OffloadStore::OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const std::string& stem,
                            std::vector<int64_t> unit_numel, int arrays, int scratch_arrays, int64_t elem_bytes)
-    : device_(device), numel_(std::move(unit_numel)), arrays_(arrays), scratch_(scratch_arrays),
-      elem_(elem_bytes), buffer_bytes_(cfg.buffer_bytes), buffer_count_(cfg.buffer_count) {
+    : OffloadStore(device, cfg, stem, std::move(unit_numel), repeat(elem_bytes, arrays), repeat(elem_bytes, scratch_arrays)) {}
+
+OffloadStore::OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const std::string& stem,
+                           std::vector<int64_t> unit_numel, std::vector<int64_t> array_bytes,
+                           std::vector<int64_t> scratch_bytes, int64_t chunk_multiple)
+    : device_(device), numel_(std::move(unit_numel)), arrays_(static_cast<int>(array_bytes.size())),
+      scratch_(static_cast<int>(scratch_bytes.size())), buffer_bytes_(cfg.buffer_bytes),
+      buffer_count_(cfg.buffer_count) {
   if (device_ == OffloadDevice::kNone) throw std::invalid_argument("OffloadStore: device none has no store");
-  if (arrays_ < 1 || scratch_ < 0 || elem_ < 1 || kAlign % elem_ != 0) {
-    throw std::invalid_argument("OffloadStore: bad layout (arrays " + std::to_string(arrays_) + ", element " +
-                                std::to_string(elem_) + " bytes)");
+  elem_ = std::move(array_bytes);
+  elem_.insert(elem_.end(), scratch_bytes.begin(), scratch_bytes.end());
+  bool bad = arrays_ < 1 || chunk_multiple < 1;
+  for (int64_t e : elem_) bad |= e < 1 || kAlign % e != 0;
+  if (bad) {
+    throw std::invalid_argument("OffloadStore: bad layout (" + std::to_string(arrays_) + " arrays, chunk multiple " +
+                                std::to_string(chunk_multiple) + ", element sizes must divide 4096)");
   }
   if (buffer_count_ < 2) throw std::invalid_argument("offload.buffer_count must be >= 2");
   // The cpu tier's arrays stay where they are, so its ring holds only the staging
@@ -39,23 +54,35 @@ OffloadStore::OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const
   // (None at all when nothing is staged: the chunks then only cut the host arrays.)
   if (device_ == OffloadDevice::kCpu) ring_first_ = arrays_;
   ring_slices_ = arrays_ + scratch_ - ring_first_;
-  // Each slice of a buffer holds a whole number of 4096-byte blocks.
-  chunk_numel_ = (buffer_bytes_ / std::max(1, ring_slices_)) / kAlign * kAlign / elem_;
+  // A chunk's elements: a multiple of chunk_multiple and of 4096 / gcd(4096, e) for every
+  // slice, so that each slice (and each file offset) is a whole number of 4096-byte blocks.
+  int64_t quantum = chunk_multiple, per_element = 0;
+  for (int i = ring_first_; i < arrays_ + scratch_; ++i) {
+    quantum = std::lcm(quantum, kAlign / std::gcd(kAlign, elem_[i]));
+    per_element += elem_[i];
+  }
+  for (int i = 0; i < ring_first_; ++i) quantum = std::lcm(quantum, kAlign / std::gcd(kAlign, elem_[i]));
+  chunk_numel_ = per_element == 0 ? quantum * std::max<int64_t>(1, buffer_bytes_ / kAlign)
+                                  : buffer_bytes_ / per_element / quantum * quantum;
   if (chunk_numel_ < 1) {
     throw std::invalid_argument("offload.buffer_bytes " + std::to_string(buffer_bytes_) + " is too small: it needs " +
-                                std::to_string(ring_slices_ * kAlign) + " bytes or more");
+                                std::to_string(per_element * quantum) + " bytes or more");
   }
-  // No chunk is longer than the largest unit (rounded up to whole blocks), so a small
+  // No chunk is longer than the largest unit (rounded up to whole quanta), so a small
   // model does not pay for a large ring.
   int64_t largest = 1;
   for (int64_t n : numel_) largest = std::max(largest, n);
-  chunk_numel_ = std::min(chunk_numel_, align_up(largest * elem_) / elem_);
+  chunk_numel_ = std::min(chunk_numel_, (largest + quantum - 1) / quantum * quantum);
   // The cpu tier streams from memory: one staging buffer is enough, nothing to overlap.
   if (device_ == OffloadDevice::kCpu) buffer_count_ = 1;
-  if (ring_slices_ > 0) ring_ = std::make_unique<HostArray>(buffer_count_ * ring_slices_ * chunk_numel_ * elem_);
+  for (int i = ring_first_; i < arrays_ + scratch_; ++i) {
+    slice_off_.push_back(ring_stride_);
+    ring_stride_ += chunk_numel_ * elem_[i];
+  }
+  if (ring_slices_ > 0) ring_ = std::make_unique<HostArray>(buffer_count_ * ring_stride_);
   if (device_ == OffloadDevice::kCpu) {
     for (int64_t n : numel_) {
-      for (int a = 0; a < arrays_; ++a) host_.push_back(std::make_unique<HostArray>(n * elem_));
+      for (int a = 0; a < arrays_; ++a) host_.push_back(std::make_unique<HostArray>(n * elem_[a]));
     }
     return;
   }
@@ -63,7 +90,7 @@ OffloadStore::OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const
   for (int64_t n : numel_) {
     for (int a = 0; a < arrays_; ++a) {
       region_.push_back(off);
-      off += align_up(n * elem_);
+      off += align_up(n * elem_[a]);
     }
   }
   const fs::path dir(cfg.path);
@@ -90,9 +117,8 @@ void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
   for (size_t u : units) {
     for (int64_t o = 0; o < numel_.at(u); o += chunk_numel_) pieces.push_back({u, o, std::min(chunk_numel_, numel_[u] - o)});
   }
-  const int64_t slice_bytes = chunk_numel_ * elem_;
   auto slot_ptr = [&](size_t piece, int s) {
-    return ring_->p + (static_cast<int64_t>(piece % buffer_count_) * ring_slices_ + s - ring_first_) * slice_bytes;
+    return ring_->p + static_cast<int64_t>(piece % buffer_count_) * ring_stride_ + slice_off_[s - ring_first_];
   };
   Chunk c;
   c.data.resize(arrays_);
@@ -110,14 +136,14 @@ void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
   if (device_ == OffloadDevice::kCpu) {
     for (size_t j = 0; j < pieces.size(); ++j) {
       const Piece& p = pieces[j];
-      run(j, [&](int a) { return host_[p.unit * arrays_ + a]->p + p.offset * elem_; });
+      run(j, [&](int a) { return host_[p.unit * arrays_ + a]->p + p.offset * elem_[a]; });
     }
     return;
   }
   const size_t n = pieces.size();
   const size_t count = static_cast<size_t>(buffer_count_);
   std::vector<std::vector<uint64_t>> reads(count), writes(count);  // tickets per slot
-  auto file_off = [&](const Piece& p, int a) { return region_[p.unit * arrays_ + a] + p.offset * elem_; };
+  auto file_off = [&](const Piece& p, int a) { return region_[p.unit * arrays_ + a] + p.offset * elem_[a]; };
   auto wait_tickets = [&](std::vector<uint64_t>& t) {
     for (uint64_t x : t) file_->wait(x);
     t.clear();
@@ -135,7 +161,7 @@ void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
           const Piece& p = pieces[next_read];
           for (int a = 0; a < arrays_; ++a) {
             if (!used(a)) continue;
-            reads[slot].push_back(file_->submit_read(file_off(p, a), slot_ptr(next_read, a), align_up(p.numel * elem_)));
+            reads[slot].push_back(file_->submit_read(file_off(p, a), slot_ptr(next_read, a), align_up(p.numel * elem_[a])));
           }
         }
         wait_tickets(reads[j % count]);
@@ -147,7 +173,7 @@ void OffloadStore::stream(const std::vector<size_t>& units, Mode mode,
       if (mode != Mode::kRead) {
         for (int a = 0; a < arrays_; ++a) {
           if (!write_back(a)) continue;
-          writes[j % count].push_back(file_->submit_write(file_off(p, a), slot_ptr(j, a), align_up(p.numel * elem_)));
+          writes[j % count].push_back(file_->submit_write(file_off(p, a), slot_ptr(j, a), align_up(p.numel * elem_[a])));
         }
       }
     }
@@ -171,7 +197,7 @@ void* OffloadStore::host_array(size_t unit, int a) const {
 void* OffloadStore::staging(int s) const {
   if (device_ != OffloadDevice::kCpu) throw std::logic_error("OffloadStore::staging: only the cpu tier lends its ring");
   if (s < 0 || s >= scratch_) throw std::out_of_range("OffloadStore::staging: no such slice");
-  return ring_->p + static_cast<int64_t>(arrays_ + s - ring_first_) * chunk_numel_ * elem_;
+  return ring_->p + slice_off_[arrays_ + s - ring_first_];
 }
 
 int64_t OffloadStore::ram_bytes() const {
@@ -184,7 +210,9 @@ int64_t OffloadStore::disk_bytes() const { return file_ ? file_->size_bytes() : 
 
 int64_t OffloadStore::state_bytes() const {
   int64_t b = 0;
-  for (int64_t n : numel_) b += n * arrays_ * elem_;
+  for (int64_t n : numel_) {
+    for (int a = 0; a < arrays_; ++a) b += n * elem_[a];
+  }
   return b;
 }
 

@@ -82,10 +82,6 @@ std::unique_ptr<ShardedOptimizer> make_optimizer(ShardedModel& model, const Opti
     throw std::invalid_argument(std::string("state_dtype ") + to_string(cfg.state.dtype) +
                                 " is only supported by adam and adamw, not " + to_string(cfg.type));
   }
-  if (cfg.state.dtype != StateDtype::kFloat32 && cfg.offload.optimizer != OffloadDevice::kNone) {
-    throw std::invalid_argument(std::string("state_dtype ") + to_string(cfg.state.dtype) +
-                                " with optimizer offload is not supported yet: offloaded states are float32");
-  }
   switch (cfg.type) {
     case OptimizerType::kAdam:
     case OptimizerType::kAdamW: {

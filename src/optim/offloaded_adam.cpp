@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <numeric>
 #include <stdexcept>
 
 #include <spdlog/spdlog.h>
@@ -9,6 +11,7 @@
 
 #include "shardgan/device/host_copy.h"
 #include "shardgan/offload/state_store.h"
+#include "shardgan/optim/blockwise_quant.h"
 #include "shardgan/sharding/sharded_model.h"
 
 namespace shardgan {
@@ -38,6 +41,28 @@ void write_array(OffloadStore& store, size_t unit, int a, at::ScalarType dt, con
 }
 
 }  // namespace
+
+int64_t OffloadArrays::bytes_per_element() const {
+  int64_t b = 0;
+  for (int64_t e : elem_bytes) b += e;
+  return b;
+}
+
+OffloadArrays offload_arrays(const OffloadConfig& offload, bool stores_m, StateDtype state, int64_t master_bytes) {
+  OffloadArrays a;
+  const int64_t state_bytes = state == StateDtype::kFloat32 ? master_bytes : state_element_bytes(state);
+  auto add = [&](int& index, int64_t bytes) {
+    index = static_cast<int>(a.elem_bytes.size());
+    a.elem_bytes.push_back(bytes);
+  };
+  if (offload.param != OffloadDevice::kNone) add(a.param, master_bytes);
+  if (stores_m) add(a.m, state_bytes);
+  add(a.v, state_bytes);
+  if (offload.gradient != OffloadDevice::kNone) {
+    add(a.grad, offload.gradient_dtype == OffloadGradDtype::kBFloat16 ? 2 : master_bytes);
+  }
+  return a;
+}
 
 OffloadedAdam::OffloadedAdam(ShardedModel& model, AdamConfig cfg, const OffloadConfig& offload)
     : ShardedOptimizer(model, cfg.lr), cfg_(cfg) {
@@ -72,6 +97,33 @@ void OffloadedAdam::adopt_unit(ShardedUnit& u) {
                                 u.name() + "' has " + std::string(c10::toString(s.scalar_type())) + " on " +
                                 s.device().str());
   }
+  if (reduced()) {
+    // The unit's StateLayout, with each reduced run's store offset at its shard position:
+    // the store's arrays are shard-shaped. Its absmax and float32 runs stay here.
+    if (cfg_.state.dtype == StateDtype::kInt8 && model_.config().flat_align != cfg_.state.block) {
+      throw std::invalid_argument("Adam state_dtype int8 with blocks of " + std::to_string(cfg_.state.block) +
+                                  " needs the model's flat parameters aligned to the block (ShardingConfig::"
+                                  "flat_align " + std::to_string(model_.config().flat_align) + "); unit '" +
+                                  u.name() + "'");
+    }
+    std::vector<StateParam> params;
+    for (const auto& sl : u.slots()) params.push_back({u.name() + "." + sl.name, sl.offset, sl.numel});
+    StateLayout l = make_state_layout(params, u.padded_numel(), u.shard_offset(), u.shard_numel(), cfg_.state);
+    for (StateRun& r : l.runs) {
+      if (r.reduced) r.store_offset = r.begin;
+    }
+    l.reduced_numel = u.shard_numel();
+    const auto f32 = torch::TensorOptions().dtype(at::kFloat);
+    const bool int8 = cfg_.state.dtype == StateDtype::kInt8;
+    auto resident = [&](bool stored) {
+      if (!stored) return ReducedState{};
+      return ReducedState{torch::zeros({l.float32_numel}, f32), at::Tensor(),
+                          int8 ? torch::zeros({l.blocks}, f32) : at::Tensor()};
+    };
+    m_res_.at(i) = resident(moments_ == 2);
+    v_res_.at(i) = resident(true);
+    layouts_.at(i) = std::move(l);
+  }
   if (params_offloaded()) u.offload_shard(this);
   if (grads_offloaded()) u.offload_grad(this);
 }
@@ -81,6 +133,7 @@ void OffloadedAdam::init(const OffloadConfig& offload, std::vector<int64_t> nume
   validate_adam_config(cfg_);
   if (offload.optimizer == OffloadDevice::kNone) throw std::invalid_argument("OffloadedAdam: offload.optimizer is none");
   if (cfg_.param_copy != ParamCopy::kNone) throw std::invalid_argument("OffloadedAdam: param_copy is not supported");
+  validate_state_policy(cfg_.state);
   moments_ = adam_stores_m(cfg_.beta1, /*device_is_cpu=*/true) ? 2 : 1;  // the step runs on the CPU
   if (offload.param != OffloadDevice::kNone) {
     if (offload.param != offload.optimizer) {
@@ -92,8 +145,6 @@ void OffloadedAdam::init(const OffloadConfig& offload, std::vector<int64_t> nume
       throw std::invalid_argument("parameter offload needs ZeRO stage 3 (" + model.name() + " is at stage " +
                                   std::to_string(model.config().stage) + ")");
     }
-    param_array_ = 0;
-    moment_array_ = 1;
   }
   if (offload.gradient != OffloadDevice::kNone) {
     if (offload.gradient != offload.optimizer) {
@@ -105,7 +156,25 @@ void OffloadedAdam::init(const OffloadConfig& offload, std::vector<int64_t> nume
       throw std::invalid_argument("gradient offload needs ZeRO stage 2 or 3 (" + model.name() + " is at stage " +
                                   std::to_string(model.config().stage) + ")");
     }
-    grad_array_ = moment_array_ + moments_;
+  } else if (offload.gradient_dtype != OffloadGradDtype::kMaster) {
+    throw std::invalid_argument("offload gradient_dtype bfloat16 needs gradient offload (" + model.name() + ")");
+  }
+  if ((reduced() || offload.gradient_dtype == OffloadGradDtype::kBFloat16) && dtype_ != at::kFloat) {
+    throw std::invalid_argument(std::string("Adam state_dtype ") + to_string(cfg_.state.dtype) + " and gradient_dtype " +
+                                to_string(offload.gradient_dtype) + " need float32 shards; " + model.name() + " has " +
+                                std::string(c10::toString(dtype_)));
+  }
+  arrays_ = offload_arrays(offload, moments_ == 2, cfg_.state.dtype, static_cast<int64_t>(c10::elementSize(dtype_)));
+  param_array_ = arrays_.param;
+  moment_array_ = moments_ == 2 ? arrays_.m : arrays_.v;
+  grad_array_ = arrays_.grad;
+  state_dtype_ = cfg_.state.dtype == StateDtype::kInt8 ? at::kByte
+                 : cfg_.state.dtype == StateDtype::kBFloat16 ? at::kBFloat16 : dtype_;
+  grad_dtype_ = offload.gradient_dtype == OffloadGradDtype::kBFloat16 ? at::kBFloat16 : dtype_;
+  if (reduced()) {
+    layouts_.resize(numel.size());
+    m_res_.resize(numel.size());
+    v_res_.resize(numel.size());
   }
   // Under HSDP ranks of different replica groups share a shard index: the group tells them apart.
   const Communicator& c = model.comm();
@@ -114,13 +183,22 @@ void OffloadedAdam::init(const OffloadConfig& offload, std::vector<int64_t> nume
   // Arrays: exp_avg, exp_avg_sq (after the master shard with parameter offload, before the
   // gradient with gradient offload). Staging slices: the gradient and the parameters,
   // each unless it is an array of the store.
+  // A bfloat16 gradient array gets one more staging slice, where each chunk is widened.
+  // 8-bit states: chunks start on block boundaries.
   const bool params = params_offloaded(), grads = grads_offloaded();
-  const int arrays = moments_ + (params ? 1 : 0) + (grads ? 1 : 0);
-  int scratch = 0;
-  grad_scratch_ = grads ? -1 : scratch++;
-  param_scratch_ = params ? -1 : scratch++;
-  store_ = std::make_unique<OffloadStore>(offload.optimizer, offload, stem, std::move(numel), arrays, scratch,
-                                          static_cast<int64_t>(c10::elementSize(dtype_)));
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype_));
+  std::vector<int64_t> scratch;
+  auto stage = [&](int& index) {
+    index = static_cast<int>(scratch.size());
+    scratch.push_back(esize);
+  };
+  grad_scratch_ = param_scratch_ = grad32_scratch_ = -1;
+  if (!grads) stage(grad_scratch_);
+  if (!params) stage(param_scratch_);
+  if (grads && grad_dtype_ != dtype_) stage(grad32_scratch_);
+  const int64_t state_block = cfg_.state.dtype == StateDtype::kInt8 ? cfg_.state.block : 1;
+  store_ = std::make_unique<OffloadStore>(offload.optimizer, offload, stem, std::move(numel), arrays_.elem_bytes,
+                                          scratch, state_block);
   if (offload.optimizer == OffloadDevice::kDisk) {
     if (!store_->direct()) {
       spdlog::warn("offload: '{}' refuses O_DIRECT; {} optimizer state uses buffered I/O (page cache) instead, "
@@ -132,30 +210,52 @@ void OffloadedAdam::init(const OffloadConfig& offload, std::vector<int64_t> nume
                  offload.buffer_count, offload.buffer_bytes);
   }
   overlap_ = offload.overlap_copies;
-  block_numel_ = std::max<int64_t>(1, offload.copy_block_bytes / static_cast<int64_t>(c10::elementSize(dtype_)));
+  block_numel_ = std::max<int64_t>(1, offload.copy_block_bytes / esize);
+  block_numel_ = std::max(state_block, block_numel_ / state_block * state_block);
+  if (cfg_.state.dtype == StateDtype::kInt8) clear_reduced_arrays();
+}
+
+void OffloadedAdam::clear_reduced_arrays() {
+  // The store starts as zero bytes; 8-bit states start at the map's zero code, as ShardedAdam's.
+  const uint8_t zm = zero_code(CodeMap::kSigned), zv = zero_code(CodeMap::kUnsigned);
+  std::vector<size_t> all(store_->unit_count());
+  std::iota(all.begin(), all.end(), size_t{0});
+  const uint32_t mask = (moments_ == 2 ? 1u << arrays_.m : 0u) | 1u << arrays_.v;
+  store_->stream(all, OffloadStore::Mode::kWrite, [&](const OffloadStore::Chunk& c) {
+    if (moments_ == 2) std::memset(c.data[arrays_.m], zm, static_cast<size_t>(c.numel));
+    std::memset(c.data[arrays_.v], zv, static_cast<size_t>(c.numel));
+  }, mask);
 }
 
 void OffloadedAdam::accumulate_grad(size_t unit, const at::Tensor& reduced, double scale, bool first) {
   if (!grads_offloaded()) throw std::logic_error("OffloadedAdam: gradients of " + model_.name() + " are not offloaded");
   const uint32_t mask = 1u << grad_array_;
   // first: nothing to read. The shard is zeroed and the reduction added, as into a
-  // resident shard allocated as zeros (the same bits: a -0 comes out +0).
+  // resident shard allocated as zeros (the same bits: a -0 comes out +0). A bfloat16
+  // array: the sum in float32, rounded to nearest even.
   store_->stream({unit}, first ? OffloadStore::Mode::kWrite : OffloadStore::Mode::kUpdate,
                  [&](const OffloadStore::Chunk& c) {
-                   at::Tensor g = view(c.data[grad_array_], c.numel, dtype_);
-                   if (first) g.zero_();
-                   g.add_(reduced.narrow(0, c.offset, c.numel).to(at::kCPU, dtype_), scale);
+                   at::Tensor g = view(c.data[grad_array_], c.numel, grad_dtype_);
+                   at::Tensor r = reduced.narrow(0, c.offset, c.numel).to(at::kCPU, dtype_);
+                   if (grad_dtype_ == dtype_) {
+                     if (first) g.zero_();
+                     g.add_(r, scale);
+                     return;
+                   }
+                   at::Tensor sum = first ? torch::zeros_like(r) : g.to(dtype_);
+                   sum.add_(r, scale);
+                   g.copy_(sum);
                  }, mask);
 }
 
 void OffloadedAdam::read_grad(size_t unit, at::Tensor& dst) {
   if (!grads_offloaded()) throw std::logic_error("OffloadedAdam: gradients of " + model_.name() + " are not offloaded");
-  read_array(*store_, unit, grad_array_, dtype_, dst);
+  read_array(*store_, unit, grad_array_, grad_dtype_, dst);
 }
 
 void OffloadedAdam::write_grad(size_t unit, const at::Tensor& src) {
   if (!grads_offloaded()) throw std::logic_error("OffloadedAdam: gradients of " + model_.name() + " are not offloaded");
-  write_array(*store_, unit, grad_array_, dtype_, src);
+  write_array(*store_, unit, grad_array_, grad_dtype_, src);
 }
 
 void OffloadedAdam::read_shard(size_t unit, at::Tensor& dst) {
@@ -175,9 +275,38 @@ std::vector<std::pair<std::string, at::Tensor>> OffloadedAdam::unit_state(size_t
                          " is offloaded; read it with read_unit_state / write_unit_state");
 }
 
+ReducedState OffloadedAdam::stores(size_t unit, bool second, at::Tensor values) const {
+  const ReducedState& r = second ? v_res_.at(unit) : m_res_.at(unit);
+  return {r.f32, std::move(values), r.absmax};
+}
+
+ReducedFormat OffloadedAdam::format(bool second) const {
+  return {cfg_.state.dtype, cfg_.state.block, second ? CodeMap::kUnsigned : CodeMap::kSigned, isa_};
+}
+
+at::Tensor OffloadedAdam::read_state_array(size_t unit, bool second) {
+  model_.drain_grad_writes();  // the gradient writer must not share the ring with this read
+  at::Tensor t = torch::empty({model_.units().at(unit)->shard_numel()}, torch::TensorOptions().dtype(state_dtype_));
+  read_array(*store_, unit, second ? arrays_.v : arrays_.m, state_dtype_, t);
+  return t;
+}
+
+void OffloadedAdam::write_state_array(size_t unit, bool second, const at::Tensor& values) {
+  model_.drain_grad_writes();
+  write_array(*store_, unit, second ? arrays_.v : arrays_.m, state_dtype_, values);
+}
+
 void OffloadedAdam::read_unit_state(size_t unit, const StateVisitor& fn) {
   model_.drain_grad_writes();  // the writer must not share the ring with this read
   const int64_t n = model_.units().at(unit)->shard_numel();
+  if (reduced()) {
+    for (const std::string& name : state_names()) {
+      const bool second = name == "exp_avg_sq";
+      at::Tensor t = widen_state(layouts_.at(unit), n, format(second), stores(unit, second, read_state_array(unit, second)));
+      fn(name, t);
+    }
+    return;
+  }
   at::Tensor m = moments_ == 2 ? torch::empty({n}, torch::TensorOptions().dtype(dtype_)) : at::Tensor();
   at::Tensor v = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
   const int a = moment_array_, va = v_array();
@@ -189,9 +318,30 @@ void OffloadedAdam::read_unit_state(size_t unit, const StateVisitor& fn) {
   fn("exp_avg_sq", v);
 }
 
+namespace {
+// A fresh reduced array: the 8-bit zero code (padding keeps it, as in ShardedAdam), or +0.0.
+at::Tensor fresh_reduced(int64_t n, StateDtype d, bool second) {
+  if (d == StateDtype::kInt8) {
+    return torch::full({n}, static_cast<int64_t>(zero_code(second ? CodeMap::kUnsigned : CodeMap::kSigned)), torch::kByte);
+  }
+  return torch::zeros({n}, torch::kBFloat16);
+}
+}  // namespace
+
 void OffloadedAdam::write_unit_state(size_t unit, const StateVisitor& fn) {
   model_.drain_grad_writes();
   const int64_t n = model_.units().at(unit)->shard_numel();
+  if (reduced()) {
+    for (const std::string& name : state_names()) {
+      const bool second = name == "exp_avg_sq";
+      at::Tensor t = torch::zeros({n}, torch::kFloat);
+      fn(name, t);
+      ReducedState st = stores(unit, second, fresh_reduced(n, cfg_.state.dtype, second));
+      narrow_state(layouts_.at(unit), format(second), t, st);
+      write_state_array(unit, second, st.values);
+    }
+    return;
+  }
   at::Tensor m = moments_ == 2 ? torch::empty({n}, torch::TensorOptions().dtype(dtype_)) : at::Tensor();
   at::Tensor v = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
   if (m.defined()) fn("exp_avg", m);
@@ -203,7 +353,77 @@ void OffloadedAdam::write_unit_state(size_t unit, const StateVisitor& fn) {
   }, ((1u << moments_) - 1) << a);
 }
 
-int64_t OffloadedAdam::state_bytes() { return store_->ram_bytes(); }
+std::vector<ShardedOptimizer::RawState> OffloadedAdam::raw_states() {
+  if (cfg_.state.dtype != StateDtype::kInt8) return {};
+  std::vector<RawState> out;
+  if (moments_ == 2) out.push_back({"exp_avg", true});
+  out.push_back({"exp_avg_sq", false});
+  return out;
+}
+
+int64_t OffloadedAdam::raw_state_block() const {
+  return cfg_.state.dtype == StateDtype::kInt8 ? cfg_.state.block : 0;
+}
+
+void OffloadedAdam::read_unit_raw(size_t unit, const RawVisitor& fn) {
+  if (cfg_.state.dtype != StateDtype::kInt8) return;
+  model_.drain_grad_writes();
+  for (const RawState& rs : raw_states()) {
+    const bool second = rs.name == "exp_avg_sq";
+    visit_raw_state(*model_.units().at(unit), layouts_.at(unit), cfg_.state.block, rs.name,
+                    stores(unit, second, read_state_array(unit, second)), fn);
+  }
+}
+
+void OffloadedAdam::load_unit_state(size_t unit, StateSource& src) {
+  if (cfg_.state.dtype != StateDtype::kInt8) return ShardedOptimizer::load_unit_state(unit, src);
+  model_.drain_grad_writes();
+  const int64_t n = model_.units().at(unit)->shard_numel();
+  for (const RawState& rs : raw_states()) {
+    if (!src.has(rs.name)) {
+      throw std::runtime_error("it has no optimizer state '" + rs.name + "' (saved with another optimizer?)");
+    }
+    const bool second = rs.name == "exp_avg_sq";
+    ReducedState st = stores(unit, second, fresh_reduced(n, cfg_.state.dtype, second));
+    load_raw_state(*model_.units().at(unit), layouts_.at(unit), format(second), rs.name, st, src);
+    write_state_array(unit, second, st.values);
+  }
+}
+
+std::shared_ptr<void> OffloadedAdam::keep_frozen_state(size_t unit, const Ranges& ranges) {
+  if (!reduced()) return ShardedOptimizer::keep_frozen_state(unit, ranges);
+  // The stored bits (a float32 round trip of 8-bit blocks is not the identity).
+  auto kept = std::make_shared<std::vector<ReducedState>>();
+  for (const std::string& name : state_names()) {
+    const bool second = name == "exp_avg_sq";
+    const ReducedState& r = second ? v_res_.at(unit) : m_res_.at(unit);
+    kept->push_back({r.f32.clone(), read_state_array(unit, second), r.absmax.defined() ? r.absmax.clone() : at::Tensor()});
+  }
+  return kept;
+}
+
+void OffloadedAdam::restore_frozen_state(size_t unit, const Ranges& ranges, const std::shared_ptr<void>& kept) {
+  if (!reduced()) return ShardedOptimizer::restore_frozen_state(unit, ranges, kept);
+  const auto& k = *std::static_pointer_cast<std::vector<ReducedState>>(kept);
+  size_t i = 0;
+  for (const std::string& name : state_names()) {
+    const bool second = name == "exp_avg_sq";
+    ReducedState live = stores(unit, second, read_state_array(unit, second));
+    restore_state_ranges(layouts_.at(unit), cfg_.state.dtype, cfg_.state.block, ranges, k.at(i++), live);
+    write_state_array(unit, second, live.values);
+  }
+}
+
+int64_t OffloadedAdam::state_bytes() {
+  int64_t b = store_->ram_bytes();
+  for (const auto* res : {&m_res_, &v_res_}) {
+    for (const ReducedState& r : *res) {
+      for (const at::Tensor* t : {&r.f32, &r.absmax}) b += t->defined() ? t->numel() * t->element_size() : 0;
+    }
+  }
+  return b;
+}
+
 int64_t OffloadedAdam::offloaded_bytes() { return store_->disk_bytes(); }
 
 void OffloadedAdam::adam_block(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
@@ -214,6 +434,38 @@ void OffloadedAdam::adam_block(at::Tensor& p, const at::Tensor& g, at::Tensor& m
   } else {
     at::Tensor mm = m.defined() ? m : torch::zeros_like(p);  // m not stored: zero, overwritten by g
     adam_torch_step(p, g, mm, v, cfg_, lr_, step_);  // ShardedAdam's float64 path
+  }
+}
+
+void OffloadedAdam::step_runs(size_t unit, int64_t lo, int64_t n, float* p, const float* g, void* m, void* v,
+                              const AdamCoefficients& c) {
+  const int64_t B = cfg_.state.block;
+  const bool int8 = cfg_.state.dtype == StateDtype::kInt8;
+  ReducedState& mr = m_res_[unit];
+  ReducedState& vr = v_res_[unit];
+  for (const StateRun& r : layouts_[unit].runs) {
+    const int64_t a = std::max(lo, r.begin), b = std::min(lo + n, r.begin + r.numel);
+    if (a >= b) continue;
+    float* pa = p + (a - lo);
+    const float* ga = g + (a - lo);
+    const int64_t in_run = a - r.begin;
+    if (!r.reduced) {
+      float* m32 = mr.f32.defined() ? mr.f32.data_ptr<float>() + r.store_offset + in_run : nullptr;
+      fused_adam_step(pa, ga, m32, vr.f32.data_ptr<float>() + r.store_offset + in_run, b - a, c, ParamCopy::kNone,
+                      nullptr, isa_);
+    } else if (!int8) {
+      uint16_t* mb = m ? static_cast<uint16_t*>(m) + (a - lo) : nullptr;
+      fused_adam_bf16_step(pa, ga, mb, static_cast<uint16_t*>(v) + (a - lo), b - a, c, ParamCopy::kNone, nullptr, isa_);
+    } else {
+      if (in_run % B != 0) {
+        throw std::logic_error("OffloadedAdam: a chunk of unit " + std::to_string(unit) + " starts inside an 8-bit block");
+      }
+      const int64_t blk = r.block_offset + in_run / B;
+      QuantizedState mq, vq;
+      if (m) mq = {static_cast<uint8_t*>(m) + (a - lo), mr.absmax.data_ptr<float>() + blk};
+      vq = {static_cast<uint8_t*>(v) + (a - lo), vr.absmax.data_ptr<float>() + blk};
+      nonfinite_blocks_ += fused_adam8_step(pa, ga, mq, vq, b - a, B, c, ParamCopy::kNone, nullptr, isa_);
+    }
   }
 }
 
@@ -252,18 +504,21 @@ double OffloadedAdam::update_in_memory(const AdamCoefficients& c) {
   auto& units = model_.units();
   const bool params = params_offloaded();
   const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype_));
-  const int64_t align = std::max<int64_t>(1, 4096 / esize);
+  // Blocks of whole 4096-byte pages and, with 8-bit states, whole state blocks.
+  const int64_t align = std::lcm(std::max<int64_t>(1, 4096 / esize),
+                                 cfg_.state.dtype == StateDtype::kInt8 ? cfg_.state.block : int64_t{1});
   const int64_t slice = store_->chunk_numel();
   // Gradient offload: a unit that nothing was reduced into since the last step holds
   // stale values in its array; its gradient is zero, as a released resident shard's.
   if (grads_offloaded()) {
     for (auto& u : units) {
-      if (!u->grad_in_tier()) view(store_->host_array(u->index(), grad_array_), u->shard_numel(), dtype_).zero_();
+      if (!u->grad_in_tier()) view(store_->host_array(u->index(), grad_array_), u->shard_numel(), grad_dtype_).zero_();
     }
   }
   // With the overlap, at least two slots, each a whole number of 4096-byte blocks.
   int64_t block = slice;
   if (overlap_) block = std::min({block_numel_, slice, std::max(align, slice / 2 / align * align)});
+  block = std::max(align, block / align * align);
   const int64_t slots = std::max<int64_t>(1, slice / block);
   const int64_t ahead = slots >= 3 ? slots - 2 : slots - 1;
   struct Block {
@@ -289,10 +544,12 @@ double OffloadedAdam::update_in_memory(const AdamCoefficients& c) {
       out_pending[s] = 0;
     }
   };
-  auto at = [&](void* base, int64_t offset, int64_t n) {
-    return view(static_cast<char*>(base) + offset * esize, n, dtype_);
+  auto at = [&](void* base, int64_t offset, int64_t n, at::ScalarType dt) {
+    return view(static_cast<char*>(base) + offset * static_cast<int64_t>(c10::elementSize(dt)), n, dt);
   };
-  auto staged = [&](int s, size_t b) { return at(store_->staging(s), static_cast<int64_t>(b % slots) * block, blocks[b].numel); };
+  auto staged = [&](int s, size_t b) {
+    return at(store_->staging(s), static_cast<int64_t>(b % slots) * block, blocks[b].numel, dtype_);
+  };
   const bool grads = grads_offloaded();
   CopyStream down(dev), up(dev);
   auto copy = [&](CopyStream& stream, const at::Tensor& dst, const at::Tensor& src) {
@@ -327,12 +584,21 @@ double OffloadedAdam::update_in_memory(const AdamCoefficients& c) {
       const Block& k = blocks[b];
       const size_t slot = b % slots;
       in[slot]->wait();
-      at::Tensor p = params ? at(store_->host_array(k.unit, param_array_), k.offset, k.numel) : staged(param_scratch_, b);
-      at::Tensor g = grads ? at(store_->host_array(k.unit, grad_array_), k.offset, k.numel) : staged(grad_scratch_, b);
-      at::Tensor m = moments_ == 2 ? at(store_->host_array(k.unit, moment_array_), k.offset, k.numel) : at::Tensor();
-      at::Tensor v = at(store_->host_array(k.unit, v_array()), k.offset, k.numel);
+      at::Tensor p = params ? at(store_->host_array(k.unit, param_array_), k.offset, k.numel, dtype_)
+                            : staged(param_scratch_, b);
+      at::Tensor g = grads ? at(store_->host_array(k.unit, grad_array_), k.offset, k.numel, grad_dtype_)
+                           : staged(grad_scratch_, b);
+      if (grad32_scratch_ >= 0) g = staged(grad32_scratch_, b).copy_(g);  // bfloat16 widened (exact)
+      at::Tensor m = moments_ == 2 ? at(store_->host_array(k.unit, moment_array_), k.offset, k.numel, state_dtype_)
+                                   : at::Tensor();
+      at::Tensor v = at(store_->host_array(k.unit, v_array()), k.offset, k.numel, state_dtype_);
       const auto t0 = Clock::now();
-      adam_block(p, g, m, v, c);
+      if (reduced()) {
+        step_runs(k.unit, k.offset, k.numel, p.data_ptr<float>(), g.data_ptr<float>(), m.defined() ? m.data_ptr() : nullptr,
+                  v.data_ptr(), c);
+      } else {
+        adam_block(p, g, m, v, c);
+      }
       compute += since(t0);
       if (!params) {  // stage out (host-to-device in a CUDA build)
         copy(up, units[k.unit]->shard().narrow(0, k.offset, k.numel), p);
@@ -375,10 +641,11 @@ double OffloadedAdam::update_streamed(const AdamCoefficients& c) {
     at::Tensor p_dev = params ? at::Tensor() : u.shard().narrow(0, ch.offset, ch.numel);
     at::Tensor g_dev = grads ? at::Tensor() : u.grad_shard().narrow(0, ch.offset, ch.numel);
     at::Tensor p = params ? view(ch.data[param_array_], ch.numel, dtype_) : view(ch.scratch[param_scratch_], ch.numel, dtype_);
-    at::Tensor g = grads ? view(ch.data[grad_array_], ch.numel, dtype_) : view(ch.scratch[grad_scratch_], ch.numel, dtype_);
+    at::Tensor g = grads ? view(ch.data[grad_array_], ch.numel, grad_dtype_) : view(ch.scratch[grad_scratch_], ch.numel, dtype_);
+    if (grad32_scratch_ >= 0) g = view(ch.scratch[grad32_scratch_], ch.numel, dtype_).copy_(g);  // bfloat16 widened (exact)
     if (grads && !u.grad_in_tier()) g.zero_();  // nothing reduced since the last step: stale values
-    at::Tensor m = moments_ == 2 ? view(ch.data[moment_array_], ch.numel, dtype_) : at::Tensor();
-    at::Tensor v = view(ch.data[v_array()], ch.numel, dtype_);
+    at::Tensor m = moments_ == 2 ? view(ch.data[moment_array_], ch.numel, state_dtype_) : at::Tensor();
+    at::Tensor v = view(ch.data[v_array()], ch.numel, state_dtype_);
     const int64_t block = overlap_ ? block_numel_ : ch.numel;
     const int64_t blocks = (ch.numel + block - 1) / block;
     auto part = [&](const at::Tensor& t, int64_t i) { return t.narrow(0, i * block, std::min(block, ch.numel - i * block)); };
@@ -396,7 +663,12 @@ double OffloadedAdam::update_streamed(const AdamCoefficients& c) {
       in[i % 2]->wait();
       at::Tensor pi = part(p, i), gi = part(g, i), mi = m.defined() ? part(m, i) : at::Tensor(), vi = part(v, i);
       const auto t0 = Clock::now();
-      adam_block(pi, gi, mi, vi, c);
+      if (reduced()) {
+        step_runs(ch.unit, ch.offset + i * block, pi.numel(), pi.data_ptr<float>(), gi.data_ptr<float>(),
+                  mi.defined() ? mi.data_ptr() : nullptr, vi.data_ptr(), c);
+      } else {
+        adam_block(pi, gi, mi, vi, c);
+      }
       compute += since(t0);
       if (!params) part(p_dev, i).copy_(pi, overlap_);  // stage out (host-to-device in a CUDA build)
     }

@@ -60,9 +60,17 @@ void ShardedOptimizer::step() {
   std::vector<Kept> kept;
   torch::NoGradGuard no_grad;
   auto& units = model_.units();
+  bool drained = false;
   for (size_t i = 0; i < units.size(); ++i) {
     auto ranges = frozen_ranges(*units[i]);
     if (ranges.empty()) continue;
+    if (!drained) {
+      // An offloaded master shard or state is read here, outside the tier lock: no
+      // gradient write or read-ahead may be using the tier meanwhile.
+      model_.drain_grad_writes();
+      model_.drain_read_ahead();
+      drained = true;
+    }
     Kept k{i, ranges, take(units[i]->master_shard(), ranges), {}};
     k.state = keep_frozen_state(i, ranges);
     kept.push_back(std::move(k));

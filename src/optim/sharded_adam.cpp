@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "shardgan/optim/blockwise_quant.h"
+#include "shardgan/optim/reduced_state.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/util/test_control.h"
 
@@ -172,46 +173,25 @@ void ShardedAdam::update_runs(size_t i, const AdamCoefficients& c) {
   }
 }
 
+ReducedState ShardedAdam::stores(size_t unit, bool second) const {
+  const Reduced& red = second ? v_red_.at(unit) : m_red_.at(unit);
+  return {second ? exp_avg_sq_.at(unit) : exp_avg_.at(unit), red.values, red.absmax};
+}
+
+ReducedFormat ShardedAdam::format(bool second) const {
+  return {cfg_.state.dtype, cfg_.state.block, second ? CodeMap::kUnsigned : CodeMap::kSigned, isa_};
+}
+
 at::Tensor ShardedAdam::widen(size_t unit, bool second) {
-  const StateLayout& l = layouts_.at(unit);
+  const ReducedState st = stores(unit, second);
   const int64_t S = model_.units().at(unit)->shard_numel();
-  at::Tensor out = torch::zeros({S}, torch::kFloat);
-  const at::Tensor& f32 = second ? exp_avg_sq_[unit] : exp_avg_[unit];
-  const Reduced& red = second ? v_red_[unit] : m_red_[unit];
-  if (!f32.defined()) return out;  // m not stored: it reads as zeros
-  const CodeMap map = second ? CodeMap::kUnsigned : CodeMap::kSigned;
-  float* o = out.data_ptr<float>();
-  for (const StateRun& r : l.runs) {
-    if (!r.reduced) {
-      std::memcpy(o + r.begin, f32.data_ptr<float>() + r.store_offset, sizeof(float) * r.numel);
-    } else if (cfg_.state.dtype == StateDtype::kBFloat16) {
-      bf16_to_float(static_cast<const uint16_t*>(red.values.data_ptr()) + r.store_offset, r.numel, o + r.begin, isa_);
-    } else {
-      dequantize_blockwise(red.values.data_ptr<uint8_t>() + r.store_offset, red.absmax.data_ptr<float>() + r.block_offset,
-                           r.numel, cfg_.state.block, map, o + r.begin);
-    }
-  }
-  return out;
+  if (!st.f32.defined()) return torch::zeros({S}, torch::kFloat);  // m not stored: it reads as zeros
+  return widen_state(layouts_.at(unit), S, format(second), st);
 }
 
 void ShardedAdam::narrow(size_t unit, bool second, const at::Tensor& values) {
-  const StateLayout& l = layouts_.at(unit);
-  at::Tensor& f32 = second ? exp_avg_sq_[unit] : exp_avg_[unit];
-  Reduced& red = second ? v_red_[unit] : m_red_[unit];
-  if (!f32.defined()) return;
-  const CodeMap map = second ? CodeMap::kUnsigned : CodeMap::kSigned;
-  const at::Tensor in = values.to(at::kFloat).contiguous();
-  const float* x = in.data_ptr<float>();
-  for (const StateRun& r : l.runs) {
-    if (!r.reduced) {
-      std::memcpy(f32.data_ptr<float>() + r.store_offset, x + r.begin, sizeof(float) * r.numel);
-    } else if (cfg_.state.dtype == StateDtype::kBFloat16) {
-      float_to_bf16(x + r.begin, r.numel, static_cast<uint16_t*>(red.values.data_ptr()) + r.store_offset, isa_);
-    } else {
-      quantize_blockwise(x + r.begin, r.numel, cfg_.state.block, map, red.values.data_ptr<uint8_t>() + r.store_offset,
-                         red.absmax.data_ptr<float>() + r.block_offset);
-    }
-  }
+  ReducedState st = stores(unit, second);
+  if (st.f32.defined()) narrow_state(layouts_.at(unit), format(second), values, st);
 }
 
 std::vector<std::string> ShardedAdam::state_names() {
@@ -248,75 +228,23 @@ int64_t ShardedAdam::raw_state_block() const {
   return cfg_.state.dtype == StateDtype::kInt8 ? cfg_.state.block : 0;
 }
 
-namespace {
-
-// The run of `l` holding shard-local element `at`.
-const StateRun& run_at(const StateLayout& l, int64_t at) {
-  for (const StateRun& r : l.runs) {
-    if (at >= r.begin && at < r.begin + r.numel) return r;
-  }
-  throw std::logic_error("state layout: element " + std::to_string(at) + " is in no run");
-}
-
-}  // namespace
-
 void ShardedAdam::read_unit_raw(size_t unit, const RawVisitor& fn) {
   if (cfg_.state.dtype != StateDtype::kInt8) return;
-  const ShardedUnit& u = *model_.units().at(unit);
-  const int64_t s0 = u.shard_offset(), S = u.shard_numel(), B = cfg_.state.block;
   for (const RawState& rs : raw_states()) {
-    const bool second = rs.name == "exp_avg_sq";
-    const at::Tensor& f32 = second ? exp_avg_sq_[unit] : exp_avg_[unit];
-    const Reduced& red = second ? v_red_[unit] : m_red_[unit];
-    for (size_t k = 0; k < u.slots().size(); ++k) {
-      const auto& sl = u.slots()[k];
-      const int64_t a = std::max(s0, sl.offset), b = std::min(s0 + S, sl.offset + sl.numel);
-      if (a >= b) continue;
-      const StateRun& r = run_at(layouts_[unit], a - s0);
-      const int64_t in_run = a - s0 - r.begin;
-      if (r.reduced) {
-        fn(rs.name, k, "codes", red.values.narrow(0, r.store_offset + in_run, b - a));
-        fn(rs.name, k, "absmax", red.absmax.narrow(0, r.block_offset + in_run / B, num_blocks(b - a, B)));
-      } else {
-        fn(rs.name, k, "float32", f32.narrow(0, r.store_offset + in_run, b - a));
-      }
-    }
+    visit_raw_state(*model_.units().at(unit), layouts_[unit], cfg_.state.block, rs.name,
+                    stores(unit, rs.name == "exp_avg_sq"), fn);
   }
 }
 
 void ShardedAdam::load_unit_state(size_t unit, StateSource& src) {
   if (cfg_.state.dtype != StateDtype::kInt8) return ShardedOptimizer::load_unit_state(unit, src);
-  const ShardedUnit& u = *model_.units().at(unit);
-  const int64_t s0 = u.shard_offset(), S = u.shard_numel(), B = cfg_.state.block;
   for (const RawState& rs : raw_states()) {
     if (!src.has(rs.name)) {
       throw std::runtime_error("it has no optimizer state '" + rs.name + "' (saved with another optimizer?)");
     }
     const bool second = rs.name == "exp_avg_sq";
-    const CodeMap map = second ? CodeMap::kUnsigned : CodeMap::kSigned;
-    at::Tensor& f32 = second ? exp_avg_sq_[unit] : exp_avg_[unit];
-    Reduced& red = second ? v_red_[unit] : m_red_[unit];
-    for (size_t k = 0; k < u.slots().size(); ++k) {
-      const auto& sl = u.slots()[k];
-      const int64_t a = std::max(s0, sl.offset), b = std::min(s0 + S, sl.offset + sl.numel);
-      if (a >= b) continue;
-      const StateRun& r = run_at(layouts_[unit], a - s0);
-      const int64_t in_run = a - s0 - r.begin, lo = a - sl.offset, hi = b - sl.offset;
-      if (!r.reduced) {
-        src.read_values(rs.name, k, lo, hi, f32.data_ptr<float>() + r.store_offset + in_run);
-        continue;
-      }
-      uint8_t* codes = red.values.data_ptr<uint8_t>() + r.store_offset + in_run;
-      float* absmax = red.absmax.data_ptr<float>() + r.block_offset + in_run / B;
-      if (src.block(rs.name, k) == B) {  // the stored bits: a bit-exact resume
-        src.read_raw(rs.name, k, lo, hi, codes, absmax);
-        continue;
-      }
-      // Stored as float32, or in other blocks: through float32, requantized in this run's blocks.
-      std::vector<float> values(static_cast<size_t>(hi - lo));
-      src.read_values(rs.name, k, lo, hi, values.data());
-      quantize_blockwise(values.data(), hi - lo, B, map, codes, absmax);
-    }
+    ReducedState st = stores(unit, second);
+    load_raw_state(*model_.units().at(unit), layouts_[unit], format(second), rs.name, st, src);
   }
 }
 
@@ -335,38 +263,21 @@ int64_t ShardedAdam::state_bytes() {
 std::shared_ptr<void> ShardedAdam::keep_frozen_state(size_t unit, const Ranges& ranges) {
   if (!reduced()) return ShardedOptimizer::keep_frozen_state(unit, ranges);
   // The raw stores: a float32 round trip of 8-bit blocks is not the identity.
-  auto kept = std::make_shared<std::vector<at::Tensor>>();
-  for (const at::Tensor* t : {&exp_avg_[unit], &exp_avg_sq_[unit], &m_red_[unit].values, &m_red_[unit].absmax,
-                              &v_red_[unit].values, &v_red_[unit].absmax}) {
-    kept->push_back(t->defined() ? t->clone() : at::Tensor());
+  auto kept = std::make_shared<std::vector<ReducedState>>();
+  for (bool second : {false, true}) {
+    const ReducedState st = stores(unit, second);
+    auto copy = [](const at::Tensor& t) { return t.defined() ? t.clone() : at::Tensor(); };
+    kept->push_back({copy(st.f32), copy(st.values), copy(st.absmax)});
   }
   return kept;
 }
 
 void ShardedAdam::restore_frozen_state(size_t unit, const Ranges& ranges, const std::shared_ptr<void>& kept) {
   if (!reduced()) return ShardedOptimizer::restore_frozen_state(unit, ranges, kept);
-  const auto& k = *std::static_pointer_cast<std::vector<at::Tensor>>(kept);
-  at::Tensor* live[] = {&exp_avg_[unit], &exp_avg_sq_[unit], &m_red_[unit].values, &m_red_[unit].absmax,
-                        &v_red_[unit].values, &v_red_[unit].absmax};
-  const int64_t block = cfg_.state.block;
-  const bool int8 = cfg_.state.dtype == StateDtype::kInt8;
-  for (const StateRun& r : layouts_[unit].runs) {
-    for (auto [lo, hi] : ranges) {
-      const int64_t a = std::max(lo, r.begin), b = std::min(hi, r.begin + r.numel);
-      if (a >= b) continue;
-      const int64_t off = r.store_offset + (a - r.begin), n = b - a;
-      // Stores of this run: float32 (m, v) or reduced values (m, v) and, int8, their absmax.
-      for (int s = 0; s < 2; ++s) {
-        const int vi = r.reduced ? 2 + 2 * s : s;
-        if (!live[vi]->defined()) continue;
-        live[vi]->narrow(0, off, n).copy_(k[vi].narrow(0, off, n));
-        if (r.reduced && int8) {
-          // A frozen parameter's blocks hold only its elements and the zero padding after it.
-          const int64_t b0 = r.block_offset + (a - r.begin) / block, b1 = r.block_offset + (b - 1 - r.begin) / block;
-          live[vi + 1]->narrow(0, b0, b1 - b0 + 1).copy_(k[vi + 1].narrow(0, b0, b1 - b0 + 1));
-        }
-      }
-    }
+  const auto& k = *std::static_pointer_cast<std::vector<ReducedState>>(kept);
+  for (bool second : {false, true}) {
+    ReducedState live = stores(unit, second);
+    restore_state_ranges(layouts_[unit], cfg_.state.dtype, cfg_.state.block, ranges, k.at(second ? 1 : 0), live);
   }
 }
 

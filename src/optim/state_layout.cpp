@@ -45,6 +45,11 @@ int64_t StateLayout::state_bytes(StateDtype d) const {
   return reduced_numel * state_element_bytes(d) + (d == StateDtype::kInt8 ? blocks * 4 : 0) + float32_numel * 4;
 }
 
+int64_t StateLayout::resident_bytes(StateDtype d) const {
+  if (d == StateDtype::kFloat32) return 0;
+  return (d == StateDtype::kInt8 ? blocks * 4 : 0) + float32_numel * 4;
+}
+
 namespace {
 
 bool keeps_float32(const StateParam& p, const StatePolicy& policy) {

@@ -134,7 +134,7 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
     max_ps = std::max(max_ps, p + s);
   }
   e.padding_elements = e.padded_numel - e.numel;
-  if (!spec.offload_to_disk && by_stage) e.optimizer_state_bytes += spec.optimizer_state_bytes_by_stage[spec.stage];
+  if (by_stage) e.optimizer_state_bytes += spec.optimizer_state_bytes_by_stage[spec.stage];
   if (spec.offload_ring_bytes > 0) e.optimizer_state_bytes += spec.offload_ring_bytes;
 
   if (spec.stage == 3 && !gathered.empty()) {

@@ -46,9 +46,22 @@ void read_offload(Reader& r, TrainConfig& c) {
     require(o.optimizer == OffloadDevice::kNone || oc->type == OptimizerType::kAdam || oc->type == OptimizerType::kAdamW,
             r, "offload." + w + ".optimizer",
             "needs optim." + w + ".type adam or adamw: the offloaded step is the fused CPU Adam");
-    require(o.optimizer == OffloadDevice::kNone || oc->state.dtype == StateDtype::kFloat32, r,
-            "offload." + w + ".optimizer",
-            "needs optim." + w + ".state_dtype float32: offloaded optimizer states are float32 for now");
+    {
+      const std::string key = "offload." + w + ".gradient_dtype";
+      try {
+        o.gradient_dtype = parse_offload_grad_dtype(r.get<std::string>(
+            key, "master", "offloaded gradient shards in the master dtype (master) or in bfloat16 (half the bytes)"));
+      } catch (const std::invalid_argument& e) {
+        throw ConfigError(r.source() + ": key '" + key + "' " + e.what());
+      }
+      const bool bf16 = o.gradient_dtype == OffloadGradDtype::kBFloat16;
+      require(!bf16 || o.gradient != OffloadDevice::kNone, r, key,
+              "bfloat16 needs offload." + w + ".gradient cpu or disk: it is the dtype of offloaded gradient shards");
+      require(!bf16 || c.model_dtype == at::kFloat, r, key, "bfloat16 needs model.dtype float32");
+    }
+    require(oc->state.dtype == StateDtype::kFloat32 || c.model_dtype == at::kFloat,
+            r, "optim." + w + ".state_dtype",
+            "bfloat16 and int8 states need model.dtype float32 (the fused CPU kernels step float32 shards)");
     require(o.param == OffloadDevice::kNone || sc->stage == 3, r, "offload." + w + ".param",
             "needs sharding." + w + ".stage 3: parameter offload moves parameter shards, which only stage 3 keeps");
     require(o.param == OffloadDevice::kNone || o.param == o.optimizer, r, "offload." + w + ".param",

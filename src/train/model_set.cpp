@@ -100,10 +100,10 @@ void ModelSet::build() {
 
 std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> ModelSet::build_model_and_optimizer(
     const ModelSpec& spec, Communicator& comm, const ShardingConfig& sc, const OptimizerConfig& oc, uint64_t seed) {
+  OptimizerConfig resolved = oc;
+  resolve_state_float32(resolved, spec.sparse_params);
   if (oc.offload.param == OffloadDevice::kNone) {
     auto model = build_sharded_model(spec, comm, sc, seed, cfg_.model_dtype, cfg_.compute_device);
-    OptimizerConfig resolved = oc;
-    resolve_state_float32(resolved, spec.sparse_params);
     auto opt = make_optimizer(*model, resolved);
     return {std::move(model), std::move(opt)};
   }
@@ -111,7 +111,7 @@ std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> Mode
   // as the unit is built, so that a rank never holds all its master shards at once (they
   // are the size of the state offload exists to keep out of RAM).
   auto model = std::make_unique<ShardedModel>(spec.name, comm, sc);
-  auto opt = std::make_unique<OffloadedAdam>(*model, adam_config(oc), oc.offload,
+  auto opt = std::make_unique<OffloadedAdam>(*model, adam_config(resolved), oc.offload,
                                              unit_shard_numels(spec, comm.world_size(), sc.stage, sc.flat_align), cfg_.model_dtype);
   opt->set_schedule(LrSchedule(oc.lr, oc.schedule));
   populate_sharded_model(*model, spec, seed, cfg_.model_dtype, cfg_.compute_device,

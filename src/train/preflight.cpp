@@ -14,6 +14,7 @@
 #include "shardgan/checkpoint/async_checkpoint.h"
 #include "shardgan/models/family.h"
 #include "shardgan/optim/factory.h"
+#include "shardgan/optim/offloaded_adam.h"
 #include "shardgan/sharding/deferred.h"
 #include "shardgan/sharding/flat_layout.h"
 #include "shardgan/sharding/memory_estimate.h"
@@ -37,8 +38,14 @@ int dtype_bytes(at::ScalarType t) { return static_cast<int>(c10::elementSize(t))
 
 // The most bytes of Adam state any rank holds for `model` under a reduced-dtype policy:
 // per rank, the sum over units of its shard's StateLayout.
+// The bytes of reduced optimizer states (optim.<model>.state_dtype) on the rank holding the
+// most, from the layouts the optimizer allocates from (make_flat_layout, make_state_layout):
+// all of them in RAM (ShardedAdam), or, offloaded (OffloadedAdam), the absmax and float32
+// elements it keeps in RAM plus, with `in_store_bytes` > 0 (the cpu tier), the store's
+// shard-shaped arrays of that many bytes per element.
 int64_t reduced_state_bytes(const ModelSpec& model, const std::vector<UnitParams>& params, const ShardingConfig& sc,
-                            const StatePolicy& policy, int states, int world_size) {
+                            const StatePolicy& policy, int states, int world_size, bool offloaded,
+                            int64_t in_store_bytes) {
   const int ranks = sc.stage == 0 ? 1 : world_size;
   std::vector<int64_t> per_rank(static_cast<size_t>(ranks), 0);
   for (size_t u = 0; u < params.size(); ++u) {
@@ -49,7 +56,9 @@ int64_t reduced_state_bytes(const ModelSpec& model, const std::vector<UnitParams
     }
     for (int r = 0; r < ranks; ++r) {
       const StateLayout l = make_state_layout(sp, fl.padded_numel, r * fl.shard_numel, fl.shard_numel, policy);
-      per_rank[static_cast<size_t>(r)] += states * l.state_bytes(policy.dtype);
+      per_rank[static_cast<size_t>(r)] +=
+          offloaded ? states * l.resident_bytes(policy.dtype) + in_store_bytes * fl.shard_numel
+                    : states * l.state_bytes(policy.dtype);
     }
   }
   return *std::max_element(per_rank.begin(), per_rank.end());
@@ -76,18 +85,26 @@ ModelMemorySpec spec_for(const TrainConfig& cfg, const ModelSpec& model, const S
   const bool offloaded = oc.offload.optimizer != OffloadDevice::kNone;
   // m is not stored with beta1 0 where the CPU kernel steps (offloaded states always).
   if (adam) s.optimizer_states = adam_stores_m(oc.beta1, offloaded || cfg.compute_device.is_cpu()) ? 2 : 1;
-  if (adam && !offloaded) {
+  if (adam && oc.state.dtype != StateDtype::kFloat32) {
     // Reduced states by the same layout the optimizer allocates from (make_flat_layout,
-    // make_state_layout).
+    // make_state_layout). Offloaded to cpu, the store's state arrays (offload_arrays) are RAM
+    // too (its master and gradient arrays are counted with the parameters and gradients).
     const int states = s.optimizer_states;
-    if (oc.state.dtype != StateDtype::kFloat32) {
-      OptimizerConfig o = oc;
-      resolve_state_float32(o, model.sparse_params);
-      s.checkpoint_states_as_held = o.state.dtype == StateDtype::kInt8;
-      for (int st = 0; st <= 3; ++st) {
-        ShardingConfig at = sc;
-        at.stage = st;
-        s.optimizer_state_bytes_by_stage.push_back(reduced_state_bytes(model, params, at, o.state, states, world_size));
+    OptimizerConfig o = oc;
+    resolve_state_float32(o, model.sparse_params);
+    int64_t in_store = 0;
+    if (oc.offload.optimizer == OffloadDevice::kCpu) {
+      const OffloadArrays a = offload_arrays(oc.offload, states == 2, oc.state.dtype, dtype_bytes(cfg.model_dtype));
+      in_store = states * a.elem_bytes[static_cast<size_t>(a.v)];  // m and v, one element size
+    }
+    for (int st = 0; st <= 3; ++st) {
+      ShardingConfig at = sc;
+      at.stage = st;
+      s.optimizer_state_bytes_by_stage.push_back(
+          reduced_state_bytes(model, params, at, o.state, states, world_size, offloaded, in_store));
+      if (o.state.dtype == StateDtype::kInt8) {  // checkpoints store 8-bit states as held
+        s.checkpoint_state_bytes_by_stage.push_back(
+            reduced_state_bytes(model, params, at, o.state, states, world_size, false, 0));
       }
     }
   }
@@ -275,8 +292,9 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
   // 8-bit states are stored as held (their RAM bytes); other states as flat master-dtype
   // tensors (bfloat16 ones widened).
   auto ckpt_bytes = [&](const ModelMemoryEstimate& e, const ModelMemorySpec& s) {
-    const int64_t states = s.checkpoint_states_as_held ? e.optimizer_state_bytes
-                                                        : e.shard_numel * master_elem * s.optimizer_states;
+    const int64_t states = s.checkpoint_state_bytes_by_stage.size() == 4
+                               ? s.checkpoint_state_bytes_by_stage[static_cast<size_t>(e.stage)]
+                               : e.shard_numel * master_elem * s.optimizer_states;
     return e.shard_numel * master_elem + states + e.ema_bytes;
   };
   const bool copy = snapshot_copies(cfg);
@@ -333,14 +351,13 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
                      {"per_rank_peak_bytes", per_rank},
                      {"node_peak_bytes", (per_rank + outside) * local_ranks},
                      {"node_bytes_checked", (with_margin(per_rank) + outside) * local_ranks}};
-  // The disk tier, per rank and model: the arrays each offload key sends to the file
-  // (Adam's moments, the master shard, the gradient shard), S elements each.
-  auto disk_bytes = [&](const ModelMemoryEstimate& e, const OptimizerConfig& oc) {
+  // The disk tier, per rank and model: OffloadedAdam's store (offload_arrays: the moments
+  // in the state dtype, the master shard, the gradient shard in its dtype), S elements each.
+  auto disk_bytes = [&](const ModelMemoryEstimate& e, const OptimizerConfig& oc) -> int64_t {
     const OffloadConfig& o = oc.offload;
-    const int moments = adam_stores_m(oc.beta1, /*device_is_cpu=*/true) ? 2 : 1;  // OffloadedAdam's arrays
-    const int arrays = (o.optimizer == OffloadDevice::kDisk ? moments : 0) + (o.param == OffloadDevice::kDisk ? 1 : 0) +
-                       (o.gradient == OffloadDevice::kDisk ? 1 : 0);
-    return e.shard_numel * master_elem * arrays;
+    if (o.optimizer != OffloadDevice::kDisk) return 0;
+    const bool stores_m = adam_stores_m(oc.beta1, /*device_is_cpu=*/true);
+    return e.shard_numel * offload_arrays(o, stores_m, oc.state.dtype, master_elem).bytes_per_element();
   };
   j["configured"]["offload_disk_bytes"] = {{"generator", disk_bytes(eg, cfg.g_optim)},
                                            {"discriminator", disk_bytes(ed, cfg.d_optim)}};

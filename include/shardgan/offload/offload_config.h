@@ -19,6 +19,17 @@ const char* to_string(OffloadDevice d);
 /// Inverse of to_string; throws std::invalid_argument naming the accepted values.
 OffloadDevice parse_offload_device(const std::string& s);
 
+/// The dtype offloaded gradient shards are kept in (offload.<model>.gradient_dtype).
+enum class OffloadGradDtype {
+  kMaster,    ///< the master dtype (float32): the default, bit-identical to gradients in RAM
+  kBFloat16,  ///< bfloat16, rounded to nearest even as each reduced shard is added
+};
+/// "master", "bfloat16".
+const char* to_string(OffloadGradDtype d);
+/// Inverse of to_string (also accepts "float32" for the master dtype); throws
+/// std::invalid_argument naming the accepted values.
+OffloadGradDtype parse_offload_grad_dtype(const std::string& s);
+
 /// Per-model offload settings (YAML: offload.generator.*, offload.discriminator.*; the
 /// path and buffer keys are shared by both models).
 struct OffloadConfig {
@@ -32,6 +43,10 @@ struct OffloadConfig {
   /// goes to the store as its reduce-scatter completes, so peak RAM no longer grows with
   /// the gradient shard (ZeRO-Infinity offloads gradients too, Sec. 5.1).
   OffloadDevice gradient = OffloadDevice::kNone;
+  /// offload.<model>.gradient_dtype: the offloaded gradient shards in the master dtype or
+  /// in bfloat16 (2 bytes per element instead of 4; needs `gradient` and float32 shards).
+  /// A shard accumulated over micro-batches is rounded after each addition.
+  OffloadGradDtype gradient_dtype = OffloadGradDtype::kMaster;
   /// offload.path: an existing folder for the disk tier's files (one per rank and model).
   /// Empty in the config: the trainer uses (and creates) `<run.dir>/offload`.
   std::string path;

@@ -1,10 +1,11 @@
 #pragma once
 /// Per-rank training state kept off the model (ZeRO-Offload's host memory, ZeRO-Infinity's
 /// NVMe), streamed chunk by chunk through a bounded ring of buffers. Local: no
-/// communication. No torch: elements are raw bytes of `elem_bytes` each.
+/// communication. No torch: elements are raw bytes, each array with its own element size
+/// (a float32 master shard 4, a bfloat16 gradient 2, 8-bit Adam codes 1).
 ///
-/// A store holds `arrays` arrays per unit (e.g. Adam's exp_avg and exp_avg_sq), unit u's
-/// arrays having unit_numel[u] elements each. All start at zero.
+/// A store holds the same arrays for every unit (e.g. Adam's exp_avg and exp_avg_sq), unit
+/// u's arrays having unit_numel[u] elements each. All start at zero.
 ///   - cpu:  one aligned host allocation per array (pinned with CUDA, see host_memory.h).
 ///   - disk: one file, `<offload.path>/<stem>.offload`, holding every array of every unit,
 ///     each region aligned to 4096 bytes; read and written with O_DIRECT (direct_file.h).
@@ -46,12 +47,20 @@ class OffloadStore {
   };
 
   /// Builds the store and its ring: cfg.buffer_count buffers (one for cpu, which has no
-  /// I/O to overlap) of at most cfg.buffer_bytes, each split into `arrays + scratch_arrays`
-  /// slices of one chunk (only the `scratch_arrays` staging slices for cpu, whose arrays
-  /// stay in memory; no chunk is longer than the largest unit). Disk: creates and reserves the file
-  /// in the folder cfg.path, which must exist. Throws std::invalid_argument for a device of
-  /// kNone or a buffer too small for one aligned element per array, OffloadError (naming
-  /// the path) when the file cannot be created or reserved.
+  /// I/O to overlap) of at most cfg.buffer_bytes, each split into one slice of one chunk
+  /// per array and per staging area (only the staging slices for cpu, whose arrays stay in
+  /// memory; no chunk is longer than the largest unit). `array_bytes[a]` is array a's
+  /// element size and `scratch_bytes[s]` staging area s's, each dividing 4096. A chunk's
+  /// element count is a multiple of `chunk_multiple` (e.g. an 8-bit state's block, so no
+  /// block spans two chunks) and of what makes every slice a whole number of 4096-byte
+  /// blocks. Disk: creates and reserves the file in the folder cfg.path, which must exist.
+  /// Throws std::invalid_argument for a device of kNone, a bad element size, or a buffer
+  /// too small for one such chunk (naming the bytes needed), OffloadError (naming the
+  /// path) when the file cannot be created or reserved.
+  OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const std::string& stem,
+               std::vector<int64_t> unit_numel, std::vector<int64_t> array_bytes, std::vector<int64_t> scratch_bytes,
+               int64_t chunk_multiple = 1);
+  /// `arrays` arrays and `scratch_arrays` staging areas, all of `elem_bytes`.
   OffloadStore(OffloadDevice device, const OffloadConfig& cfg, const std::string& stem,
                std::vector<int64_t> unit_numel, int arrays, int scratch_arrays, int64_t elem_bytes);
   ~OffloadStore();
@@ -69,21 +78,25 @@ class OffloadStore {
   void stream(const std::vector<size_t>& units, Mode mode, const std::function<void(const Chunk&)>& fn,
               uint32_t arrays = kAllArrays, uint32_t written = kAllArrays);
 
-  /// cpu tier only: array `a` of unit `unit` itself (unit_numel[unit] elements), for a
+  /// cpu tier only: array `a` of unit `unit` itself (unit_numel[unit] elements of
+  /// array_bytes(a)), for a
   /// caller that pipelines its own copies across chunks (OffloadedAdam's step). Valid for
   /// the store's lifetime. Throws std::logic_error on the disk tier, std::out_of_range for
   /// a bad index.
   void* host_array(size_t unit, int a) const;
-  /// cpu tier only: staging slice `s` (in [0, scratch_arrays)) of the ring, chunk_numel()
-  /// elements, the memory stream() hands out as Chunk::scratch[s]. Throws as host_array.
+  /// cpu tier only: staging slice `s` of the ring, chunk_numel() elements of
+  /// scratch_bytes(s), the memory stream() hands out as Chunk::scratch[s]. Throws as host_array.
   void* staging(int s) const;
 
   OffloadDevice device() const { return device_; }
   /// Units the store was made for, and the elements of each array of unit `u`.
   size_t unit_count() const { return numel_.size(); }
   int64_t unit_numel(size_t u) const { return numel_.at(u); }
-  /// Elements of one array in a full chunk (a multiple of 4096 / elem_bytes).
+  /// Elements of one array in a full chunk (every slice a multiple of 4096 bytes).
   int64_t chunk_numel() const { return chunk_numel_; }
+  /// Element size of array `a`, of staging area `s` (bytes).
+  int64_t array_bytes(int a) const { return elem_.at(static_cast<size_t>(a)); }
+  int64_t scratch_bytes(int s) const { return elem_.at(static_cast<size_t>(arrays_ + s)); }
   /// Host memory this store holds: the ring, plus the arrays for cpu (bytes).
   int64_t ram_bytes() const;
   /// Bytes of the disk file (0 for cpu).
@@ -103,7 +116,9 @@ class OffloadStore {
   OffloadDevice device_;
   std::vector<int64_t> numel_;
   int arrays_, scratch_;
-  int64_t elem_;
+  std::vector<int64_t> elem_;        // element bytes: the arrays, then the staging areas
+  std::vector<int64_t> slice_off_;   // byte offset of each ring slice in a buffer (from ring_first_)
+  int64_t ring_stride_ = 0;          // bytes of one ring buffer
   int64_t buffer_bytes_, buffer_count_;
   int64_t chunk_numel_ = 0;
   int ring_first_ = 0;   // first slice kept in the ring (arrays_ for cpu: only its scratch)

@@ -32,6 +32,16 @@
 /// (GradSink), so the shards (4 bytes per parameter per rank at float32, over the world
 /// size) are not held from backward to the step; the step reads them from the ring
 /// beside the moments and does not write them back. Otherwise they stay with the units.
+///
+/// Reduced state dtypes (optim.<model>.state_dtype bfloat16 or int8, float32 shards): the
+/// store holds m and v as bfloat16 bits or 8-bit codes at each element's shard position (2
+/// or 1 bytes per element), so the disk reads and writes the quantized bytes. The int8
+/// absmax (4 bytes per block) and the states of parameters kept in float32 (StateLayout)
+/// stay in RAM. The step walks each chunk's StateLayout runs with ShardedAdam's kernels,
+/// and chunks and copy blocks start on 8-bit block boundaries, so the states and
+/// parameters equal ShardedAdam's with the same policy bit for bit.
+/// offload.<model>.gradient_dtype bfloat16 keeps the offloaded gradient shards in 16 bits;
+/// the step widens each chunk to float32 (exact).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,6 +51,7 @@
 
 #include "shardgan/offload/offload_config.h"
 #include "shardgan/optim/optimizer.h"
+#include "shardgan/optim/reduced_state.h"
 #include "shardgan/optim/sharded_adam.h"
 #include "shardgan/sharding/grad_sink.h"
 #include "shardgan/sharding/shard_source.h"
@@ -50,6 +61,20 @@ namespace shardgan {
 class OffloadStore;
 class ShardedUnit;
 struct AdamCoefficients;
+
+/// The arrays of OffloadedAdam's store for one model, in the store's order, with the bytes
+/// of one shard element in each: the master shard (offload.param), m (when stored: see
+/// adam_stores_m), v, the gradient shard (offload.gradient, in offload.gradient_dtype).
+/// One source for the store and the disk pre-flight. -1: the array is not there.
+struct OffloadArrays {
+  int param = -1, m = -1, v = -1, grad = -1;
+  std::vector<int64_t> elem_bytes;  ///< per array, bytes per shard element
+  /// Bytes per shard element over all arrays.
+  int64_t bytes_per_element() const;
+};
+/// `master_bytes`: the shards' element size (4 float32, 8 float64). States in `state`'s
+/// element size (state_element_bytes; the master size for kFloat32).
+OffloadArrays offload_arrays(const OffloadConfig& offload, bool stores_m, StateDtype state, int64_t master_bytes);
 
 class OffloadedAdam final : public ShardedOptimizer, public ShardSource, public GradSink {
  public:
@@ -89,12 +114,23 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource, public 
     return {"exp_avg", "exp_avg_sq"};
   }
   /// Streams unit `unit`'s moments out of the tier into two transient tensors ([S], the
-  /// shard's dtype, CPU) and passes them to fn. Local; reads from disk.
+  /// shard's dtype, CPU; reduced states widened or dequantized to float32) and passes them
+  /// to fn. Local; reads from disk.
   void read_unit_state(size_t unit, const StateVisitor& fn) override;
-  /// Passes fn two transient tensors to fill, then streams them into the tier. Local.
+  /// Passes fn two transient tensors to fill, then streams them into the tier (reduced
+  /// states rounded or requantized, as ShardedAdam::write_unit_state). Local.
   void write_unit_state(size_t unit, const StateVisitor& fn) override;
-  /// Host bytes the tier holds (the ring; plus the moments for cpu).
+  /// int8: as ShardedAdam's, over the store's codes of one unit at a time (read into a
+  /// transient [S] tensor) and the resident absmax and float32 states.
+  std::vector<RawState> raw_states() override;
+  int64_t raw_state_block() const override;
+  void read_unit_raw(size_t unit, const RawVisitor& fn) override;
+  void load_unit_state(size_t unit, StateSource& src) override;
+  /// Host bytes the tier holds (the ring; plus the arrays for cpu), plus the reduced
+  /// states' resident absmax and float32 elements.
   int64_t state_bytes() override;
+  /// int8: blocks whose new m or v was not finite, summed over steps (ShardedAdam's count).
+  int64_t nonfinite_blocks() const { return nonfinite_blocks_; }
   /// Bytes of the disk file (0 for cpu).
   int64_t offloaded_bytes() override;
   /// Whether the master shards live in the store too (offload.param).
@@ -113,6 +149,9 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource, public 
   void write_grad(size_t unit, const at::Tensor& src) override;
   const char* type_name() const override { return cfg_.decoupled_weight_decay ? "adamw" : "adam"; }
   OffloadStore& store() { return *store_; }
+  /// The layout of unit `unit`'s shard (reduced policies; its reduced runs' store_offset is
+  /// the shard position, where the store keeps them).
+  const StateLayout& layout(size_t unit) const { return layouts_.at(unit); }
   /// Seconds the last step spent waiting for the disk or copying, and in the kernel.
   double last_step_io_s() const { return io_s_; }
   double last_step_compute_s() const { return compute_s_; }
@@ -120,6 +159,8 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource, public 
 
  protected:
   void update() override;
+  std::shared_ptr<void> keep_frozen_state(size_t unit, const Ranges& ranges) override;
+  void restore_frozen_state(size_t unit, const Ranges& ranges, const std::shared_ptr<void>& kept) override;
 
  private:
   /// Validates the config and the offload keys against the model's stage, and makes the
@@ -134,6 +175,20 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource, public 
   /// One Adam step on a block: the fused kernel for float32, ShardedAdam's torch ops for
   /// float64. Host tensors of dtype_, numel equal; m undefined when it is not stored.
   void adam_block(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v, const AdamCoefficients& c);
+  /// Reduced policies: one step on elements [lo, lo + n) of unit `unit`'s shard, p and g at
+  /// element lo (float32), m (nullptr when not stored) and v at element lo of the store's
+  /// arrays, run by run of the unit's StateLayout.
+  void step_runs(size_t unit, int64_t lo, int64_t n, float* p, const float* g, void* m, void* v,
+                 const AdamCoefficients& c);
+  bool reduced() const { return cfg_.state.dtype != StateDtype::kFloat32; }
+  /// Unit `unit`'s m (`second` false) or v: the resident parts, and `values` as given.
+  ReducedState stores(size_t unit, bool second, at::Tensor values) const;
+  ReducedFormat format(bool second) const;
+  /// The store's array of m or v for unit `unit`, whole ([S], kByte or kBFloat16), or back.
+  at::Tensor read_state_array(size_t unit, bool second);
+  void write_state_array(size_t unit, bool second, const at::Tensor& values);
+  /// The zero state: the 8-bit map's zero code (bfloat16: bits 0) over every unit.
+  void clear_reduced_arrays();
 
   AdamConfig cfg_;
   std::unique_ptr<OffloadStore> store_;
@@ -146,7 +201,15 @@ class OffloadedAdam final : public ShardedOptimizer, public ShardSource, public 
   int grad_scratch_ = 0;  // staging slice of the gradient, or -1 when it is an array
   int param_scratch_ = 1; // staging slice of the parameters, or -1 when they are an array
   bool overlap_ = true;         // offload.overlap_copies
-  int64_t block_numel_ = 0;     // offload.copy_block_bytes in elements of dtype_
+  int64_t block_numel_ = 0;     // offload.copy_block_bytes in elements of dtype_ (whole 8-bit blocks)
+  OffloadArrays arrays_;
+  at::ScalarType state_dtype_ = at::kFloat;  // the store's m and v: dtype_, kBFloat16 or kByte
+  at::ScalarType grad_dtype_ = at::kFloat;   // the store's gradient: dtype_ or kBFloat16
+  int grad32_scratch_ = -1;     // staging slice widening a bfloat16 gradient, or -1
+  CpuIsa isa_ = best_cpu_isa();
+  int64_t nonfinite_blocks_ = 0;
+  std::vector<StateLayout> layouts_;      // reduced policies, per unit (set by adopt_unit)
+  std::vector<ReducedState> m_res_, v_res_;  // reduced policies: resident float32 runs and absmax
   double io_s_ = 0, compute_s_ = 0, io_total_s_ = 0;
 };
 

@@ -8,6 +8,7 @@
 
 #include "shardgan/optim/fused_adam.h"
 #include "shardgan/optim/optimizer.h"
+#include "shardgan/optim/reduced_state.h"
 #include "shardgan/optim/state_layout.h"
 
 namespace shardgan {
@@ -146,6 +147,9 @@ class ShardedAdam final : public ShardedOptimizer {
   bool reduced() const { return cfg_.state.dtype != StateDtype::kFloat32; }
   /// Steps unit `i` run by run (reduced policies).
   void update_runs(size_t i, const AdamCoefficients& c);
+  /// Handles on unit `unit`'s stores of m (`second` false) or v, and their format.
+  ReducedState stores(size_t unit, bool second) const;
+  ReducedFormat format(bool second) const;
   /// Reduced policies: the unit's m (`second` false) or v as float32 [S], or back.
   at::Tensor widen(size_t unit, bool second);
   void narrow(size_t unit, bool second, const at::Tensor& values);

@@ -66,6 +66,10 @@ struct StateLayout {
   int64_t blocks = 0;            ///< int8: absmax values per state
   /// Bytes of one state (m or v) for this shard: reduced elements, absmax, float32 elements.
   int64_t state_bytes(StateDtype d) const;
+  /// Bytes of one state that stay in RAM when the reduced elements live in an offload store
+  /// (OffloadedAdam): the absmax and the float32 elements; none for kFloat32, whose whole
+  /// shard is in the store.
+  int64_t resident_bytes(StateDtype d) const;
 };
 
 /// Builds the layout of the shard [shard_offset, shard_offset + shard_numel) of a flat

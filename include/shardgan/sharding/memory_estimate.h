@@ -35,12 +35,13 @@ struct ModelMemorySpec {
   int64_t flat_align = 1;  ///< ShardingConfig::flat_align
   /// When it has 4 entries (stages 0-3): the bytes of optimizer state this rank holds in
   /// RAM at each stage (the caller derives them from the optimizer's own layout, e.g.
-  /// reduced-precision states), replacing optimizer_states * S * master bytes. Ignored when
-  /// offloaded to disk.
+  /// reduced-precision states, and, offloaded, what stays in RAM beside the store),
+  /// replacing optimizer_states * S * master bytes. The ring is added to it.
   std::vector<int64_t> optimizer_state_bytes_by_stage;
-  /// Checkpoints store the optimizer state as held in RAM (8-bit states), not as
-  /// optimizer_states flat master-dtype tensors (the checkpoint and snapshot sizes).
-  bool checkpoint_states_as_held = false;
+  /// When it has 4 entries: the bytes of optimizer state this rank's checkpoint shard holds
+  /// at each stage, when checkpoints store it as held (8-bit states: codes, absmax and
+  /// float32 elements), not as optimizer_states flat master-dtype tensors.
+  std::vector<int64_t> checkpoint_state_bytes_by_stage;
   int world_size = 1;  ///< N, ranks sharing the model (>= 1)
   int stage = 3;       ///< ZeRO stage 0-3
   /// Bytes per element of the master dtype (the module's dtype: 4 float32, 8 float64), of
