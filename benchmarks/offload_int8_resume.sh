@@ -34,7 +34,7 @@ dd_rate() {  # prints GB/s of two concurrent dd runs of 4 GiB each
   t0=$(date +%s.%N)
   "$@" 0 & "$@" 1 & wait
   t1=$(date +%s.%N)
-  echo "8589934592 / ($t1 - $t0) / 1e9" | bc -l
+  echo "8589934592 / ($t1 - $t0) / 1000000000" | bc -l
 }
 wr() { dd if=/dev/zero of="$WORK/dd.$1" bs=16M count=256 oflag=direct status=none; }
 rd() { dd if="$WORK/dd.$1" of=/dev/null bs=16M iflag=direct status=none; }
@@ -65,12 +65,12 @@ run saved 2 true
 CKPT=$WORK/run/checkpoints/step-00000002
 SAVED_CKPT=$(ckpt_bytes "$CKPT")
 t0=$(date +%s.%N)
-"$BUILD/tools/shardgan-ckpt" verify "$CKPT" > "$WORK/verify.log" 2>&1; VERIFY=$?
+"$BUILD/shardgan-ckpt" verify "$CKPT" > "$WORK/verify.log" 2>&1; VERIFY=$?
 VERIFY_S=$(echo "$(date +%s.%N) - $t0" | bc)
 run resumed 3 "$([ "$BITWISE" = 1 ] && echo true || echo false)" --resume "$CKPT"
 DIFF=-1
 if [ "$BITWISE" = 1 ]; then
-  "$BUILD/tools/shardgan-ckpt" diff "$WORK/straight-step3" "$WORK/run/checkpoints/step-00000003" --rtol 0 \
+  "$BUILD/shardgan-ckpt" diff "$WORK/straight-step3" "$WORK/run/checkpoints/step-00000003" --rtol 0 \
     > "$WORK/diff.log" 2>&1; DIFF=$?
 fi
 
