@@ -11,6 +11,8 @@ shardgan_mpi_test(test_optim_collectives 120 1 2 3 4)
 # Offload tiers (issue 9): the store, OffloadedAdam's parity, RAM bound and errors.
 shardgan_test(test_offload)
 shardgan_mpi_test(test_offload 300 1)
+shardgan_test(test_offload_store)
+shardgan_mpi_test(test_offload_store 120 1)
 add_test(NAME offload_train_test
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/offload_train_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR})
@@ -38,6 +40,11 @@ target_link_libraries(test_optimizer_state_dtype PRIVATE shardgan GTest::gtest G
 target_compile_options(test_optimizer_state_dtype PRIVATE -Wall -Wextra -Wno-unused-parameter)
 add_test(NAME optimizer_state_dtype COMMAND test_optimizer_state_dtype)
 set_tests_properties(optimizer_state_dtype PROPERTIES TIMEOUT 120 ENVIRONMENT "OMP_NUM_THREADS=2")
+add_executable(test_state_layout test_state_layout.cpp)
+target_link_libraries(test_state_layout PRIVATE shardgan GTest::gtest GTest::gtest_main)
+target_compile_options(test_state_layout PRIVATE -Wall -Wextra -Wno-unused-parameter)
+add_test(NAME state_layout COMMAND test_state_layout)
+set_tests_properties(state_layout PROPERTIES TIMEOUT 60)
 
 # The same states inside the trainer's sharded optimizer: sharded Adam with bfloat16 or int8
 # states at stages 1-3 equals the unsharded step bit for bit (blocks aligned per parameter
