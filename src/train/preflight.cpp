@@ -100,11 +100,11 @@ ModelMemorySpec spec_for(const TrainConfig& cfg, const ModelSpec& model, const S
     for (int st = 0; st <= 3; ++st) {
       ShardingConfig at = sc;
       at.stage = st;
-      s.optimizer_state_bytes_by_stage.push_back(
-          reduced_state_bytes(model, params, at, o.state, states, world_size, offloaded, in_store));
-      if (o.state.dtype == StateDtype::kInt8) {  // checkpoints store 8-bit states as held
+      const int64_t ram = reduced_state_bytes(model, params, at, o.state, states, world_size, offloaded, in_store);
+      s.optimizer_state_bytes_by_stage.push_back(ram);
+      if (o.state.dtype == StateDtype::kInt8) {  // checkpoints store 8-bit states as held: all of them
         s.checkpoint_state_bytes_by_stage.push_back(
-            reduced_state_bytes(model, params, at, o.state, states, world_size, false, 0));
+            offloaded ? reduced_state_bytes(model, params, at, o.state, states, world_size, false, 0) : ram);
       }
     }
   }
