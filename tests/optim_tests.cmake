@@ -35,7 +35,7 @@ set_tests_properties(gradient_offload PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHAR
 
 # Optimizer states in bfloat16 and block-wise 8-bit: the quantizer against a reference
 # written in the test, and the fused kernels on every ISA path. Plain gtest, no MPI.
-add_executable(test_optimizer_state_dtype test_optimizer_state_dtype.cpp)
+add_executable(test_optimizer_state_dtype test_optimizer_state_dtype.cpp test_adam8_gan_drift.cpp)
 target_link_libraries(test_optimizer_state_dtype PRIVATE shardgan GTest::gtest GTest::gtest_main)
 target_compile_options(test_optimizer_state_dtype PRIVATE -Wall -Wextra -Wno-unused-parameter)
 add_test(NAME optimizer_state_dtype COMMAND test_optimizer_state_dtype)

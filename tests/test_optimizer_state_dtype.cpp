@@ -15,6 +15,7 @@
 #include "shardgan/optim/blockwise_quant.h"
 #include "shardgan/optim/fused_adam.h"
 #include "shardgan/optim/state_layout.h"
+#include "adam8_bound.h"
 
 namespace shardgan {
 namespace {
@@ -374,26 +375,9 @@ TEST(FusedAdamBf16, EqualsWidenReferenceStepRoundOnEveryPath) {
 
 // ---- 8-bit Adam against float32 Adam: a bound from the map's resolution ----------------
 //
-// 50 steps on a fixed quadratic f(p) = sum a_i (p_i - c_i)^2 / 2, beta2 = 0 (v = g^2 each
-// step, so only m's storage matters; d = |g| + eps is the same in both runs). The float32
-// twin takes the 8-bit run's gradients, so the two differ only by m's rounding: with
-// r_t = (stored m) - m_t, e_t = m_t - m^f_t = beta1 (e_{t-1} + r_{t-1}), and
-// |r| <= absmax * H(u), H(u) half the larger map gap next to u = m / absmax. Hence
-//   |p_T - p^f_T| <= sum_t s_t E_t / d_t,  E_t = beta1 (E_{t-1} + absmax H(u) + slack),
-// plus the float32 roundings of both runs (2^-22 of each term). The bound is attained by a
-// gradient whose u sits on a midpoint every step (random gradients reach 0.999 of it).
-
-// Half the larger of the two map gaps around u (the rounding error bound of a value in
-// either gap), from a sorted map.
-double half_gap(const std::vector<double>& map, double u) {
-  auto it = std::upper_bound(map.begin(), map.end(), u);
-  const size_t k = static_cast<size_t>(it - map.begin());  // map[k-1] <= u < map[k]
-  double g = 0;
-  if (k >= 1 && k < map.size()) g = std::max(g, map[k] - map[k - 1]);
-  if (k >= 2) g = std::max(g, map[k - 1] - map[k - 2]);
-  if (k + 1 < map.size()) g = std::max(g, map[k + 1] - map[k]);
-  return g / 2;
-}
+// 50 steps on a fixed quadratic f(p) = sum a_i (p_i - c_i)^2 / 2 with the bounds of
+// adam8_bound.h. The worst-case bound is attained by a gradient whose u sits on a midpoint
+// every step (random gradients reach 0.999 of it).
 
 struct BoundRun {
   std::vector<double> distance, bound;  // per element: |p_T - p^f_T| and the bound
@@ -418,12 +402,7 @@ BoundRun run_quadratic(const std::vector<float>& map, const std::vector<float>& 
     // E_t from the state stored after step t-1 (its value and block absmax).
     for (size_t i = 0; i < p.size(); ++i) {
       if (t > 1) {
-        const double A = absmax[i], u = A == 0 ? 0.0 : stored[i] / A;
-        // |r| <= A (H(u) + 2^-24) + ulp(stored) / 2: the code is the nearest to the rounded
-        // x / A, and the stored value is the rounded code * A; plus the roundings of m in
-        // both runs.
-        E[i] = beta1 * (E[i] + A * (half_gap(map64, u) + std::ldexp(1.0, -23)) +
-                        std::ldexp(std::fabs(stored[i]) + std::fabs(mf[i]), -21));
+        E[i] = test_adam8::next_error(E[i], beta1, map64, stored[i], absmax[i], mf[i]);
       }
     }
     std::vector<float> m_new(p.size());
@@ -455,12 +434,10 @@ BoundRun run_quadratic(const std::vector<float>& map, const std::vector<float>& 
         for (int64_t i = b; i < std::min(n, b + B); ++i) absmax[i] = A;
       }
     }
-    const std::vector<float> pf_before = pf;
     reference_adam_step(pf.data(), g.data(), mf.data(), vf.data(), n, co);
     for (size_t i = 0; i < p.size(); ++i) {
       const double d = std::fabs(g[i]) + 1e-8, step = static_cast<double>(co.step_size);
-      bound[i] += step * (E[i] + std::ldexp(std::fabs(mf[i]), -21)) / d +
-                  std::ldexp(std::fabs(p[i]) + std::fabs(pf[i]) + 2 * step * std::fabs(mf[i]) / d, -22);
+      bound[i] += test_adam8::bound_term(step, E[i], mf[i], d, p[i], pf[i]);
     }
   }
   BoundRun r;
