@@ -28,9 +28,7 @@ ReducedState OffloadedAdam::stores(size_t unit, bool second, at::Tensor values) 
   return {r.f32, std::move(values), r.absmax};
 }
 
-ReducedFormat OffloadedAdam::format(bool second) const {
-  return {cfg_.state.dtype, cfg_.state.block, second ? CodeMap::kUnsigned : CodeMap::kSigned, isa_};
-}
+ReducedFormat OffloadedAdam::format(bool second) const { return adam_state_format(cfg_.state, second, isa_); }
 
 at::Tensor OffloadedAdam::read_state_array(size_t unit, bool second) {
   model_.drain_grad_writes();  // the gradient writer must not share the ring with this read
@@ -102,16 +100,10 @@ void OffloadedAdam::write_unit_state(size_t unit, const StateVisitor& fn) {
 }
 
 std::vector<ShardedOptimizer::RawState> OffloadedAdam::raw_states() {
-  if (cfg_.state.dtype != StateDtype::kInt8) return {};
-  std::vector<RawState> out;
-  if (moments_ == 2) out.push_back({"exp_avg", true});
-  out.push_back({"exp_avg_sq", false});
-  return out;
+  return adam_raw_states(cfg_.state, moments_ == 2);
 }
 
-int64_t OffloadedAdam::raw_state_block() const {
-  return cfg_.state.dtype == StateDtype::kInt8 ? cfg_.state.block : 0;
-}
+int64_t OffloadedAdam::raw_state_block() const { return adam_raw_state_block(cfg_.state); }
 
 void OffloadedAdam::read_unit_raw(size_t unit, const RawVisitor& fn) {
   if (cfg_.state.dtype != StateDtype::kInt8) return;

@@ -124,4 +124,12 @@ void restore_state_ranges(const StateLayout& l, StateDtype d, int64_t block,
   }
 }
 
+std::vector<ShardedOptimizer::RawState> adam_raw_states(const StatePolicy& policy, bool stores_m) {
+  if (policy.dtype != StateDtype::kInt8) return {};
+  std::vector<ShardedOptimizer::RawState> out;
+  if (stores_m) out.push_back({"exp_avg", true});
+  out.push_back({"exp_avg_sq", false});
+  return out;
+}
+
 }  // namespace shardgan

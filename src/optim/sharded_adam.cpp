@@ -178,9 +178,7 @@ ReducedState ShardedAdam::stores(size_t unit, bool second) const {
   return {second ? exp_avg_sq_.at(unit) : exp_avg_.at(unit), red.values, red.absmax};
 }
 
-ReducedFormat ShardedAdam::format(bool second) const {
-  return {cfg_.state.dtype, cfg_.state.block, second ? CodeMap::kUnsigned : CodeMap::kSigned, isa_};
-}
+ReducedFormat ShardedAdam::format(bool second) const { return adam_state_format(cfg_.state, second, isa_); }
 
 at::Tensor ShardedAdam::widen(size_t unit, bool second) {
   const ReducedState st = stores(unit, second);
@@ -216,17 +214,9 @@ void ShardedAdam::write_unit_state(size_t unit, const StateVisitor& fn) {
   }
 }
 
-std::vector<ShardedOptimizer::RawState> ShardedAdam::raw_states() {
-  if (cfg_.state.dtype != StateDtype::kInt8) return {};
-  std::vector<RawState> out;
-  if (stores_m_) out.push_back({"exp_avg", true});
-  out.push_back({"exp_avg_sq", false});
-  return out;
-}
+std::vector<ShardedOptimizer::RawState> ShardedAdam::raw_states() { return adam_raw_states(cfg_.state, stores_m_); }
 
-int64_t ShardedAdam::raw_state_block() const {
-  return cfg_.state.dtype == StateDtype::kInt8 ? cfg_.state.block : 0;
-}
+int64_t ShardedAdam::raw_state_block() const { return adam_raw_state_block(cfg_.state); }
 
 void ShardedAdam::read_unit_raw(size_t unit, const RawVisitor& fn) {
   if (cfg_.state.dtype != StateDtype::kInt8) return;

@@ -38,6 +38,21 @@ struct ReducedFormat {
   CpuIsa isa = best_cpu_isa();
 };
 
+/// The format of an Adam state under `policy`: m (second false) on the signed map, v on
+/// the unsigned one, read by the kernel path `isa`.
+inline ReducedFormat adam_state_format(const StatePolicy& policy, bool second, CpuIsa isa) {
+  return {policy.dtype, policy.block, second ? CodeMap::kUnsigned : CodeMap::kSigned, isa};
+}
+
+/// The Adam states a checkpoint stores raw (as held): with int8 states exp_avg (when m is
+/// stored) and exp_avg_sq; none with float32 or bfloat16 states.
+std::vector<ShardedOptimizer::RawState> adam_raw_states(const StatePolicy& policy, bool stores_m);
+
+/// The block of the raw states: policy.block with int8 states, else 0.
+inline int64_t adam_raw_state_block(const StatePolicy& policy) {
+  return policy.dtype == StateDtype::kInt8 ? policy.block : 0;
+}
+
 /// The state as float32 ([shard_numel], CPU): bfloat16 widened (exact), int8 dequantized.
 at::Tensor widen_state(const StateLayout& l, int64_t shard_numel, const ReducedFormat& f, const ReducedState& s);
 /// The inverse: `values` ([shard_numel], any float dtype) rounded to bfloat16 or quantized in
