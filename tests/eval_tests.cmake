@@ -20,3 +20,17 @@ add_test(NAME eval_train_test
                  $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR} ${SHARDGAN_FID_CLASSIFIER_FILE})
 set_tests_properties(eval_train_test PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED fid_classifier PROCESSORS 2
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
+
+# KID, improved precision/recall and IS from feature/logit arrays (src/eval/feature_metrics.cpp)
+# against an independent float64 numpy computation (tests/feature_metrics_ref.py), within 1e-6
+# relative, plus known answers and refusals; skipped (77) without the Python. The control
+# computes the biased MMD (diagonals kept): the comparison must fail.
+shardgan_test(test_feature_metrics)
+target_compile_definitions(test_feature_metrics PRIVATE SHARDGAN_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                           SHARDGAN_PYTHON="${SHARDGAN_PYTHON}")
+add_test(NAME kid_pr_is COMMAND test_feature_metrics)
+set_tests_properties(kid_pr_is PROPERTIES TIMEOUT 120
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2")
+add_test(NAME kid_pr_is_control COMMAND test_feature_metrics --gtest_filter=FeatureMetrics.MatchesFloat64Python)
+set_tests_properties(kid_pr_is_control PROPERTIES TIMEOUT 120 WILL_FAIL TRUE
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2;SHARDGAN_TEST_CONTROL=kid_biased")
