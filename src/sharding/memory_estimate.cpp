@@ -107,6 +107,7 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
   const bool shard_is_view = cb == mb && spec.stage <= 2;
   const bool grad_shard_is_view = rb == mb && spec.stage <= 1;
   const int64_t in_flight = static_cast<int64_t>(ShardedModel::kMaxReducesInFlight);
+  const int64_t pending_writes = static_cast<int64_t>(ShardedModel::kMaxGradWritesPending);
   std::vector<int64_t> gathered;  // P * compute bytes per unit (stage 3)
   int64_t max_t = 0, max_p = 0, max_s = 0, max_ps = 0;
   const bool by_stage = spec.optimizer_state_bytes_by_stage.size() == 4;
@@ -157,7 +158,8 @@ ModelMemoryEstimate estimate_model_memory(const ModelMemorySpec& spec) {
       break;
     default:
       e.comm_buffer_bytes = max_ps * rb;
-      e.grad_transient_bytes = autograd_grad + max_p * rb + in_flight * max_ps * rb;
+      e.grad_write_pending_bytes = spec.offload_grads ? pending_writes * max_s * rb : 0;
+      e.grad_transient_bytes = autograd_grad + max_p * rb + in_flight * max_ps * rb + e.grad_write_pending_bytes;
       break;
   }
   return e;

@@ -29,7 +29,7 @@ ShardedModel::~ShardedModel() {
 }
 
 void ShardedModel::write_grad_async(std::function<void()> job) {
-  if (!grad_writer_) grad_writer_ = std::make_unique<TierWorker>(&tier_mu_, 2);
+  if (!grad_writer_) grad_writer_ = std::make_unique<TierWorker>(&tier_mu_, kMaxGradWritesPending);
   grad_writer_->submit(std::move(job));
 }
 

@@ -114,6 +114,7 @@ ModelMemorySpec spec_for(const TrainConfig& cfg, const ModelSpec& model, const S
     s.offload_to_disk = oc.offload.optimizer == OffloadDevice::kDisk;
     s.offload_params_to_disk = oc.offload.param == OffloadDevice::kDisk;
     s.offload_grads_to_disk = oc.offload.gradient == OffloadDevice::kDisk;
+    s.offload_grads = oc.offload.gradient != OffloadDevice::kNone;
   }
   s.reshard_after_forward = sc.reshard_after_forward;
   // hpZ: auto is the ranks on this node, as for HSDP's auto below. A size that does not
@@ -454,8 +455,11 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     };
     const int64_t shared_pools =
         pool(cfg.g_sharding, cfg.g_replicate_degree, ge[3]) + pool(cfg.d_sharding, cfg.d_replicate_degree, de[3]);
+    // Gradient offload: the probe's step runs without it, so the reduce-scatter outputs
+    // waiting for each model's gradient writer (its own thread) are added, both models'.
+    const int64_t grad_writes = eg.grad_write_pending_bytes + ed.grad_write_pending_bytes;
     // The step, or the paired folder's decoding before it (the data's uint8 copy).
-    const int64_t step = persistent + transient + shared_pools + in_process;
+    const int64_t step = persistent + transient + shared_pools + in_process + grad_writes;
     const int64_t predicted = rss_now + std::max(step, decode) + data + kPredictionMarginBytes;
     j["configured"]["predicted"] = {{"process_rss_bytes", rss_now},
                                     {"process_rss_before_probe_bytes", rss_before},
@@ -464,6 +468,7 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
                                     {"data_decode_bytes", decode},
                                     {"step_transient_bytes", transient},
                                     {"node_shared_pool_bytes", shared_pools},
+                                    {"grad_write_pending_bytes", grad_writes},
                                     {"checkpoint_staging_bytes", in_process},
                                     {"micro_batch", micro},
                                     {"margin_bytes", kPredictionMarginBytes},

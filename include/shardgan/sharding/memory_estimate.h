@@ -68,6 +68,10 @@ struct ModelMemorySpec {
   /// Gradient offload to disk (offload.<model>.gradient: disk, stages 2-3): the gradient
   /// shard (S * master bytes) leaves RAM; only the reduce-scatter's buffers stay.
   bool offload_grads_to_disk = false;
+  /// Gradient offload to either tier (offload.<model>.gradient: cpu or disk, stages 2-3):
+  /// up to ShardedModel::kMaxGradWritesPending reduce-scatter outputs (S * reduce bytes
+  /// each) wait for the gradient writer during backward.
+  bool offload_grads = false;
   /// An EMA of the weights (the generator's): one more master-dtype shard.
   bool ema = false;
   /// ShardingConfig::reshard_after_forward. False keeps every unit gathered from forward
@@ -126,8 +130,13 @@ struct ModelMemoryEstimate {
   /// autograd .grad (max T * compute), plus at stage 0 a master-dtype copy of the reduced
   /// gradient when the reduce dtype differs, at stage 1 ShardedModel::kMaxReducesInFlight
   /// reduce-scatter outputs, and at stages 2-3 one flat gradient being filled plus
-  /// kMaxReducesInFlight (flat + output) pairs in flight.
+  /// kMaxReducesInFlight (flat + output) pairs in flight, and with gradient offload
+  /// grad_write_pending_bytes.
   int64_t grad_transient_bytes = 0;
+  /// Gradient offload at stages 2-3: ShardedModel::kMaxGradWritesPending reduce-scatter
+  /// outputs (max S * reduce bytes each) waiting for the model's gradient writer; 0
+  /// otherwise. Part of grad_transient_bytes.
+  int64_t grad_write_pending_bytes = 0;
 
   /// The model's state at its own update (the ZeRO paper's model states, with the EMA).
   int64_t persistent_bytes() const {

@@ -181,6 +181,9 @@ class ShardedModel {
   /// Reduce-scatters in flight at once per model (DeepSpeed's overlap_comm with a bounded
   /// number of buckets): a bound on the flat gradient buffers alive during backward.
   static constexpr size_t kMaxReducesInFlight = 2;
+  /// Gradient offload: reduced gradient shards queued for, or being added by, the gradient
+  /// writer (write_grad_async); each holds its reduce-scatter output until written.
+  static constexpr size_t kMaxGradWritesPending = 2;
 
   /// Units in the order the first forward ran them (empty before the first forward).
   const std::vector<size_t>& execution_order() const { return order_; }
@@ -253,7 +256,7 @@ class ShardedModel {
   std::mutex& tier_mutex() { return tier_mu_; }
   /// Not for users (gradient offload): runs `job` on the model's gradient writer thread
   /// (a TierWorker, made at the first call; not the read-ahead's), under the tier lock,
-  /// after every job submitted before it; waits while 2 are pending. Rethrows the error of
+  /// after every job submitted before it; waits while kMaxGradWritesPending are pending. Rethrows the error of
   /// an earlier job (once), and then does not queue `job`.
   void write_grad_async(std::function<void()> job);
   /// Local: waits until every gradient write submitted so far is in the tier (timed as
