@@ -13,6 +13,8 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "eval/shape_text.h"
+
 #include "shardgan/h5/h5.h"
 #include "shardgan/h5/probe.h"
 
@@ -28,11 +30,7 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string shape_str(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+using detail::shape_str;
 
 // Checks images [N, 1, 32, 32] of a float dtype; returns them as contiguous float32 CPU.
 at::Tensor checked_images(const at::Tensor& images, const std::string& what) {

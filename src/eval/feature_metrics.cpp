@@ -12,17 +12,15 @@
 
 #include <torch/torch.h>
 
+#include "eval/shape_text.h"
+
 #include "shardgan/util/test_control.h"
 
 namespace shardgan::eval {
 
 namespace {
 
-std::string shape_str(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+using detail::shape_str;
 
 std::string describe(const at::Tensor& t) {
   if (!t.defined()) return "undefined";

@@ -7,15 +7,13 @@
 
 #include <torch/torch.h>
 
+#include "eval/shape_text.h"
+
 namespace shardgan::eval {
 
 namespace {
 
-std::string shape_str(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+using detail::shape_str;
 
 // `features` checked to be a float [N, F] with F >= 1, as float64 CPU.
 at::Tensor checked_features(const at::Tensor& features, const char* what) {
