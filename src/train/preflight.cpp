@@ -428,9 +428,9 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     // 0-2 the replicated parameters (and more). When the persistent state alone cannot fit,
     // refuse without it, using the estimate's bound on the transient buffers instead.
     const int64_t floor_bytes = rss_before + persistent + data + kPredictionMarginBytes;
-    int64_t rss_now = rss_before, transient = 0;
+    int64_t rss_now = rss_before, transient = 0, grad_writes = 0;
     if (floor_bytes * local_ranks > host.available_bytes) {
-      transient = peak.bytes - state_peak.bytes;
+      transient = peak.bytes - state_peak.bytes;  // the estimate's bound, gradient writers included
       j["probe"] = {{"skipped", "the persistent state alone exceeds the available memory; the transient "
                                 "term is the estimate's bound"}};
     } else {
@@ -439,6 +439,9 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
       release_free_memory();
       rss_now = current_rss_bytes();
       transient = probe.bytes_at(micro);
+      // Gradient offload: the probe's step runs without it, so the reduce-scatter outputs
+      // waiting for each model's gradient writer (its own thread) are added, both models'.
+      grad_writes = eg.grad_write_pending_bytes + ed.grad_write_pending_bytes;
       j["probe"] = {{"micro_batches", {probe.micro_batch_a, probe.micro_batch_b}},
                     {"peak_bytes", {probe.peak_a_bytes, probe.peak_b_bytes}},
                     {"bytes_per_sample", static_cast<int64_t>(probe.bytes_per_sample())},
@@ -455,9 +458,6 @@ nlohmann::json memory_preflight(const TrainConfig& cfg, Communicator& comm, int 
     };
     const int64_t shared_pools =
         pool(cfg.g_sharding, cfg.g_replicate_degree, ge[3]) + pool(cfg.d_sharding, cfg.d_replicate_degree, de[3]);
-    // Gradient offload: the probe's step runs without it, so the reduce-scatter outputs
-    // waiting for each model's gradient writer (its own thread) are added, both models'.
-    const int64_t grad_writes = eg.grad_write_pending_bytes + ed.grad_write_pending_bytes;
     // The step, or the paired folder's decoding before it (the data's uint8 copy).
     const int64_t step = persistent + transient + shared_pools + in_process + grad_writes;
     const int64_t predicted = rss_now + std::max(step, decode) + data + kPredictionMarginBytes;
