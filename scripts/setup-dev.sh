@@ -8,10 +8,18 @@
 #  - iproute2 (tests/multihost_test.sh: network namespaces as hosts);
 #  - h5py, numpy and PyYAML in .venv: the interop tests (h5py reads our checkpoints), the
 #    fuzzers and the PyTorch peer benchmarks; scikit-image: the reference of the PSNR and
-#    SSIM that image-to-image evaluation reports (tests/image_quality_check.py).
+#    SSIM that image-to-image evaluation reports (tests/image_quality_check.py); torchvision
+#    and xxhash: scripts/export_inception.py builds the FID Inception-v3 from torchvision's
+#    layers (random weights in the tests) and writes its weights' hash. torchvision 0.29.2 is
+#    the newest on PyPI and asks for torch >= 2.14; the check below imports it with the
+#    project's torch 2.15.0 (pip must not replace that torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY_PKGS=("h5py==3.16.0" "numpy==2.4.6" "pyyaml==6.0.4" "scikit-image==0.26.0")
+PY_PKGS=("h5py==3.16.0" "numpy==2.4.6" "pyyaml==6.0.4" "scikit-image==0.26.0" "torchvision==0.29.2" "xxhash==4.1.0")
+PY_CHECK='import h5py, numpy, yaml, skimage, xxhash, torch, torchvision
+from torchvision.models.inception import Inception3
+Inception3(num_classes=1008, aux_logits=False, init_weights=False)
+assert torch.__version__.startswith("2.15.0"), torch.__version__' 
 PKGS=(
   googletest libgtest-dev libbenchmark-dev
   slurmctld slurmd slurm-client munge
@@ -24,12 +32,16 @@ VENV=.venv
 [ -x "$VENV/bin/python" ] || { echo "[setup-dev] error: $VENV missing; run scripts/setup.sh first" >&2; exit 1; }
 want="${PY_PKGS[*]}"
 if [ "$(cat "$VENV/.shardgan-dev-pins" 2>/dev/null)" = "$want" ] &&
-   "$VENV/bin/python" -c "import h5py, numpy, yaml, skimage" >/dev/null 2>&1; then
+   "$VENV/bin/python" -c "$PY_CHECK" >/dev/null 2>&1; then
   echo "[setup-dev] $VENV has ${want}"
 else
   echo "[setup-dev] installing ${want} into $VENV"
   if ! "$VENV/bin/python" -m pip install -q "${PY_PKGS[@]}"; then
     echo "[setup-dev] error: pip could not install ${want} into $VENV (see pip's message above)" >&2
+    exit 1
+  fi
+  if ! "$VENV/bin/python" -W ignore -c "$PY_CHECK"; then
+    echo "[setup-dev] error: after installing ${want}, $VENV's Python cannot import them with torch 2.15.0" >&2
     exit 1
   fi
   echo "$want" > "$VENV/.shardgan-dev-pins"

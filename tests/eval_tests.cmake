@@ -34,3 +34,50 @@ set_tests_properties(kid_pr_is PROPERTIES TIMEOUT 120
 add_test(NAME kid_pr_is_control COMMAND test_feature_metrics --gtest_filter=FeatureMetrics.MatchesFloat64Python)
 set_tests_properties(kid_pr_is_control PROPERTIES TIMEOUT 120 WILL_FAIL TRUE
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2;SHARDGAN_TEST_CONTROL=kid_biased")
+
+# A TorchScript feature network: pytorch-fid's Inception-v3 with random weights
+# (scripts/export_inception.py, exported once into the build tree), its features against the
+# Python module's, the metrics at Inception's widths against float64 numpy, and the refusals
+# of bad files. The control skips the input range mapping: the feature comparison must fail.
+shardgan_test(test_torchscript_metrics)
+target_compile_definitions(test_torchscript_metrics PRIVATE SHARDGAN_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                           SHARDGAN_PYTHON="${SHARDGAN_PYTHON}"
+                           SHARDGAN_INCEPTION_FILE="${CMAKE_BINARY_DIR}/fid/inception-random.pt")
+add_test(NAME torchscript_metrics COMMAND test_torchscript_metrics)
+set_tests_properties(torchscript_metrics PROPERTIES TIMEOUT 300 PROCESSORS 2 RESOURCE_LOCK inception_export
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2")
+add_test(NAME torchscript_metrics_control COMMAND test_torchscript_metrics
+         --gtest_filter=TorchScriptMetrics.FeaturesMatchPython)
+set_tests_properties(torchscript_metrics_control PROPERTIES TIMEOUT 300 WILL_FAIL TRUE RESOURCE_LOCK inception_export
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2;SHARDGAN_TEST_CONTROL=feature_range")
+
+# Evaluation on the TorchScript Inception during training and on a checkpoint.
+add_test(NAME torchscript_eval_train
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/torchscript_eval_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/fid/inception-random.pt)
+set_tests_properties(torchscript_eval_train PROPERTIES TIMEOUT 300 PROCESSORS 2 RESOURCE_LOCK inception_export
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
+
+# The reference statistics cache: `shardgan-fid stats`, reuse, rewrite, and stale caches refused.
+add_test(NAME fid_stats_cache
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fid_stats_cache_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-fid> ${PROJECT_SOURCE_DIR} ${SHARDGAN_FID_CLASSIFIER_FILE})
+set_tests_properties(fid_stats_cache PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED fid_classifier PROCESSORS 2
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
+
+# A classifier trained on another labelled dataset (colour shapes, 3x64x64, 4 classes) and
+# used by a DCGAN-64's evaluation; the Fashion-MNIST classifier refused on those images.
+add_test(NAME classifier_any_dataset
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/classifier_any_dataset_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-fid> $<TARGET_FILE:shardgan-data> ${PROJECT_SOURCE_DIR}
+                 ${SHARDGAN_FID_CLASSIFIER_FILE})
+set_tests_properties(classifier_any_dataset PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED fid_classifier PROCESSORS 2
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
+
+# A folder of one's own 64x64 images to metrics (docs/guides/own-dataset.md).
+add_test(NAME own_folder_e2e
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/own_folder_e2e_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> $<TARGET_FILE:shardgan-fid> $<TARGET_FILE:shardgan-data>
+                 ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/fid/inception-random.pt)
+set_tests_properties(own_folder_e2e PROPERTIES TIMEOUT 300 PROCESSORS 2 RESOURCE_LOCK inception_export
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")

@@ -22,3 +22,11 @@ add_test(NAME pix2pix_train
 # The classifier (eval_tests.cmake's fid_classifier fixture) lets it check pix2pix's eval_set tag.
 set_tests_properties(pix2pix_train PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2
                      FIXTURES_REQUIRED fid_classifier)
+
+# DCGAN at 32 to 256 pixels: the paper's 64x64 layout (parameter counts against a re-typed
+# plain-PyTorch copy, tests/dcgan_reference.py), shapes at every size, refused sizes.
+shardgan_test(test_dcgan_resolution)
+target_compile_definitions(test_dcgan_resolution PRIVATE SHARDGAN_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                           SHARDGAN_PYTHON="${SHARDGAN_PYTHON}")
+add_test(NAME dcgan_resolution COMMAND test_dcgan_resolution)
+set_tests_properties(dcgan_resolution PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")

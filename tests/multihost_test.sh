@@ -14,13 +14,17 @@
 #     end within dist.timeout_s (15 s) plus the abort's grace, host 0's ranks with a timeout
 #     message that names the peers' hosts; then `--resume auto` continues from the newest
 #     checkpoint.
-# Needs root (ip netns). Without it the test fails, unless SHARDGAN_SKIP_MULTIHOST=1.
+# Needs root (ip netns): as another user it reports skipped (exit 77) with the reason; as root
+# without iproute2 it fails, unless SHARDGAN_SKIP_MULTIHOST=1.
 TRAIN=$1; CKPT=$2; SRC=$3
 source "$(dirname "$0")/lib.sh"
 NETNS="$SRC/tests/multihost/netns.sh"
-if [ "$(id -u)" -ne 0 ] || ! command -v ip > /dev/null; then
-  [ "${SHARDGAN_SKIP_MULTIHOST:-0}" = 1 ] && { echo "SKIP: needs root and iproute2"; exit 77; }
-  bad "needs root and iproute2 (ip netns); set SHARDGAN_SKIP_MULTIHOST=1 to skip"; finish; exit 1
+if [ "$(id -u)" -ne 0 ]; then
+  echo "SKIP: network namespaces as hosts (ip netns) need root; this user is $(id -un)"; exit 77
+fi
+if ! command -v ip > /dev/null; then
+  [ "${SHARDGAN_SKIP_MULTIHOST:-0}" = 1 ] && { echo "SKIP: needs iproute2"; exit 77; }
+  bad "needs iproute2 (ip netns; scripts/setup-dev.sh installs it); set SHARDGAN_SKIP_MULTIHOST=1 to skip"; finish; exit 1
 fi
 P=mh$(( $$ % 100000 ))
 export NETNS_SUBNET=10.$(( 100 + $$ % 100 )).$(( $$ / 100 % 250 ))

@@ -4,6 +4,7 @@
 //   shardgan-ckpt consolidate DIR -o FULL.h5 | reshard DIR -o NEW --world-size M [--stage S]
 //   shardgan-ckpt sample DIR -o grid.png [--ema] [-n 64] [--truncation T] | export DIR -o g.pt [--ema]
 //   shardgan-ckpt fid DIR [--ema] [-n 10000] [--classifier runs/fmnist-classifier.h5] [--truncation T]
+//                 [--feature-network inception.pt] [--reference DIR|FILE.h5] [--reference-samples N]
 // DIR is a checkpoint directory, a checkpoints folder or a run directory (the newest
 // committed checkpoint there). Exit status: 0 fine, 1 a bad checkpoint or a failed check,
 // 2 bad usage.
@@ -148,15 +149,29 @@ int cmd_export(ckpt::CheckpointReader& rd, const std::string& out, bool ema) {
 
 // FID (and class accuracy) of the checkpoint's G or EMA, as the trainer's evaluation
 // computes it (evaluation.h) on one process; prints one JSON object.
-int cmd_fid(ckpt::CheckpointReader& rd, bool ema, int64_t n, const std::string& classifier,
-            const std::string& reference, bool identity, double truncation) {
+// Overrides of the stored config's eval.* keys; empty or 0: keep the stored value.
+struct EvalOverrides {
+  std::string classifier, reference, feature_network;
+  int64_t reference_samples = 0;
+};
+
+int cmd_fid(ckpt::CheckpointReader& rd, bool ema, int64_t n, const EvalOverrides& o, bool identity,
+            double truncation) {
   torch::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   LocalCommunicator comm;
   TrainConfig cfg;
   auto g = load_generator(rd, comm, ema, &cfg);
   cfg.eval_samples = n;
-  if (!classifier.empty()) cfg.eval_classifier = classifier;
-  if (!reference.empty()) cfg.eval_reference = reference;
+  if (!o.classifier.empty()) {
+    cfg.eval_features = "classifier";
+    cfg.eval_classifier = o.classifier;
+  }
+  if (!o.reference.empty()) cfg.eval_reference = o.reference;
+  if (!o.feature_network.empty()) {
+    cfg.eval_features = "torchscript";
+    cfg.eval_feature_network = o.feature_network;
+  }
+  if (o.reference_samples > 0) cfg.eval_reference_samples = o.reference_samples;
   g->train(true);  // as the trainer samples and evaluates: batch statistics
   Evaluator evaluator(cfg, comm, *cfg.family);
   if (identity && cfg.family->condition_channels() == 0) {
@@ -166,7 +181,8 @@ int cmd_fid(ckpt::CheckpointReader& rd, bool ema, int64_t n, const std::string& 
   }
   const EvalResult r = evaluator.evaluate(*g, identity, truncation);
   nlohmann::json j = {{"checkpoint", rd.dir()}, {"step", rd.manifest().step}, {"ema", ema},
-                      {"samples", r.samples}, {"classifier", cfg.eval_classifier}, {"time_s", r.time_s}};
+                      {"samples", r.samples}, {"time_s", r.time_s}};
+  if (cfg.eval_features == "classifier") j["classifier"] = cfg.eval_classifier;
   put_scores(j, r);  // the trainer's evaluation keys
   if (r.truncation > 0) j["truncation"] = r.truncation;
   if (identity) j["identity"] = true;
@@ -184,7 +200,8 @@ int main(int argc, char** argv) {
   int world = 0, stage = -1;
   int64_t n = 64, fid_n = 10000;
   double truncation = 0;  // BigGAN's truncation trick: 0 = off
-  std::string classifier, reference;
+  std::string classifier, reference, feature_network;
+  int64_t reference_samples = 0;
   bool ema = false, eval = false;
   auto* ls = app.add_subcommand("ls", "tensors: shapes, dtypes, bytes, which ranks hold them");
   auto* info = app.add_subcommand("info", "step, world size, stages, config");
@@ -212,8 +229,14 @@ int main(int argc, char** argv) {
   for (auto* sc : {fid, evl}) {
     sc->add_option("-n,--count", fid_n, "generated images (default 10000; image-to-image: held-out pairs, at most 10000)")
         ->check(CLI::Range(int64_t{2}, int64_t{10000000}));
-    sc->add_option("--classifier", classifier, "classifier file (default: the stored config's eval.classifier)");
-    sc->add_option("--reference", reference, "Fashion-MNIST folder whose t10k split is the reference");
+    sc->add_option("--classifier", classifier, "score on this classifier file (default: the stored config's "
+                   "eval.features and its file)");
+    sc->add_option("--reference", reference,
+                   "the real images: a Fashion-MNIST folder (its t10k split) or an HDF5 file from shardgan-data convert");
+    sc->add_option("--feature-network", feature_network,
+                   "score on this TorchScript feature network (scripts/export_inception.py) instead of the classifier");
+    sc->add_option("--reference-samples", reference_samples, "at most this many reference images (default: the "
+                   "stored config's eval.reference_samples)")->check(CLI::Range(int64_t{2}, int64_t{10000000}));
     sc->add_option("--truncation", truncation,
                    "redraw latents with |z| above this (BigGAN's truncation trick; 0: off)")
         ->check(CLI::NonNegativeNumber);
@@ -249,8 +272,8 @@ int main(int argc, char** argv) {
     }
     if (*sample) return cmd_sample(rd, out, ema, n, eval, truncation);
     if (*exp) return cmd_export(rd, out, ema);
-    if (*fid) return cmd_fid(rd, ema, fid_n, classifier, reference, false, truncation);
-    if (*evl) return cmd_fid(rd, ema, fid_n, classifier, reference, identity, truncation);
+    if (*fid) return cmd_fid(rd, ema, fid_n, {classifier, reference, feature_network, reference_samples}, false, truncation);
+    if (*evl) return cmd_fid(rd, ema, fid_n, {classifier, reference, feature_network, reference_samples}, identity, truncation);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shardgan-ckpt: error: %s\n", e.what());
     return 1;

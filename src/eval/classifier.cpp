@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <stdexcept>
@@ -32,11 +33,12 @@ double seconds_since(Clock::time_point t0) {
 
 using detail::shape_str;
 
-// Checks images [N, 1, 32, 32] of a float dtype; returns them as contiguous float32 CPU.
-at::Tensor checked_images(const at::Tensor& images, const std::string& what) {
-  if (!images.defined() || images.dim() != 4 || images.size(1) != 1 || images.size(2) != 32 ||
-      images.size(3) != 32) {
-    throw std::invalid_argument(what + ": images must be [N, 1, 32, 32], got " +
+// Checks images [N, C, S, S] of `shape` and a float dtype; returns them as contiguous float32 CPU.
+at::Tensor checked_images(const at::Tensor& images, const ClassifierShape& shape, const std::string& what) {
+  if (!images.defined() || images.dim() != 4 || images.size(1) != shape.channels || images.size(2) != shape.size ||
+      images.size(3) != shape.size) {
+    throw std::invalid_argument(what + ": images must be [N, " + std::to_string(shape.channels) + ", " +
+                                std::to_string(shape.size) + ", " + std::to_string(shape.size) + "], got " +
                                 (images.defined() ? shape_str(images.sizes()) : std::string("undefined")));
   }
   if (!at::isFloatingType(images.scalar_type())) {
@@ -106,19 +108,39 @@ void reinitialize(Classifier& model) {
 
 }  // namespace
 
-ClassifierImpl::ClassifierImpl() {
+std::string ClassifierShape::image_shape() const {
+  return std::to_string(channels) + "x" + std::to_string(size) + "x" + std::to_string(size);
+}
+
+ClassifierImpl::ClassifierImpl(ClassifierShape shape) : shape_(shape) {
   using torch::nn::Conv2dOptions;
-  conv1 = register_module("conv1", torch::nn::Conv2d(Conv2dOptions(1, 32, 4).stride(2).padding(1)));
+  if (shape.channels != 1 && shape.channels != 3) {
+    throw std::invalid_argument("Classifier: channels must be 1 or 3, got " + std::to_string(shape.channels));
+  }
+  if (shape.size < 32 || shape.size > 1024 || (shape.size & (shape.size - 1)) != 0) {
+    throw std::invalid_argument("Classifier: size must be a power of two from 32 to 1024, got " +
+                                std::to_string(shape.size));
+  }
+  if (shape.classes < 2 || shape.classes > 100000) {
+    throw std::invalid_argument("Classifier: classes must be 2 to 100000, got " + std::to_string(shape.classes));
+  }
+  conv1 = register_module("conv1", torch::nn::Conv2d(Conv2dOptions(shape.channels, 32, 4).stride(2).padding(1)));
   bn1 = register_module("bn1", torch::nn::BatchNorm2d(32));
   conv2 = register_module("conv2", torch::nn::Conv2d(Conv2dOptions(32, 64, 3).stride(2).padding(1)));
   bn2 = register_module("bn2", torch::nn::BatchNorm2d(64));
+  for (int64_t side = shape.size / 4, k = 3; side > 8; side /= 2, ++k) {
+    extra_convs.push_back(register_module("conv" + std::to_string(k),
+                                          torch::nn::Conv2d(Conv2dOptions(64, 64, 3).stride(2).padding(1))));
+    extra_bns.push_back(register_module("bn" + std::to_string(k), torch::nn::BatchNorm2d(64)));
+  }
   fc1 = register_module("fc1", torch::nn::Conv2d(Conv2dOptions(64, kClassifierFeatureDim, 8)));
-  fc2 = register_module("fc2", torch::nn::Linear(kClassifierFeatureDim, kClassifierClasses));
+  fc2 = register_module("fc2", torch::nn::Linear(kClassifierFeatureDim, shape.classes));
 }
 
 at::Tensor ClassifierImpl::features(const at::Tensor& x) {
   at::Tensor h = torch::relu(bn1(conv1(x)));
   h = torch::relu(bn2(conv2(h)));
+  for (size_t i = 0; i < extra_convs.size(); ++i) h = torch::relu(extra_bns[i](extra_convs[i](h)));
   return torch::relu(fc1(h)).flatten(1);
 }
 
@@ -132,12 +154,20 @@ ClassifierTrainResult train_classifier(Classifier& model, const at::Tensor& trai
                                 std::to_string(opt.epochs) + ", " + std::to_string(opt.batch) + ", " +
                                 std::to_string(opt.eval_batch) + ", " + std::to_string(opt.lr) + ")");
   }
-  const at::Tensor xs = checked_images(train_images, "train_classifier: train_images");
+  const ClassifierShape& shape = model->shape();
+  const at::Tensor xs = checked_images(train_images, shape, "train_classifier: train_images");
   const at::Tensor ys = checked_labels(train_labels, xs.size(0), "train_classifier: train_labels");
-  const at::Tensor xt = checked_images(test_images, "train_classifier: test_images");
+  const at::Tensor xt = checked_images(test_images, shape, "train_classifier: test_images");
   const at::Tensor yt = checked_labels(test_labels, xt.size(0), "train_classifier: test_labels");
   if (xs.size(0) == 0 || xt.size(0) == 0) {
     throw std::invalid_argument("train_classifier: empty training or test set");
+  }
+  for (const at::Tensor& y : {ys, yt}) {
+    if (y.min().item<int64_t>() < 0 || y.max().item<int64_t>() >= shape.classes) {
+      throw std::invalid_argument("train_classifier: labels must lie in [0, " + std::to_string(shape.classes) +
+                                  "), got " + std::to_string(y.min().item<int64_t>()) + " to " +
+                                  std::to_string(y.max().item<int64_t>()));
+    }
   }
 
   torch::manual_seed(opt.seed);
@@ -193,9 +223,9 @@ void save_classifier(Classifier& model, const std::string& path, const Classifie
     }
     f.set_attr("/", "format", std::string(kClassifierFormat));
     f.set_attr("/", "version", kClassifierVersion);
-    f.set_attr("/", "image_shape", std::string("1x32x32"));
+    f.set_attr("/", "image_shape", model->shape().image_shape());
     f.set_attr("/", "feature_dim", kClassifierFeatureDim);
-    f.set_attr("/", "num_classes", kClassifierClasses);
+    f.set_attr("/", "num_classes", model->shape().classes);
     f.set_attr("/", "test_accuracy", info.test_accuracy);
     f.set_attr("/", "epochs", info.epochs);
     f.set_attr("/", "seed", info.seed);
@@ -249,7 +279,30 @@ Classifier load_classifier(const std::string& path, ClassifierInfo* info) {
                               std::to_string(kClassifierVersion) + " with feature_dim " +
                               std::to_string(kClassifierFeatureDim) + fix_hint());
   }
-  Classifier model;
+  // image_shape "CxSxS" and num_classes K (files from before other datasets: 1x32x32, 10).
+  ClassifierShape shape;
+  try {
+    const std::string text = f->attr_string("/", "image_shape");
+    long long c = 0, h = 0, w = 0;
+    char tail = 0;
+    if (std::sscanf(text.c_str(), "%lldx%lldx%lld%c", &c, &h, &w, &tail) != 3 || h != w) {
+      throw ClassifierFileError(where + ": image_shape '" + text + "' is not CxSxS" + fix_hint());
+    }
+    shape.channels = c;
+    shape.size = h;
+    shape.classes = f->attr_int("/", "num_classes");
+  } catch (const h5::H5Error& e) {
+    throw ClassifierFileError(where + ": " + e.what() + fix_hint());
+  }
+  std::optional<Classifier> built;
+  try {
+    built.emplace(shape);
+  } catch (const std::invalid_argument& e) {
+    throw ClassifierFileError(where + ": image_shape " + shape.image_shape() + " with num_classes " +
+                              std::to_string(shape.classes) + ": " + e.what() + fix_hint());
+  }
+  Classifier model = *built;
+  got.shape = shape;
   torch::NoGradGuard no_grad;
   for (const auto& [name, t] : named_state(model)) {
     if (!f->exists(name)) throw ClassifierFileError(where + ": missing dataset '" + name + "'" + fix_hint());
@@ -270,7 +323,7 @@ Classifier load_classifier(const std::string& path, ClassifierInfo* info) {
 }
 
 at::Tensor extract_features(Classifier& model, const at::Tensor& images, int64_t batch) {
-  const at::Tensor x = checked_images(images, "extract_features");
+  const at::Tensor x = checked_images(images, model->shape(), "extract_features");
   check_batch(batch, "extract_features");
   if (x.size(0) == 0) return torch::zeros({0, kClassifierFeatureDim}, torch::kDouble);
   return torch::cat(batched_eval(model, x, batch, [&](const at::Tensor& b) { return model->features(b); }))
@@ -278,7 +331,7 @@ at::Tensor extract_features(Classifier& model, const at::Tensor& images, int64_t
 }
 
 at::Tensor classify(Classifier& model, const at::Tensor& images, int64_t batch) {
-  const at::Tensor x = checked_images(images, "classify");
+  const at::Tensor x = checked_images(images, model->shape(), "classify");
   check_batch(batch, "classify");
   if (x.size(0) == 0) return torch::zeros({0}, torch::kLong);
   return torch::cat(batched_eval(model, x, batch, [&](const at::Tensor& b) { return model->forward(b).argmax(1); }));

@@ -142,6 +142,19 @@ struct TrainConfig {
   std::string eval_classifier = "runs/fmnist-classifier.h5";  ///< eval.classifier: `shardgan-fid train-classifier` output
   /// eval.reference: Fashion-MNIST folder whose t10k split gives the real feature statistics
   std::string eval_reference = "/usr/share/datasets/fashion-mnist";
+  /// eval.features: the feature network of FID, KID and precision/recall, "classifier"
+  /// (eval.classifier) or "torchscript" (eval.feature_network; eval/feature_network.h)
+  std::string eval_features = "classifier";
+  std::string eval_feature_network;  ///< eval.feature_network: TorchScript file with a manifest
+  /// eval.reference_samples: at most this many reference images are featurized, evenly
+  /// spaced over the reference set (all of Fashion-MNIST's t10k at the default)
+  int64_t eval_reference_samples = 10000;
+  /// eval.reference_cache: HDF5 file of the reference features (`shardgan-fid stats`);
+  /// written at start-up when missing, reused when its network and image hashes match,
+  /// refused when they do not ("" = none)
+  std::string eval_reference_cache;
+  int64_t eval_kid_subsets = 100;       ///< eval.kid_subsets: KID's subsets (StyleGAN2-ADA: 100)
+  int64_t eval_kid_subset_size = 1000;  ///< eval.kid_subset_size: at most this many samples per subset and side
   /// eval.truncation: above 0, every evaluation also scores G and its EMA on latents whose
   /// entries above it in magnitude are redrawn (BigGAN's truncation trick,
   /// ModelFamily::sample_truncated_latents; keys *_trunc); Gaussian latents only

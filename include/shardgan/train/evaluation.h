@@ -1,15 +1,17 @@
 #pragma once
-/// Sample quality during training and on checkpoints: the Frechet distance between
-/// generated and real images in the feature space of a Fashion-MNIST classifier
-/// (src/eval/, `shardgan-fid train-classifier`), and, for conditional models, the
-/// classifier's accuracy on generated images against the labels they were generated for.
-/// See docs/fid.md.
+/// Sample quality during training and on checkpoints: FID, KID, precision/recall and (with
+/// logits) IS between generated and real images in the feature space of a feature network
+/// (eval/feature_network.h: a Fashion-MNIST classifier from `shardgan-fid train-classifier`,
+/// or a TorchScript Inception-v3 from scripts/export_inception.py), and, with the classifier
+/// and a conditional model, its accuracy on generated images against the labels they were
+/// generated for. See docs/fid.md.
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 #include <nlohmann/json_fwd.hpp>
 
 namespace shardgan {
@@ -25,8 +27,9 @@ struct EvalResult {
   double class_acc = -1;     ///< classifier accuracy on the generated images; -1 if unconditional
   int64_t samples = 0;       ///< generated images (all ranks together)
   double truncation = 0;     ///< the latents' truncation threshold (0: none)
-  /// Fraction of the generated images the classifier assigns to each of its 10 classes
-  /// (sums to 1): mode coverage, for unconditional models too (Fashion-MNIST's are 0.1 each).
+  /// Fraction of the generated images the classifier assigns to each of its K classes
+  /// (sums to 1): mode coverage, for unconditional models too (Fashion-MNIST's are 0.1
+  /// each); empty with a TorchScript network.
   std::vector<double> class_fractions;
   /// Image-to-image families: G(A) against B on the held-out pairs (eval/image_quality.h),
   /// averaged over the samples; -1 otherwise.
@@ -35,7 +38,27 @@ struct EvalResult {
   /// Image-to-image families: the held-out pairs scored (image_eval_set), written to the
   /// metrics record as `eval_set`; empty otherwise.
   std::string eval_set;
+  /// KID (feature_metrics.h: unbiased MMD², cubic kernel) between the reference and the
+  /// generated features: mean and population std over `kid_subsets` subsets of
+  /// `kid_subset_size` samples per side (min(eval.kid_subset_size, samples, reference
+  /// images); kid_subsets 0 when fewer than 2).
+  double kid = 0, kid_std = 0;
+  int64_t kid_subsets = 0, kid_subset_size = 0;
+  /// Improved precision and recall, k = 3, in [0, 1]; -1 with 3 samples or fewer.
+  double precision = -1, recall = -1;
+  /// Inception Score over min(10, samples) splits (torchscript networks with logits only);
+  /// -1 otherwise.
+  double inception_score = -1, inception_score_std = -1;
+  /// The feature network: kind, description, file and weights hash.
+  std::string features;
+  /// The network's weights are a published feature space (its manifest says comparable:
+  /// pytorch-fid) and both the samples and the reference images number at least
+  /// kPaperSamples: FID is biased by the sample count, so papers' 50k figures need 50k.
+  bool paper_comparable = false;
 };
+
+/// Samples (and reference images) below which a record is tagged paper_comparable: false.
+inline constexpr int64_t kPaperSamples = 50000;
 
 /// Local. The held-out pairs an image-to-image family's evaluation translates and scores:
 /// "fashion-mnist-edges" (the Sobel edge maps of Fashion-MNIST's t10k images, from data.path
@@ -53,18 +76,34 @@ std::string image_eval_set(const TrainConfig& cfg);
 std::string image_eval_mismatch(const TrainConfig& cfg);
 
 /// Writes `r`'s scores into `j` under the keys of metrics.jsonl's evaluation records, each
-/// followed by `suffix` ("" for G, "_ema", "_trunc", "_ema_trunc"): fid, class_acc (when
-/// conditional), l1, psnr and ssim (image-to-image), class_fractions; and, image-to-image,
-/// eval_set without a suffix (the same for every model of a record). Local.
+/// followed by `suffix` ("" for G, "_ema", "_trunc", "_ema_trunc"): fid, kid and kid_std,
+/// precision and recall, is and is_std (when computed), class_acc (when conditional), l1,
+/// psnr and ssim (image-to-image), class_fractions (classifier); and, without a suffix (the
+/// same for every model of a record), eval_set (image-to-image), features,
+/// kid_subset_size and paper_comparable. Local.
 void put_scores(nlohmann::json& j, const EvalResult& r, const std::string& suffix = "");
+
+/// Local. The reference images of an evaluation, float32 CPU [N, C, H, W] in [-1, 1]: at
+/// most `max_images`, at indices floor(i size / max_images) (evenly spread; all when
+/// max_images >= size), of the `split` ("t10k" or "train") of the Fashion-MNIST folder
+/// `source`, or of the images of the HDF5 file `source` (`shardgan-data convert`; `split`
+/// unused). Throws DataError naming the file or folder when it cannot be read.
+at::Tensor reference_images(const std::string& source, int64_t max_images, const std::string& split = "t10k");
 
 class Evaluator {
  public:
-  /// Collective (one all-reduce of the reference moments). Every rank loads the classifier
-  /// from cfg.eval_classifier (an error naming the file and `shardgan-fid train-classifier`
-  /// if missing) and featurizes its share of the reference images: the t10k split (10,000
-  /// images) of the Fashion-MNIST folder cfg.eval_reference. Throws ConfigError if the
-  /// family's images are not 1x32x32 (the classifier's input). An image-to-image family
+  /// Collective (one all-gather of the reference moments and one of the reference
+  /// features). Every rank loads the feature network of cfg.eval_features
+  /// (eval/feature_network.h: the classifier file cfg.eval_classifier, or the TorchScript
+  /// file cfg.eval_feature_network) and featurizes its contiguous share of the reference
+  /// images: at most cfg.eval_reference_samples, evenly spaced, of the t10k split of the
+  /// Fashion-MNIST folder cfg.eval_reference, or of the images of the HDF5 file
+  /// cfg.eval_reference (`shardgan-data convert`). Every rank keeps all reference features
+  /// (float64 [N_ref, F]: 164 MB at 10,000 x 2048) for KID and precision/recall. Throws
+  /// ConfigError naming the key and the file if the network cannot be loaded or cannot take
+  /// the family's or the reference's images (FeatureNetwork::check_images), or if an
+  /// image-to-image family is given an HDF5 reference. With the classifier, a conditional
+  /// family with its 10 classes also gets class accuracy. An image-to-image family
   /// whose evaluation scores another task than its training data (image_eval_mismatch)
   /// warns once, on rank 0 of `comm` (not in the memory probe's stand-in world, backend
   /// "shadow"). `comm` and `family` must outlive this object.
@@ -80,13 +119,24 @@ class Evaluator {
   /// contiguous share in chunks of at most 64, in train mode as the sampler does, restoring
   /// every buffer afterwards (training is unchanged). An image-to-image family translates the
   /// edge maps of the first cfg.eval_samples (at most 10000) held-out images
-  /// (held_out_images) and is scored against them too. Features are summed over ranks (one
-  /// all-reduce of float64 moments). The result is the same on every rank.
+  /// (held_out_images) and is scored against them too. FID comes from float64 moments
+  /// merged over ranks in rank order (one all-gather); the features themselves are gathered
+  /// (one all-gather, two with logits), and rank 0 computes KID over eval.kid_subsets seeded
+  /// subsets (seed 0), precision/recall (k = 3) against the reference features and, for a
+  /// TorchScript network with logits, IS over 10 splits, then broadcasts them: the other
+  /// ranks wait in that broadcast (dist.timeout_s) while it computes. The result is the same
+  /// on every rank.
   /// With `identity` (image-to-image families only; std::invalid_argument otherwise), the
   /// input images A themselves are scored in place of G(A): the B ~ A baseline.
   EvalResult evaluate(ShardedModel& g, bool identity = false, double truncation = 0);
 
  private:
+  /// Collective: the reference moments and features of `real` (each rank featurizes its
+  /// contiguous share; one all-gather each).
+  void compute_reference(const at::Tensor& real);
+  /// Collective: gathers the generated features (and logits) of every rank in rank order;
+  /// rank 0 computes KID, precision/recall and IS into `res` and broadcasts them.
+  void feature_metrics(EvalResult& res, const at::Tensor& features, const at::Tensor& logits, int64_t W);
   struct State;
   std::unique_ptr<State> s_;
 };

@@ -47,23 +47,41 @@ Conv2d down(int64_t in, int64_t out, int64_t stride, int64_t pad) {
 
 nn::LeakyReLU lrelu() { return nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)); }
 
+// Number of stride-2 blocks between 4x4 and the image: log2(image_size) - 2 (3 at 32).
+int64_t up_blocks(const DcganConfig& cfg) {
+  int64_t n = 0;
+  while ((int64_t{4} << n) < cfg.image_size) ++n;
+  return n;
+}
+
 ModelSpec generator_spec(const DcganConfig& cfg, Communicator* c) {
-  const int64_t w = cfg.g_width, z = cfg.z_dim, ch = cfg.channels;
+  const int64_t w = cfg.g_width, z = cfg.z_dim, ch = cfg.channels, L = up_blocks(cfg);
   ModelSpec s{"generator", {}, {}};
-  s.units.push_back(seq_unit("block0", [=] { return nn::Sequential(up(z, 4 * w, 1, 0), SyncBatchNorm2d(4 * w, c), nn::ReLU()); }));
-  s.units.push_back(seq_unit("block1", [=] { return nn::Sequential(up(4 * w, 2 * w, 2, 1), SyncBatchNorm2d(2 * w, c), nn::ReLU()); }));
-  s.units.push_back(seq_unit("block2", [=] { return nn::Sequential(up(2 * w, w, 2, 1), SyncBatchNorm2d(w, c), nn::ReLU()); }));
+  // Widths w 2^(L-1), ..., 2w, w at 4x4, 8x8, ..., image_size / 2; then the image.
+  const int64_t top = w << (L - 1);
+  s.units.push_back(seq_unit("block0", [=] { return nn::Sequential(up(z, top, 1, 0), SyncBatchNorm2d(top, c), nn::ReLU()); }));
+  for (int64_t i = 1; i < L; ++i) {
+    const int64_t in = w << (L - i), out = w << (L - 1 - i);
+    s.units.push_back(seq_unit("block" + std::to_string(i), [=] {
+      return nn::Sequential(up(in, out, 2, 1), SyncBatchNorm2d(out, c), nn::ReLU());
+    }));
+  }
   s.units.push_back(seq_unit("out", [=] { return nn::Sequential(up(w, ch, 2, 1), nn::Tanh()); }));
   return s;
 }
 
 ModelSpec discriminator_spec(const DcganConfig& cfg, Communicator* c) {
-  const int64_t w = cfg.d_width, ch = cfg.channels;
+  const int64_t w = cfg.d_width, ch = cfg.channels, L = up_blocks(cfg);
   ModelSpec s{"discriminator", {}, {}};
   s.units.push_back(seq_unit("block0", [=] { return nn::Sequential(down(ch, w, 2, 1), lrelu()); }));
-  s.units.push_back(seq_unit("block1", [=] { return nn::Sequential(down(w, 2 * w, 2, 1), SyncBatchNorm2d(2 * w, c), lrelu()); }));
-  s.units.push_back(seq_unit("block2", [=] { return nn::Sequential(down(2 * w, 4 * w, 2, 1), SyncBatchNorm2d(4 * w, c), lrelu()); }));
-  s.units.push_back(seq_unit("out", [=] { return nn::Sequential(down(4 * w, 1, 1, 0), nn::Flatten()); }));
+  for (int64_t i = 1; i < L; ++i) {
+    const int64_t in = w << (i - 1), out = w << i;
+    s.units.push_back(seq_unit("block" + std::to_string(i), [=] {
+      return nn::Sequential(down(in, out, 2, 1), SyncBatchNorm2d(out, c), lrelu());
+    }));
+  }
+  const int64_t last = w << (L - 1);
+  s.units.push_back(seq_unit("out", [=] { return nn::Sequential(down(last, 1, 1, 0), nn::Flatten()); }));
   return s;
 }
 
@@ -73,7 +91,7 @@ class DcganFamily final : public ModelFamily {
   const char* arch() const override { return "dcgan"; }
   ModelSpec generator(Communicator& comm) const override { return generator_spec(cfg_, &comm); }
   ModelSpec discriminator(Communicator& comm) const override { return discriminator_spec(cfg_, &comm); }
-  ImageShape image_shape() const override { return {cfg_.channels, 32, 32}; }
+  ImageShape image_shape() const override { return {cfg_.channels, cfg_.image_size, cfg_.image_size}; }
   int64_t num_classes() const override { return 0; }
   at::Tensor sample_latents(int64_t n, at::Generator& gen, at::ScalarType dtype) const override {
     return at::randn({n, cfg_.z_dim, 1, 1}, gen, torch::TensorOptions().dtype(dtype));
@@ -99,6 +117,10 @@ std::unique_ptr<ModelFamily> make_dcgan_family(ConfigReader& r) {
   r.require(c.d_width > 0 && c.d_width <= 65536, "model.d_width", "must be 1 to 65536 (keeps element counts in int64)");
   c.channels = r.get<int64_t>("model.channels", c.channels, "image channels, 1 or 3");
   r.require(c.channels == 1 || c.channels == 3, "model.channels", "must be 1 or 3");
+  c.image_size = r.get<int64_t>("model.image_size", c.image_size,
+      "image side in pixels; DCGAN: 32 to 256, pix2pix: 8 to 1024 (powers of two)");
+  const bool pow2 = c.image_size >= 32 && c.image_size <= 256 && (c.image_size & (c.image_size - 1)) == 0;
+  r.require(pow2, "model.image_size", "must be 32, 64, 128 or 256 for model.arch dcgan");
   return make_dcgan_family(c);
 }
 
