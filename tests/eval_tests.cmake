@@ -51,13 +51,6 @@ add_test(NAME torchscript_metrics_control COMMAND test_torchscript_metrics
 set_tests_properties(torchscript_metrics_control PROPERTIES TIMEOUT 300 WILL_FAIL TRUE RESOURCE_LOCK inception_export
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2;SHARDGAN_TEST_CONTROL=feature_range")
 
-# Evaluation on the TorchScript Inception during training and on a checkpoint.
-add_test(NAME torchscript_eval_train
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/torchscript_eval_test.sh $<TARGET_FILE:shardgan-train>
-                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/fid/inception-random.pt)
-set_tests_properties(torchscript_eval_train PROPERTIES TIMEOUT 300 PROCESSORS 2 RESOURCE_LOCK inception_export
-                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
-
 # The reference statistics cache: `shardgan-fid stats`, reuse, rewrite, and stale caches refused.
 add_test(NAME fid_stats_cache
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fid_stats_cache_test.sh $<TARGET_FILE:shardgan-train>

@@ -4,9 +4,17 @@
 # (tests/make_image_folder.py) -> shardgan-data convert -> a DCGAN at model.image_size 64,
 # ZeRO stage 3 on 2 ranks, evaluated on the random-weight TorchScript Inception
 # (eval.features: torchscript) -> shardgan-ckpt fid with a classifier trained on that folder.
-# Checks: every metric is finite; the run resumes bit for bit (4 steps straight equal 2, a
-# checkpoint, a resume and 2 more; same_checkpoint). Skips (77) without PIL, torchvision or
-# xxhash in the Python.
+# Checks:
+#  - the run's evaluation record has finite fid, kid, kid_std, precision, recall, is and is_std
+#    for G and its EMA, no class fields, the network's description, kid_subset_size 16 and
+#    paper_comparable false (random weights, under 50,000 samples);
+#  - it resumes bit for bit: 4 steps straight equal 2, a checkpoint, a resume and 2 more
+#    (same_checkpoint; those two runs leave evaluation off, which never changes training:
+#    eval_train_test);
+#  - shardgan-ckpt fid with the folder's classifier: finite metrics, its 10 classes;
+#  - a missing network file is a config error naming eval.feature_network and the file, on
+#    every rank, without a hang.
+# Skips (77) without PIL, torchvision or xxhash in the Python.
 TRAIN=$1; CKPT=$2; FID=$3; DATA=$4; SRC=$5; NET=$6
 source "$(dirname "$0")/ckpt_lib.sh"
 T=$(mktemp -d /tmp/shardgan-ownfolder.XXXXXX)
@@ -31,10 +39,10 @@ RUN=(--set data.source=hdf5 --set data.path="$T/data.h5" --set model.image_size=
      --set eval.kid_subsets=10 --set train.eval_every=0)
 "${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" "${RUN[@]}" --set train.steps=4 --set run.dir="$T/a" > "$T/a.log" 2>&1 \
   && ok "4 steps straight, ZeRO-3 on 2 ranks, 64x64" || bad "4 steps: $(tail -5 "$T/a.log")"
-"${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" "${RUN[@]}" --set train.steps=2 --set run.dir="$T/b" > "$T/b1.log" 2>&1 \
-  || bad "2 steps: $(tail -5 "$T/b1.log")"
-"${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" "${RUN[@]}" --set train.steps=4 --set run.dir="$T/b" --resume "$T/b" \
-  > "$T/b2.log" 2>&1 || bad "resume: $(tail -5 "$T/b2.log")"
+"${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" "${RUN[@]}" --set eval.enabled=false --set train.steps=2 --set run.dir="$T/b" \
+  > "$T/b1.log" 2>&1 || bad "2 steps: $(tail -5 "$T/b1.log")"
+"${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" "${RUN[@]}" --set eval.enabled=false --set train.steps=4 --set run.dir="$T/b" \
+  --resume "$T/b" > "$T/b2.log" 2>&1 || bad "resume: $(tail -5 "$T/b2.log")"
 grep -q "resumed from $T/b/checkpoints/step-00000002 at step 2" "$T/b2.log" && ok "resumed at step 2" || bad "no resume line"
 same_checkpoint "$T/a/checkpoints/step-00000004" "$T/b/checkpoints/step-00000004" "(own folder)"
 "$FID" train-classifier --data "$T/data.h5" -o "$T/cls.h5" --epochs 2 --min-accuracy 0.5 --threads 2 \
@@ -47,6 +55,9 @@ import json, math, sys
 r = [json.loads(l) for l in open(sys.argv[1]) if '"fid"' in l][-1]
 keys = [k + s for k in ("fid", "kid", "kid_std", "precision", "recall", "is", "is_std") for s in ("", "_ema")]
 bad = [k for k in keys if not math.isfinite(r[k])]
+assert "class_fractions" not in r and "class_acc" not in r, r
+assert r["paper_comparable"] is False and r["kid_subset_size"] == 16, r
+assert "pytorch-fid-inception-v3, random weights" in r["features"], r["features"]
 c = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
 bad += [k for k in ("fid", "kid", "precision", "recall") if not math.isfinite(c[k])]
 assert not bad, f"not finite: {bad}"
@@ -55,5 +66,10 @@ print(f"Inception (random weights): FID {r['fid']:.4g}, KID {r['kid']:.3g}, P {r
       f"R {r['recall']:.2f}, IS {r['is']:.3f}; classifier: FID {c['fid']:.4g}, KID {c['kid']:.3g}")
 PYEOF
 ) && ok "$out" || bad "$out"
+expect_fail "missing network file" "eval.feature_network: feature network $T/none.pt: no such file" \
+  "${MPIRUN[@]}" -np 2 "$TRAIN" "$CFG" "${RUN[@]}" --set eval.feature_network="$T/none.pt" --set train.steps=1 \
+  --set run.dir="$T/e"
+[ "$(grep -c "error on rank" "$T/out.txt")" -eq 2 ] && ok "missing network file: both ranks report it" \
+  || bad "missing network file: $(grep -c "error on rank" "$T/out.txt") ranks reported it"
 echo "whole entry: $((SECONDS - t0)) s"
 finish

@@ -208,6 +208,15 @@ TEST(FeatureMetrics, PrecisionRecallKnownAnswers) {
   const at::Tensor line = torch::tensor({0.0, 1.0, 3.0, 6.0}, torch::kDouble).unsqueeze(1);
   const at::Tensor probe = torch::tensor({7.0, 9.0, 9.5}, torch::kDouble).unsqueeze(1);
   EXPECT_DOUBLE_EQ(precision_recall(line, probe, 1).precision, 2.0 / 3.0);
+  // The reference radii computed once (as evaluations cache them) give the same answers.
+  const at::Tensor radii = manifold_radii_sq(line, 1);
+  EXPECT_TRUE(radii.equal(torch::tensor({1.0, 1.0, 4.0, 9.0}, torch::kDouble))) << radii;
+  EXPECT_DOUBLE_EQ(precision_recall(line, probe, radii, 1).precision, 2.0 / 3.0);
+  const at::Tensor y = normal(300, 16, 6) * 1.2f;
+  const PrecisionRecall plain = precision_recall(x, y, 3), cached = precision_recall(x, y, manifold_radii_sq(x, 3), 3);
+  EXPECT_EQ(plain.precision, cached.precision);
+  EXPECT_EQ(plain.recall, cached.recall);
+  expect_invalid([&] { precision_recall(x, y, radii, 3); }, "real_radii_sq");
 }
 
 // Uniform logits: p(y|x) = p(y), IS = 1. Confident one-hot logits spread evenly over C

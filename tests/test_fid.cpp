@@ -20,6 +20,7 @@
 #include <limits>
 #include <string>
 #include <vector>
+#include <utility>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -328,9 +329,11 @@ TEST(ClassifierFile, LoadErrorsNameTheFile) {
     f.set_attr("/", "version", int64_t{1});
   }
   expect_load_error(dir + "/noformat.h5", "'format'");
-  const auto write_header = [](h5::File& f, const std::string& format) {
+  const auto write_header = [](h5::File& f, const std::string& format, const std::string& shape = "1x32x32") {
     f.set_attr("/", "format", format);
     f.set_attr("/", "version", kClassifierVersion);
+    f.set_attr("/", "image_shape", shape);
+    f.set_attr("/", "num_classes", kClassifierClasses);
     f.set_attr("/", "feature_dim", kClassifierFeatureDim);
     f.set_attr("/", "test_accuracy", 0.9);
     f.set_attr("/", "epochs", int64_t{1});
@@ -354,6 +357,17 @@ TEST(ClassifierFile, LoadErrorsNameTheFile) {
     f.write("conv1.weight", h5::DType::kF32, {16, 1, 3, 3}, w.data());
   }
   expect_load_error(dir + "/misshaped.h5", "dataset 'conv1.weight' is [16, 1, 3, 3], expected [32, 1, 4, 4]");
+  // Image shapes the architecture cannot take, or that are not CxSxS.
+  for (const auto& [shape, why] : std::vector<std::pair<std::string, std::string>>{
+           {"1x48x48", "size must be a power of two"}, {"2x32x32", "channels must be 1 or 3"},
+           {"1x32x64", "is not CxSxS"}, {"32", "is not CxSxS"}}) {
+    const std::string file = dir + "/shape-" + shape + ".h5";
+    {
+      h5::File f = h5::File::create(file);
+      write_header(f, kClassifierFormat, shape);
+    }
+    expect_load_error(file, why);
+  }
   fs::remove_all(dir);
 }
 

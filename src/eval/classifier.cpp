@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "eval/atomic_h5.h"
 #include "eval/shape_text.h"
 
 #include "shardgan/h5/h5.h"
@@ -212,11 +213,7 @@ ClassifierTrainResult train_classifier(Classifier& model, const at::Tensor& trai
 }
 
 void save_classifier(Classifier& model, const std::string& path, const ClassifierInfo& info) {
-  const std::string tmp = path + ".tmp";
-  const fs::path parent = fs::path(path).parent_path();
-  if (!parent.empty()) fs::create_directories(parent);
-  {
-    h5::File f = h5::File::create(tmp);
+  detail::write_h5_atomically(path, [&](h5::File& f) {
     for (const auto& [name, t] : named_state(model)) {
       const at::Tensor c = t.detach().to(torch::kCPU).contiguous();
       f.write(name, h5_dtype(c.scalar_type()), c.sizes().vec(), c.data_ptr());
@@ -230,12 +227,7 @@ void save_classifier(Classifier& model, const std::string& path, const Classifie
     f.set_attr("/", "epochs", info.epochs);
     f.set_attr("/", "seed", info.seed);
     f.set_attr("/", "train_time_s", info.train_time_s);
-    f.flush();
-    f.close();
-  }
-  h5::fsync_path(tmp);
-  fs::rename(tmp, path);
-  if (!parent.empty()) h5::fsync_path(parent.string());
+  });
 }
 
 Classifier load_classifier(const std::string& path, ClassifierInfo* info) {

@@ -294,6 +294,33 @@ PrecisionRecall precision_recall(const at::Tensor& real, const at::Tensor& fake,
   return pr;
 }
 
+at::Tensor manifold_radii_sq(const at::Tensor& features, int64_t k) {
+  const std::string fn = "manifold_radii_sq";
+  if (k < 1) throw std::invalid_argument(fn + ": k must be >= 1, got " + std::to_string(k));
+  const std::vector<double> r = knn_radii_sq(checked_2d(features, fn, "features", k + 1), k);
+  return torch::tensor(r, torch::kDouble);
+}
+
+PrecisionRecall precision_recall(const at::Tensor& real, const at::Tensor& fake, const at::Tensor& real_radii_sq,
+                                 int64_t k) {
+  const std::string fn = "precision_recall";
+  if (k < 1) throw std::invalid_argument(fn + ": k must be >= 1, got " + std::to_string(k));
+  const at::Tensor x = checked_2d(real, fn, "real features", k + 1);
+  const at::Tensor y = checked_2d(fake, fn, "fake features", k + 1);
+  check_widths(real, fake, fn);
+  if (!real_radii_sq.defined() || real_radii_sq.dim() != 1 || real_radii_sq.size(0) != x.size(0) ||
+      real_radii_sq.scalar_type() != at::kDouble) {
+    throw std::invalid_argument(fn + ": real_radii_sq must be float64 [" + std::to_string(x.size(0)) + "], got " +
+                                describe(real_radii_sq));
+  }
+  const at::Tensor rr = real_radii_sq.to(torch::kCPU).contiguous();
+  const std::vector<double> radii(rr.data_ptr<double>(), rr.data_ptr<double>() + rr.numel());
+  PrecisionRecall pr;
+  pr.precision = fraction_inside(y, x, radii);
+  pr.recall = fraction_inside(x, y, knn_radii_sq(y, k));
+  return pr;
+}
+
 MeanStd inception_score(const at::Tensor& logits, int64_t splits) {
   const std::string fn = "inception_score";
   if (splits < 1) throw std::invalid_argument(fn + ": splits must be >= 1, got " + std::to_string(splits));

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 #include <xxhash.h>
 
+#include "eval/atomic_h5.h"
 #include "shardgan/h5/h5.h"
 #include "shardgan/h5/probe.h"
 
@@ -30,9 +31,7 @@ void save_reference_stats(const std::string& path, const ReferenceStats& s) {
     throw std::invalid_argument("save_reference_stats: " + path + ": features are not exact in float32");
   }
   const int64_t F = mean.size(0);
-  const std::string tmp = path + ".tmp";
-  {
-    h5::File f = h5::File::create(tmp);
+  detail::write_h5_atomically(path, [&](h5::File& f) {
     f.write("mean", h5::DType::kF64, {F}, mean.data_ptr());
     f.write("cov", h5::DType::kF64, {F, F}, cov.data_ptr());
     if (f32.defined()) f.write("features", h5::DType::kF32, {f32.size(0), F}, f32.data_ptr());
@@ -44,13 +43,7 @@ void save_reference_stats(const std::string& path, const ReferenceStats& s) {
     f.set_attr("/", "network", s.network);
     f.set_attr("/", "images_xxh3", s.images_xxh3);
     f.set_attr("/", "source", s.source);
-    f.flush();
-    f.close();
-  }
-  h5::fsync_path(tmp);
-  fs::rename(tmp, path);
-  const fs::path parent = fs::path(path).parent_path();
-  h5::fsync_path(parent.empty() ? "." : parent.string());
+  });
 }
 
 ReferenceStats load_reference_stats(const std::string& path) {

@@ -155,6 +155,7 @@ struct Evaluator::State {
   std::unique_ptr<eval::FeatureNetwork> network;
   eval::FeatureStats reference;
   at::Tensor reference_features;  // float64 [N_ref, F], every rank: KID and precision/recall
+  at::Tensor real_radii_sq;       // rank 0, from the first evaluation: the reference manifold's radii
   int64_t batch = 64;           // images per feature-network call
   bool class_accuracy = false;  // conditional with the classifier's 10 classes
   at::Tensor held_out;          // image-to-image: the held-out images B (held_out_images)
@@ -276,7 +277,9 @@ void Evaluator::feature_metrics(EvalResult& res, const at::Tensor& features, con
       out[2] = static_cast<double>(subset);
     }
     if (std::min(n_fake, n_real) > 3) {
-      const eval::PrecisionRecall pr = eval::precision_recall(real, fake, 3);
+      // The reference set's radii once per Evaluator: O(N_ref² F), the bulk of the cost.
+      if (!s_->real_radii_sq.defined()) s_->real_radii_sq = eval::manifold_radii_sq(real, 3);
+      const eval::PrecisionRecall pr = eval::precision_recall(real, fake, s_->real_radii_sq, 3);
       out[3] = pr.precision;
       out[4] = pr.recall;
     }

@@ -106,6 +106,19 @@ struct PrecisionRecall {
 /// Inception-v3 or classifier features the figures are not comparable with it.
 PrecisionRecall precision_recall(const at::Tensor& real, const at::Tensor& fake, int64_t k = 3);
 
+/// The squared radii of the manifold of `features` [N, d] (any float dtype and device): the
+/// squared distance of each row to its k-th nearest neighbour in the set, itself excluded,
+/// as precision_recall computes them; float64 CPU [N]. For a fixed reference set, compute
+/// them once and pass them to the overload below. Throws std::invalid_argument as
+/// precision_recall does.
+at::Tensor manifold_radii_sq(const at::Tensor& features, int64_t k = 3);
+
+/// precision_recall with the real set's radii given (manifold_radii_sq(real, k)): the same
+/// result, without the O(N_r² d) radii. Throws std::invalid_argument as precision_recall
+/// does, and if `real_radii_sq` is not float64 [N_r].
+PrecisionRecall precision_recall(const at::Tensor& real, const at::Tensor& fake, const at::Tensor& real_radii_sq,
+                                 int64_t k = 3);
+
 /// The Inception Score of `logits` [N, C] (any float dtype and device; C >= 1): p(y|x_i) =
 /// softmax of row i in float64 (via log-softmax), rows split into `splits` consecutive parts,
 /// part s being rows [s N / S, (s + 1) N / S) (integer division, StyleGAN2-ADA's boundaries),
