@@ -67,6 +67,12 @@ std::string config_reference_markdown() {
       if (first) {
         order.push_back(key);
         it->second.info = r.keys().at(key);
+      } else {
+        // A key several families read (model.image_size): every family's rules, once each.
+        std::vector<std::string>& rules = it->second.info.rules;
+        for (const std::string& rule : r.keys().at(key).rules) {
+          if (std::find(rules.begin(), rules.end(), rule) == rules.end()) rules.push_back(rule);
+        }
       }
       it->second.arch_defaults.emplace_back(arch, r.keys().at(key).default_text);
     }

@@ -212,7 +212,7 @@ std::unique_ptr<ModelFamily> make_pix2pix_family(ConfigReader& r) {
   c.image_size = r.get<int64_t>("model.image_size", c.image_size,
       "pix2pix: image side in pixels, a power of two (G has log2 of it U-Net levels: 32 -> 5, 256 -> 8)");
   const bool pow2 = c.image_size >= 8 && c.image_size <= 1024 && (c.image_size & (c.image_size - 1)) == 0;
-  r.require(pow2, "model.image_size", "must be a power of two from 8 to 1024");
+  r.require(pow2, "model.image_size", "must be a power of two from 8 to 1024 for model.arch pix2pix");
   c.g_width = r.get<int64_t>("model.g_width", c.g_width, "DCGAN: G's base channel width; pix2pix: ngf");
   r.require(c.g_width > 0 && c.g_width <= 65536, "model.g_width", "must be 1 to 65536 (keeps element counts in int64)");
   c.d_width = r.get<int64_t>("model.d_width", c.d_width, "DCGAN: D's base channel width; pix2pix: ndf");
