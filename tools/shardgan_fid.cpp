@@ -135,8 +135,8 @@ int cmd_stats(const std::string& source, const std::string& out, const std::stri
   const eval::FeatureBatch fb = net->run(images, net->kind() == "classifier" ? 256 : 64);
   eval::FeatureMoments m;
   m.add(fb.features);
-  eval::save_reference_stats(out, {m.stats(), fb.features, net->hash(), net->description(),
-                                   eval::images_xxh3(images), source});
+  const std::string images_hash = eval::images_xxh3(images);
+  eval::save_reference_stats(out, {m.stats(), fb.features, net->hash(), net->description(), images_hash, source});
   nlohmann::ordered_json j;
   j["output"] = out;
   j["source"] = source;
@@ -144,7 +144,7 @@ int cmd_stats(const std::string& source, const std::string& out, const std::stri
   j["feature_dim"] = net->feature_dim();
   j["network"] = net->description();
   j["network_xxh3"] = net->hash();
-  j["images_xxh3"] = eval::images_xxh3(images);
+  j["images_xxh3"] = images_hash;
   j["time_s"] = seconds_since(t0);
   std::printf("%s\n", j.dump().c_str());
   return 0;

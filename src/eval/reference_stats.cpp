@@ -1,14 +1,13 @@
 // The reference statistics cache (reference_stats.h).
 #include "shardgan/eval/reference_stats.h"
 
-#include <cstdio>
 #include <filesystem>
 #include <optional>
 
 #include <torch/torch.h>
-#include <xxhash.h>
 
 #include "eval/atomic_h5.h"
+#include "eval/network_hash.h"
 #include "shardgan/h5/h5.h"
 #include "shardgan/h5/probe.h"
 
@@ -16,11 +15,7 @@ namespace shardgan::eval {
 namespace fs = std::filesystem;
 
 std::string images_xxh3(const at::Tensor& images) {
-  const at::Tensor c = images.detach().to(at::kCPU, at::kFloat).contiguous();
-  const unsigned long long h = XXH3_64bits(c.data_ptr(), static_cast<size_t>(c.numel()) * sizeof(float));
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", h);
-  return hex;
+  return weights_xxh3({{"images", images.detach().to(at::kCPU, at::kFloat)}});
 }
 
 void save_reference_stats(const std::string& path, const ReferenceStats& s) {
