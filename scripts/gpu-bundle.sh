@@ -29,9 +29,12 @@ done
 wrap() {  # binary -> name.bin plus a wrapper that sets the library path
   local src=$1 dst=$2
   cp -L "$src" "$dst.bin"
+  # argv[0] stays the wrapper's name: build/tests/test_gpu is a link to shardgan_tests, which
+  # picks the cases to run by the name it is called by.
   cat > "$dst" <<'EOF'
 #!/usr/bin/env bash
-exec env LD_LIBRARY_PATH="$SHARDGAN_LD_LIBRARY_PATH" "$0.bin" "$@"
+export LD_LIBRARY_PATH="$SHARDGAN_LD_LIBRARY_PATH"
+exec -a "$0" "$0.bin" "$@"
 EOF
   chmod +x "$dst"
 }

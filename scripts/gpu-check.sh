@@ -61,7 +61,7 @@ launch() {  # np, arguments of shardgan-train; runs at most ${LAUNCH_TIMEOUT:-60
 if [ -z "${SHARDGAN_BUILD:-}" ] && { [ ! -x build/shardgan-train ] || [ ! -x build/tests/test_gpu ]; }; then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSHARDGAN_PYTHON="$PY" > "$R/cmake.txt" 2>&1 \
     || { log "cmake failed: see $R/cmake.txt"; tail -20 "$R/cmake.txt"; exit 1; }
-  cmake --build build -j "$(nproc)" --target shardgan-train test_gpu > "$R/build.txt" 2>&1 \
+  cmake --build build -j "$(nproc)" --target shardgan-train shardgan_tests > "$R/build.txt" 2>&1 \
     || { log "build failed: see $R/build.txt"; tail -30 "$R/build.txt"; exit 1; }
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$R/gpus.txt" 2>&1

@@ -32,7 +32,11 @@ cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDGAN_BUILD_BENCHMARKS
   -DCMAKE_C_FLAGS="$SAN" -DCMAKE_EXE_LINKER_FLAGS="$LINK" > "$B.cmake.log" 2>&1 \
   || { cat "$B.cmake.log"; exit 1; }
 targets=()
-for t in ${SANITIZE_TARGETS:-}; do targets+=(--target "$t"); done
+for t in ${SANITIZE_TARGETS:-}; do
+  # A gtest file's name (test_offload) stands for shardgan_tests, the executable it is in.
+  if grep -qs "shardgan_test($t)" tests/CMakeLists.txt tests/*_tests.cmake; then t=shardgan_tests; fi
+  targets+=(--target "$t")
+done
 cmake --build "$B" -j "$(nproc)" "${targets[@]}"
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 SUPP="$(pwd)/scripts/sanitize.supp"

@@ -1,6 +1,5 @@
 # Checkpoint tests (issue 5): included by tests/CMakeLists.txt.
 shardgan_test(test_checkpoint)
-target_compile_definitions(test_checkpoint PRIVATE SHARDGAN_SOURCE_DIR="${PROJECT_SOURCE_DIR}" SHARDGAN_PYTHON="${SHARDGAN_PYTHON}")
 shardgan_mpi_test(test_checkpoint 300 4)
 
 # Shell tests driving shardgan-train and shardgan-ckpt.

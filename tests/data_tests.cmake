@@ -1,9 +1,7 @@
 # Fashion-MNIST images and labels, synthetic labels, and greyscale/RGB/class PNG grids.
 shardgan_test(test_data_grid)
-target_compile_definitions(test_data_grid PRIVATE SHARDGAN_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 # stbi_load for reading grids back: libstb holds the implementation (as it does stbi_write_png's
-# for the library), so the test defines no STB_*_IMPLEMENTATION.
-target_link_libraries(test_data_grid PRIVATE stb ZLIB::ZLIB)
+# for the library), so the test defines no STB_*_IMPLEMENTATION; shardgan_tests links it.
 shardgan_mpi_test(test_data_grid 120 1)
 # Control: the whole-split float copy the loader no longer makes must break the decode peak check.
 # Not in a sanitizer build (scripts/sanitize.sh), where the peak is not checked.
@@ -15,7 +13,6 @@ endif()
 
 # data.source hdf5: reader, converters, validation errors, prefetcher, loader schedule.
 shardgan_test(test_hdf5_data)
-target_link_libraries(test_hdf5_data PRIVATE stb)  # stbi_write_png for the test's PNGs
 shardgan_mpi_test(test_hdf5_data 300 1 2 3)
 # Training from a converted HDF5 file == from the idx files; resume; errors on every rank.
 add_test(NAME hdf5_train_test

@@ -9,7 +9,7 @@ set_tests_properties(fid_classifier PROPERTIES TIMEOUT 600 FIXTURES_SETUP fid_cl
                      ENVIRONMENT "OMP_WAIT_POLICY=passive")
 
 shardgan_test(test_fid)
-target_compile_definitions(test_fid PRIVATE SHARDGAN_FID_CLASSIFIER_PATH="${SHARDGAN_FID_CLASSIFIER_FILE}")
+target_compile_definitions(shardgan_tests PRIVATE SHARDGAN_FID_CLASSIFIER_PATH="${SHARDGAN_FID_CLASSIFIER_FILE}")
 shardgan_mpi_test(test_fid 600 1)
 set_tests_properties(test_fid_np1 PROPERTIES FIXTURES_REQUIRED fid_classifier
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
@@ -26,8 +26,6 @@ set_tests_properties(eval_train_test PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED fi
 # relative, plus known answers and refusals; skipped (77) without the Python. The control
 # computes the biased MMD (diagonals kept): the comparison must fail.
 shardgan_test(test_feature_metrics)
-target_compile_definitions(test_feature_metrics PRIVATE SHARDGAN_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
-                           SHARDGAN_PYTHON="${SHARDGAN_PYTHON}")
 add_test(NAME kid_pr_is COMMAND test_feature_metrics)
 set_tests_properties(kid_pr_is PROPERTIES TIMEOUT 120
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2")
@@ -40,9 +38,7 @@ set_tests_properties(kid_pr_is_control PROPERTIES TIMEOUT 120 WILL_FAIL TRUE
 # Python module's, the metrics at Inception's widths against float64 numpy, and the refusals
 # of bad files. The control skips the input range mapping: the feature comparison must fail.
 shardgan_test(test_torchscript_metrics)
-target_compile_definitions(test_torchscript_metrics PRIVATE SHARDGAN_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
-                           SHARDGAN_PYTHON="${SHARDGAN_PYTHON}"
-                           SHARDGAN_INCEPTION_FILE="${CMAKE_BINARY_DIR}/fid/inception-random.pt")
+target_compile_definitions(shardgan_tests PRIVATE SHARDGAN_INCEPTION_FILE="${CMAKE_BINARY_DIR}/fid/inception-random.pt")
 add_test(NAME torchscript_metrics COMMAND test_torchscript_metrics)
 set_tests_properties(torchscript_metrics PROPERTIES TIMEOUT 300 PROCESSORS 2 RESOURCE_LOCK inception_export
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2")

@@ -30,8 +30,15 @@ endforeach()
 #                    fail the replay (WILL_FAIL).
 set(SHARDGAN_FUZZ_TARGETS config ckpt_index ckpt_rankfile hdf5_dataset paired_folder classifier)
 set(shardgan_fuzz_replay_args)
+# The replay driver (no torch) is compiled once for all of them.
+add_library(fuzz_replay_driver OBJECT fuzz/driver_main.cpp)
+target_link_libraries(fuzz_replay_driver PRIVATE shardgan)
+target_include_directories(fuzz_replay_driver PRIVATE ${PROJECT_SOURCE_DIR}/src ${HDF5_INCLUDE_DIRS})
+target_compile_definitions(fuzz_replay_driver PRIVATE SHARDGAN_FUZZ_DATA_DIR="${CMAKE_CURRENT_SOURCE_DIR}/fuzz/data"
+                           SHARDGAN_FUZZ_REPLAY=1)
+target_compile_options(fuzz_replay_driver PRIVATE -Wall -Wextra -Wno-unused-parameter)
 foreach(t ${SHARDGAN_FUZZ_TARGETS})
-  add_executable(fuzz_replay_${t} fuzz/${t}_fuzz.cpp fuzz/driver_main.cpp)
+  add_executable(fuzz_replay_${t} fuzz/${t}_fuzz.cpp $<TARGET_OBJECTS:fuzz_replay_driver>)
   target_link_libraries(fuzz_replay_${t} PRIVATE shardgan ${HDF5_C_LIBRARIES})
   target_include_directories(fuzz_replay_${t} PRIVATE ${PROJECT_SOURCE_DIR}/src ${HDF5_INCLUDE_DIRS})
   target_compile_definitions(fuzz_replay_${t} PRIVATE SHARDGAN_FUZZ_DATA_DIR="${CMAKE_CURRENT_SOURCE_DIR}/fuzz/data"

@@ -26,7 +26,5 @@ set_tests_properties(pix2pix_train PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGA
 # DCGAN at 32 to 256 pixels: the paper's 64x64 layout (parameter counts against a re-typed
 # plain-PyTorch copy, tests/dcgan_reference.py), shapes at every size, refused sizes.
 shardgan_test(test_dcgan_resolution)
-target_compile_definitions(test_dcgan_resolution PRIVATE SHARDGAN_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
-                           SHARDGAN_PYTHON="${SHARDGAN_PYTHON}")
 add_test(NAME dcgan_resolution COMMAND test_dcgan_resolution)
 set_tests_properties(dcgan_resolution PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")

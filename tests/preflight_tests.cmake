@@ -2,7 +2,6 @@
 shardgan_test(test_memory_estimate)
 shardgan_mpi_test(test_memory_estimate 120 1 2 3 4)
 shardgan_test(test_memory_probe)
-target_compile_definitions(test_memory_probe PRIVATE SHARDGAN_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 shardgan_mpi_test(test_memory_probe 300 1)
 # Disk pre-flight: saves counted, this run's offload files credited, refusals naming the keys.
 shardgan_test(test_disk_preflight)

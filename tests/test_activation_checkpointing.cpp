@@ -43,6 +43,10 @@
 #include "test_util.h"
 #include "tiny_biggan.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -313,3 +317,5 @@ TEST(ActivationCheckpointingMemory, IncomingGradientIsFreedOnceUsed) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

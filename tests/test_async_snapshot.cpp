@@ -14,7 +14,12 @@
 #include "shardgan/checkpoint/async_checkpoint.h"
 #include "shardgan/comm/mpi_communicator.h"
 
-namespace shardgan {
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
+using namespace shardgan;
+
 namespace {
 
 std::string env(const char* k) {
@@ -54,4 +59,5 @@ TEST(AsyncSnapshot, AutoFollowsTheSelectedTransports) {
 }
 
 }  // namespace
-}  // namespace shardgan
+
+}  // namespace SHARDGAN_UNITY_ID

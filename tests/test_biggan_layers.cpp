@@ -15,6 +15,10 @@
 #include "shardgan/comm/mpi_communicator.h"
 #include "sn_conv_reference.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using namespace shardgan::biggan;
 using shardgan::test_util::plain_sigma;
@@ -378,3 +382,5 @@ TEST(UpsampledConv, EqualsUpsampleThenConvInFloat64AndBfloat16) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

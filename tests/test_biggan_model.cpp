@@ -22,6 +22,10 @@
 #include "test_util.h"
 #include "tiny_biggan.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -418,3 +422,5 @@ TEST(BigGanConfig, TruncatedLatentsAreATruncatedNormal) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -17,6 +17,10 @@
 #include "shardgan/train/trainer.h"
 #include "test_util.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using shardgan::test_util::max_rel_diff;
 
@@ -79,3 +83,5 @@ TEST(BigganParity, Stage3MatchesOneRankStage0InFloat64) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

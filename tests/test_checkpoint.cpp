@@ -31,6 +31,10 @@
 #include "shardgan/train/inference.h"
 #include "shardgan/train/trainer.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 namespace fs = std::filesystem;
 
@@ -313,3 +317,5 @@ TEST(Checkpoint, ExportLoadsBackWithTorchLoad) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

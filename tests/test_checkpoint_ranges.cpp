@@ -15,6 +15,10 @@
 #include "shardgan/optim/sharded_adam.h"
 #include "shardgan/sharding/sharded_model.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 namespace fs = std::filesystem;
 
@@ -110,3 +114,5 @@ TEST(CheckpointDiff, NonFiniteValuesAreDifferences) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

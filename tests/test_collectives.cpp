@@ -10,6 +10,10 @@
 
 #include "shardgan/comm/mpi_communicator.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -303,3 +307,5 @@ TEST(CollectivesProgress, ThreadAdvancesAllGatherWithoutMpiCalls) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

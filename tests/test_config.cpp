@@ -15,6 +15,10 @@
 #include "shardgan/util/progress.h"
 #include "shardgan/util/threads.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -426,3 +430,5 @@ TEST(Progress, RatesKeepSignificantDigits) {
   EXPECT_EQ(shardgan::format_rate(4521.4), "4521");
   EXPECT_EQ(shardgan::format_rate(0), "0");
 }
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -37,6 +37,10 @@
 #include "test_util.h"
 #include "tiny_biggan.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -147,3 +151,5 @@ INSTANTIATE_TEST_SUITE_P(Stages, DJointPass, ::testing::Values(3, 0),
                          [](const ::testing::TestParamInfo<int>& i) { return "stage" + std::to_string(i.param); });
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

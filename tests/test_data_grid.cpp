@@ -20,6 +20,10 @@
 #include "shardgan/util/proc_status.h"
 #include "shardgan/train/image_grid.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 namespace fs = std::filesystem;
 using namespace shardgan;
 
@@ -474,3 +478,5 @@ TEST(ClassGrid, RealFashionMnistPerClass) {
   EXPECT_EQ(png.h, 10 * 34 + 2);
   EXPECT_EQ(png.c, 1);
 }
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -21,6 +21,10 @@
 #include "shardgan/util/config_reader.h"
 #include "test_util.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -109,3 +113,5 @@ TEST(DcganResolution, RefusesOtherSizes) {
     }
   }
 }
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -19,6 +19,10 @@
 #include "shardgan/train/config.h"
 #include "test_util.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using shardgan::test_util::sharding;
 
@@ -179,3 +183,5 @@ TEST(ShardedAdamTorchFused, MatchesTheTorchOpsReferenceAdamAndAdamW) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -25,6 +25,10 @@
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/preflight.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -212,3 +216,5 @@ TEST(DiskPreflight, SaveWaitsForPendingDeletion) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

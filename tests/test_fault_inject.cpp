@@ -17,6 +17,10 @@
 
 #include "shardgan/offload/direct_file.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 namespace fs = std::filesystem;
 
@@ -170,3 +174,5 @@ TEST(FaultPlan, BadItemsAreRefusedNamingThem) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -21,6 +21,10 @@
 
 #include "shardgan/eval/feature_metrics.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan::eval;
 
 namespace {
@@ -267,3 +271,5 @@ TEST(FeatureMetrics, RefusesBadInput) {
   expect_invalid([&] { inception_score(torch::zeros({10}), 1); }, "[10]");
   expect_invalid([&] { inception_score(torch::full({20, 3}, INFINITY), 2); }, "non-finite");
 }
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -30,6 +30,10 @@
 #include "shardgan/eval/frechet.h"
 #include "shardgan/data/images.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 namespace fs = std::filesystem;
 using namespace shardgan;
 using namespace shardgan::eval;
@@ -449,3 +453,5 @@ TEST_F(Trained, RoundTripIsBitIdentical) {
   EXPECT_TRUE(torch::equal(extract_features(*model_, x), extract_features(copy, x)));
   fs::remove_all(dir);
 }
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -10,6 +10,10 @@
 #include "shardgan/models/dcgan.h"
 #include "test_util.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using shardgan::test_util::sharding;
 
@@ -155,3 +159,5 @@ TEST(GanPhases, FrozenParameterInsideAUnitStaysUnchanged) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -36,6 +36,10 @@
 #include "shardgan/comm/nccl_communicator.h"
 #endif
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using shardgan::test_util::sharding;
 using namespace shardgan::biggan;
@@ -302,3 +306,5 @@ TEST(Gpu, OffloadedAdamOnCudaShardsBitIdenticalToTheCpu) {
 #endif
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -17,6 +17,10 @@
 #include "shardgan/nn/sync_batchnorm.h"
 #include "shardgan/sharding/sharded_model.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 namespace nn = torch::nn;
 
@@ -123,3 +127,5 @@ TEST(GradRef, Stage3GradientsMatchPlainAutograd) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -17,6 +17,10 @@
 #include "shardgan/train/preemption.h"
 #include "test_util.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using shardgan::test_util::sharding;
 namespace nn = torch::nn;
@@ -253,3 +257,5 @@ TEST(Lifetime, BackwardAfterTheModelIsDestroyedThrowsNamingTheUnit) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -32,6 +32,10 @@
 #include "shardgan/data/prefetcher.h"
 #include "shardgan/data/images.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 namespace fs = std::filesystem;
 using namespace shardgan;
 using data::Hdf5Dataset;
@@ -410,3 +414,5 @@ TEST(Hdf5Loader, UnconditionalHasNoLabels) {
   EXPECT_EQ(t.at(0).sizes(), (std::vector<int64_t>{16, 1, 32, 32}));
   EXPECT_FALSE(t.at(1).defined());
 }
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -18,6 +18,10 @@
 #include "shardgan/train/trainer.h"
 #include "test_util.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using shardgan::test_util::max_rel_diff;
 
@@ -219,3 +223,5 @@ TEST(HsdpConfig, RefusesStageZeroAndNccl) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -30,6 +30,10 @@
 #include "shardgan/sharding/memory_estimate.h"
 #include "shardgan/sharding/sharded_model.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 namespace nn = torch::nn;
 
@@ -320,3 +324,5 @@ TEST(HostMemory, ReadsProcAndHonoursCgroup) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -19,6 +19,10 @@
 #include "shardgan/train/preflight.h"
 #include "data/image_files.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -210,3 +214,5 @@ TEST(MemoryPreflight, EveryStageHintCountsTheSnapshot) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

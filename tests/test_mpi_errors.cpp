@@ -14,6 +14,10 @@
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/util/test_control.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -61,3 +65,5 @@ TEST(MpiErrors, SplitCommunicatorsAreNamedInErrors) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

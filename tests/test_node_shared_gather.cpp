@@ -25,6 +25,10 @@
 #include "test_util.h"
 #include "three_linear_net.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -156,3 +160,5 @@ TEST(NodeSharedPool, WaitTimesOutNamingTheRankThatDidNotPublish) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

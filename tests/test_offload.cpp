@@ -25,6 +25,10 @@
 #include "offload_fixture.h"
 #include "test_util.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using namespace offload_fixture;
 namespace fs = std::filesystem;
@@ -435,3 +439,5 @@ TEST(OffloadedAdam, GradientOffloadFreesTheGradientShards) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

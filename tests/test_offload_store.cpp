@@ -18,6 +18,10 @@
 #include "shardgan/offload/direct_file.h"
 #include "shardgan/offload/state_store.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using namespace offload_fixture;
 namespace fs = std::filesystem;
@@ -235,3 +239,5 @@ TEST(OffloadStore, DiskTooSmallFailsAtStartNamingThePath) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

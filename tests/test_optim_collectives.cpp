@@ -15,6 +15,10 @@
 #include "shardgan/sharding/sharded_model.h"
 #include "test_util.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using shardgan::test_util::sharding;
 
@@ -226,3 +230,5 @@ TEST(DynamicLossScaler, StateRoundTripsAndOptionsAreValidated) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -11,6 +11,10 @@
 
 #include "shardgan/optim/fused_adam.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -181,3 +185,5 @@ TEST(FusedAdamKernel, ScaleCheckAndSumOfSquares) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -18,6 +18,10 @@
 #include "shardgan/optim/sharded_sgd.h"
 #include "shardgan/sharding/sharded_model.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -408,3 +412,5 @@ TEST(ShardedEma, EqualsTheEmaOfTheFullParametersAndSwapsExactly) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -13,6 +13,10 @@
 #include "shardgan/train/trainer.h"
 #include "test_util.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using shardgan::test_util::max_rel_diff;
 
@@ -85,3 +89,5 @@ TEST(Memory, Stage3HoldsOneNthOfStage0ModelStates) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -41,6 +41,10 @@
 #include "shardgan/train/trainer.h"
 #include "test_util.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using shardgan::test_util::max_rel_diff;
 
@@ -377,3 +381,5 @@ TEST(ImageQuality, ScoresForScikitImage) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

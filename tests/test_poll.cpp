@@ -23,6 +23,10 @@
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/util/poll.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using namespace std::chrono_literals;
 
@@ -282,3 +286,5 @@ TEST(PollLatency, DISABLED_SweepSleepCaps) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

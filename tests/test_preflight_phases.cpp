@@ -30,6 +30,10 @@
 #include "tiny_biggan.h"
 #include "shardgan/train/step_phases.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -247,3 +251,5 @@ TEST(AliveBuffers, SplitRanksHoldOneModel) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -16,6 +16,10 @@
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/comm/quantized_collectives.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -344,3 +348,5 @@ TEST(QuantizedErrorPath, TimeoutKeepsTheInFlightBuffers) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -8,6 +8,10 @@
 #include "shardgan/sharding/sharded_model.h"
 #include "test_util.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using shardgan::test_util::sharding;
 
@@ -90,3 +94,5 @@ TEST(ShardedAdam, SteppingTwoHalvesEqualsSteppingTheWhole) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -45,6 +45,10 @@
 #include "shardgan/nn/layers.h"
 #include "shardgan/nn/sync_batchnorm.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 namespace nn = torch::nn;
 
@@ -370,3 +374,5 @@ TEST(Memory, MatchesZeroFormulas) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -44,6 +44,10 @@
 #include "test_util.h"
 #include "tiny_biggan.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -225,3 +229,5 @@ INSTANTIATE_TEST_SUITE_P(Stages, SimultaneousUpdate, ::testing::Values(0, 3),
                          [](const ::testing::TestParamInfo<int>& i) { return "stage" + std::to_string(i.param); });
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

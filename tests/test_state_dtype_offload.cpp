@@ -23,6 +23,10 @@
 #include "shardgan/sharding/sharded_model.h"
 #include "state_dtype_fixture.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using namespace state_dtype_fixture;
 
@@ -251,3 +255,5 @@ TEST(StateDtypeOffload, RefusesWhatItCannotStore) {
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(base);
 }
+
+}  // namespace SHARDGAN_UNITY_ID

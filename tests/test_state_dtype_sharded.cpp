@@ -25,6 +25,10 @@
 #include "shardgan/sharding/sharded_model.h"
 #include "state_dtype_fixture.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using namespace state_dtype_fixture;
 
@@ -279,3 +283,5 @@ TEST(StateDtypeCheckpoint, ReducedStatesLoadAcrossDtypesAndLayouts) {
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(base);
 }
+
+}  // namespace SHARDGAN_UNITY_ID

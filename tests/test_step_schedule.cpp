@@ -17,6 +17,10 @@
 #include "shardgan/train/split_placement.h"
 #include "shardgan/train/step_schedule.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using T = ScheduledTransfer;
 
@@ -119,3 +123,5 @@ TEST(StepSchedule, ATransferOutOfOrderIsCaughtBeforeItIsPosted) {
   }
   EXPECT_EQ(g.world.stats().sent_bytes, sent);
 }
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -17,6 +17,10 @@
 #include "shardgan/train/step_figures.h"
 #include "shardgan/train/step_stats.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -150,3 +154,5 @@ TEST(StepStats, ExchangeGivesEveryRankTheSameFigures) {
   EXPECT_EQ(pack_step_stats(second, RankRole::kBoth), pack_step_stats(reduce_step_stats(rows2.data(), n), RankRole::kBoth));
   EXPECT_THROW(ex.finish(), std::logic_error);
 }
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -17,6 +17,10 @@
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/nn/sync_batchnorm.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 
 namespace {
@@ -166,3 +170,5 @@ TEST_F(SyncBnRef, GradcheckCentralDifferences) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

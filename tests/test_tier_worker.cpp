@@ -21,6 +21,10 @@
 #include "shardgan/offload/read_ahead.h"
 #include "shardgan/offload/tier_worker.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan;
 using Clock = std::chrono::steady_clock;
 
@@ -319,3 +323,5 @@ TEST(ReadAhead, DestructionWithReadsQueuedDoesNotHang) {
   // And with nothing started at all.
   { ReadAhead idle(&tier, 2); }
 }
+
+}  // namespace SHARDGAN_UNITY_ID

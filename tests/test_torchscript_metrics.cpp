@@ -29,6 +29,10 @@
 #include "shardgan/eval/feature_network.h"
 #include "shardgan/eval/frechet.h"
 
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
+
 using namespace shardgan::eval;
 namespace fs = std::filesystem;
 
@@ -108,8 +112,6 @@ void expect_refused(Fn fn, const std::string& file, const std::string& needle) {
     EXPECT_NE(msg.find(needle), std::string::npos) << msg;
   }
 }
-
-}  // namespace
 
 TEST_F(TorchScriptMetrics, FeaturesMatchPython) {
   auto net = load_feature_network("torchscript", kNet);
@@ -238,3 +240,7 @@ TEST_F(TorchScriptMetrics, RefusesBadFiles) {
   expect_refused([&] { fixed->run(torch::zeros({1, 1, 32, 32})); }, dir + "/fixed299.pt", "input size");
   fixed->check_images(1, 299, 299);  // grey at the contract's size is fine
 }
+
+}  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -9,6 +9,11 @@
 #include "shardgan/models/dcgan.h"
 #include "shardgan/sharding/deferred.h"
 #include "test_util.h"
+#include "shardgan/models/biggan.h"
+
+// The gtest files compile together in batches (tests/CMakeLists.txt): this file's names
+// live in a namespace of its own.
+namespace SHARDGAN_UNITY_ID {
 
 using namespace shardgan;
 using shardgan::test_util::sharding;
@@ -254,7 +259,6 @@ TEST(Units, DeferredInitDependsOnSeedAndUnitOnly) {
 
 }  // namespace
 
-#include "shardgan/models/biggan.h"
 
 namespace {
 
@@ -294,3 +298,5 @@ TEST(Units, BigganDiscriminatorHoldsAtMostThreeUnitsInBackward) {
 }
 
 }  // namespace
+
+}  // namespace SHARDGAN_UNITY_ID

@@ -12,6 +12,7 @@
 
 #include <hdf5.h>
 
+#include "h5/checked.h"
 #include "h5/core.h"
 #include "h5/inspect.h"
 
@@ -19,8 +20,6 @@ namespace shardgan::h5 {
 namespace {
 
 [[noreturn]] void fail(const std::string& what) { h5::fail<H5Error>(what); }
-hid_t check(hid_t id, const std::string& what) { return h5::check<H5Error>(id, what); }
-void check_status(herr_t st, const std::string& what) { h5::check_status<H5Error>(st, what); }
 using Handle = Hid;
 
 hid_t mem_type(DType t) {

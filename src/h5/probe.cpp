@@ -15,15 +15,13 @@
 
 #include <hdf5.h>
 
+#include "h5/checked.h"
 #include "h5/core.h"
 #include "shardgan/h5/h5.h"
 #include "shardgan/util/isolate.h"
 
 namespace shardgan::h5 {
 namespace {
-
-hid_t check(hid_t id, const std::string& what) { return h5::check<H5Error>(id, what); }
-void check_status(herr_t st, const std::string& what) { h5::check_status<H5Error>(st, what); }
 
 // The memory type a probe reads `ftype` with, or an empty handle for a class no shardgan
 // reader reads (compound, enum, reference ...: their readers refuse the type first).

@@ -80,7 +80,6 @@ StepMetrics SharedStepExecutor::step(TrainedModel g, TrainedModel d, const StepI
 namespace {
 
 using Alive = PhaseBuilder::Alive;
-std::string d_update_name(int64_t s) { return PhaseBuilder::d_update_name(s); }
 
 // Shared placement: GanObjective::step.
 void shared_phases(const PhaseShape& s, PhaseBuilder& b) {
@@ -97,9 +96,9 @@ void shared_phases(const PhaseShape& s, PhaseBuilder& b) {
     // Each update's finish_update ends in zero_grad, which releases the model's shards: no
     // phase holds both models' shards.
     for (int64_t i = 0; i < s.step.d_steps; ++i) {
-      b.add(d_update_name(i), "GanObjective::d_update (G forward under no_grad, D forward and backward)",
+      b.add(PhaseBuilder::d_update_name(i), "GanObjective::d_update (G forward under no_grad, D forward and backward)",
             {true, false, false, false}, d_training);
-      b.add(d_update_name(i) + ": optimizer step", "GanObjective::finish_update from d_update", none, g_update);
+      b.add(PhaseBuilder::d_update_name(i) + ": optimizer step", "GanObjective::finish_update from d_update", none, g_update);
     }
     b.add("G pass", "GanObjective::g_pass (G forward and backward through the frozen D)", g_pass, d_frozen);
     b.add("G update", "GanObjective::finish_update from step's update_g", g_update, none);
@@ -133,10 +132,10 @@ void shared_phases(const PhaseShape& s, PhaseBuilder& b) {
   for (int64_t i = first; i < s.step.d_steps; ++i) {
     // D update 1 without the shared forward trains on the kept images: no G forward.
     const Alive g = i == 0 ? g_held : g_images;
-    b.add(d_update_name(i),
+    b.add(PhaseBuilder::d_update_name(i),
           i == 0 ? "GanObjective::d_update on g_pass's images" : "GanObjective::d_update (G forward under no_grad)", g,
           d_training, kept);
-    b.add(d_update_name(i) + ": optimizer step", "GanObjective::finish_update from d_update", g_held, g_update, kept);
+    b.add(PhaseBuilder::d_update_name(i) + ": optimizer step", "GanObjective::finish_update from d_update", g_held, g_update, kept);
   }
   if (g_waits) {
     b.add("G update", "GanObjective::finish_update from step's update_g (d_steps > 1)", g_update, none, kept);

@@ -262,14 +262,13 @@ void SplitStepExecutor::d_side(TrainedModel d, DynamicLossScaler* g_scaler, cons
 namespace {
 
 using Alive = PhaseBuilder::Alive;
-std::string d_update_name(int64_t s) { return PhaseBuilder::d_update_name(s); }
 
 // Split placement, G's ranks: GanObjective::split_g_side.
 void split_g_phases(const PhaseShape& s, PhaseBuilder& b) {
   const Alive g_pass{true, false, true, true}, g_update{false, false, false, true}, none{};
   if (!s.step.simultaneous) {
     for (int64_t i = 0; i < s.step.d_steps; ++i) {
-      b.add("images for " + d_update_name(i), "split_g_side's d_step_images (G forward under no_grad)",
+      b.add("images for " + PhaseBuilder::d_update_name(i), "split_g_side's d_step_images (G forward under no_grad)",
             {true, false, false, false}, none);
     }
     b.add("G pass", "split_g_side's g_pass (G forward, D's ranks return dL_G/dx, G backward)", g_pass, none);
@@ -281,7 +280,7 @@ void split_g_phases(const PhaseShape& s, PhaseBuilder& b) {
   b.add("G pass", "split_g_side's g_pass (simultaneous: before D's first update)", g_pass, none);
   if (s.step.d_steps == 1) b.add("G update", "GanObjective::finish_update from split_g_side's update_g", g_update, none);
   for (int64_t i = 1; i < s.step.d_steps; ++i) {
-    b.add("images for " + d_update_name(i), "split_g_side's d_step_images (G forward under no_grad)",
+    b.add("images for " + PhaseBuilder::d_update_name(i), "split_g_side's d_step_images (G forward under no_grad)",
           {true, false, false, true}, none);
   }
   if (s.step.d_steps > 1) b.add("G update", "GanObjective::finish_update from split_g_side's update_g", g_update, none);
@@ -303,8 +302,8 @@ void split_d_phases(const PhaseShape& s, PhaseBuilder& b) {
     b.add("G pass on D's side (keeping its images)", "split_d_side's g_pass (split_d_score)", none, d_frozen, k);
   }
   for (int64_t i = first; i < s.step.d_steps; ++i) {
-    b.add(d_update_name(i), "split_d_side -> GanObjective::d_update on G's ranks' images", none, d_training, k);
-    b.add(d_update_name(i) + ": optimizer step", "GanObjective::finish_update from d_update", none, d_update, k);
+    b.add(PhaseBuilder::d_update_name(i), "split_d_side -> GanObjective::d_update on G's ranks' images", none, d_training, k);
+    b.add(PhaseBuilder::d_update_name(i) + ": optimizer step", "GanObjective::finish_update from d_update", none, d_update, k);
   }
   if (!s.step.simultaneous) {
     b.add("G pass on D's side", "split_d_side's g_pass (split_d_score: D's input gradients only)", none, d_frozen);

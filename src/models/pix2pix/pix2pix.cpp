@@ -63,7 +63,7 @@ ConvTranspose2d convt(int64_t in, int64_t out, bool bias) {
   return ConvTranspose2d(nn::ConvTranspose2dOptions(in, out, 4).stride(2).padding(1).bias(bias));
 }
 
-nn::LeakyReLU lrelu() { return nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)); }
+nn::LeakyReLU leaky_relu_02() { return nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)); }
 
 UnitSpec seq_unit(std::string name, std::function<nn::Sequential()> build,
                   std::function<TensorList(nn::Sequential&, const TensorList&)> run) {
@@ -92,7 +92,7 @@ ModelSpec generator_spec(const Pix2PixConfig& c, Communicator* comm) {
         "enc" + std::to_string(i),
         [=] {
           nn::Sequential q;
-          if (i > 0) q->push_back(lrelu());
+          if (i > 0) q->push_back(leaky_relu_02());
           q->push_back(conv(in, out, 2, false));
           if (norm) q->push_back(SyncBatchNorm2d(out, comm));
           return q;
@@ -152,7 +152,7 @@ ModelSpec discriminator_spec(const Pix2PixConfig& c, Communicator* comm) {
   ModelSpec s{"discriminator", {}, {}};
   const int64_t in0 = c.in_channels + c.channels;
   s.units.push_back(seq_unit(
-      "block0", [=] { return nn::Sequential(conv(in0, c.d_width, 2, true), lrelu()); },
+      "block0", [=] { return nn::Sequential(conv(in0, c.d_width, 2, true), leaky_relu_02()); },
       [](nn::Sequential& q, const TensorList& x) { return TensorList{q->forward(x.at(0))}; }));
   int64_t width = c.d_width;
   for (int64_t k = 1; k <= c.d_layers; ++k) {
@@ -160,7 +160,7 @@ ModelSpec discriminator_spec(const Pix2PixConfig& c, Communicator* comm) {
     const int64_t stride = k < c.d_layers ? 2 : 1;
     s.units.push_back(seq_unit(
         "block" + std::to_string(k),
-        [=] { return nn::Sequential(conv(in, out, stride, false), SyncBatchNorm2d(out, comm), lrelu()); },
+        [=] { return nn::Sequential(conv(in, out, stride, false), SyncBatchNorm2d(out, comm), leaky_relu_02()); },
         [](nn::Sequential& q, const TensorList& x) { return TensorList{q->forward(x.at(0))}; }));
     width = out;
   }
