@@ -23,4 +23,4 @@ set_tests_properties(preflight_alive_buffers PROPERTIES TIMEOUT 120 ENVIRONMENT 
 # (tests/preflight_vmhwm_test.sh; `... all` adds the 4-rank cells).
 add_test(NAME preflight_vmhwm COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/preflight_vmhwm_test.sh
                                       $<TARGET_FILE:shardgan-train> ${PROJECT_SOURCE_DIR})
-set_tests_properties(preflight_vmhwm PROPERTIES TIMEOUT 300 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+set_tests_properties(preflight_vmhwm PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
