@@ -8,11 +8,15 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh shardgan-train shardgan-ckpt shardgan-fid
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+# Fashion-MNIST's folder: Debian's (the config's data.path), or SHARDGAN_FMNIST_DIR where the
+# four idx .gz files were put without root (docs/install.md).
+FMNIST=${SHARDGAN_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 CLASSIFIER=runs/fmnist-classifier.h5
 if [ ! -f "$CLASSIFIER" ]; then
   mkdir -p runs
-  build/shardgan-fid train-classifier -o "$CLASSIFIER"
+  build/shardgan-fid train-classifier --data "$FMNIST" -o "$CLASSIFIER"
 fi
 NP=${NP:-2}
 exec mpirun -np "$NP" --oversubscribe --bind-to none build/shardgan-train configs/fmnist-dcgan.yaml \
+  --set data.path="$FMNIST" --set eval.reference="$FMNIST" \
   --set eval.enabled=true --set eval.classifier="$CLASSIFIER" "$@"

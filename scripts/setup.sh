@@ -6,8 +6,14 @@
 #     Nothing Python runs at training time.
 # What only the tests and benchmarks need (GoogleTest, Slurm and munge for the local-cluster
 # test, h5py, numpy and PyYAML in .venv) is scripts/setup-dev.sh's, which scripts/test.sh runs.
+# Without root: `scripts/setup.sh --no-system-packages` (or SHARDGAN_NO_SYSTEM_PACKAGES=1, which
+# scripts/test.sh and scripts/demo.sh pass on) calls no apt-get and checks the build tools on
+# PATH; CMake then finds each library where it is installed. SHARDGAN_PYTHON=a Python that
+# already has torch 2.15 is used instead of making .venv. docs/install.md has the details.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/apt-install.sh
+no_system_packages_flag "$@"
 TORCH_VERSION=2.15.0   # the newest stable 2.x on the registry (2026-11-25); CUDA 13.2 build
 PY_PKGS=("torch==${TORCH_VERSION}")
 PKGS=(
@@ -23,9 +29,27 @@ PKGS=(
   gnuplot-nox                             # train.plots: the run's plots/*.png
 )
 # A Python with venv and pip: the one on PATH, else Debian's.
-if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then PKGS+=(python3 python3-venv); fi
-source scripts/apt-install.sh
+if [ -z "${SHARDGAN_PYTHON:-}" ] && ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
+  PKGS+=(python3 python3-venv)
+fi
 apt_install setup "${PKGS[@]}"
+if [ "${SHARDGAN_NO_SYSTEM_PACKAGES:-0}" = 1 ]; then
+  need_commands setup cmake c++ mpicc mpirun pkg-config
+fi
+
+if [ -n "${SHARDGAN_PYTHON:-}" ]; then
+  # A torch the user already has: no .venv. CMake builds on its LibTorch (scripts/build.sh
+  # passes -DSHARDGAN_PYTHON).
+  if ! v=$("$SHARDGAN_PYTHON" -c "import torch; print(torch.__version__)" 2>/dev/null); then
+    echo "[setup] error: SHARDGAN_PYTHON=$SHARDGAN_PYTHON cannot import torch; install torch==${TORCH_VERSION} into it" >&2
+    exit 1
+  fi
+  case "$v" in
+    "${TORCH_VERSION}"*) echo "[setup] using torch $v from SHARDGAN_PYTHON=$SHARDGAN_PYTHON" ;;
+    *) echo "[setup] warning: SHARDGAN_PYTHON has torch $v; shardgan is tested with ${TORCH_VERSION}" >&2 ;;
+  esac
+  exit 0
+fi
 
 VENV=.venv
 want="${PY_PKGS[*]}"

@@ -19,7 +19,6 @@ TRAIN=$1; CKPT=$2; SRC=$3
 BIN=$(dirname "$TRAIN")
 source "$(dirname "$0")/ckpt_lib.sh"
 T=$(mktemp -d /tmp/shardgan-async.XXXXXX)
-FMNIST=/usr/share/datasets/fashion-mnist
 DCGAN=("$SRC/configs/fmnist-dcgan.yaml" --set model.z_dim=16 --set model.g_width=8 --set model.d_width=8
        --set data.source=synthetic --set data.synthetic_size=96)
 "$BIN/shardgan-data" convert "$FMNIST" -o "$T/fmnist.h5" > "$T/convert.log" 2>&1 || bad "convert: $(tail -3 "$T/convert.log")"

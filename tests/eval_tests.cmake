@@ -4,7 +4,7 @@
 set(SHARDGAN_FID_CLASSIFIER_FILE ${CMAKE_BINARY_DIR}/fid/fmnist-classifier.h5)
 add_test(NAME fid_classifier
          COMMAND $<TARGET_FILE:shardgan-fid> train-classifier -o ${SHARDGAN_FID_CLASSIFIER_FILE}
-                 --epochs 3 --seed 1 --threads 2)
+                 --data ${SHARDGAN_FMNIST_DIR} --epochs 3 --seed 1 --threads 2)
 set_tests_properties(fid_classifier PROPERTIES TIMEOUT 600 FIXTURES_SETUP fid_classifier PROCESSORS 2
                      ENVIRONMENT "OMP_WAIT_POLICY=passive")
 
@@ -45,6 +45,10 @@ set_tests_properties(torchscript_metrics PROPERTIES TIMEOUT 300 PROCESSORS 2 RES
 add_test(NAME torchscript_metrics_control COMMAND test_torchscript_metrics
          --gtest_filter=TorchScriptMetrics.FeaturesMatchPython)
 set_tests_properties(torchscript_metrics_control PROPERTIES TIMEOUT 300 WILL_FAIL TRUE RESOURCE_LOCK inception_export
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2;SHARDGAN_TEST_CONTROL=feature_range")
+add_test(NAME torchscript_detector_control COMMAND test_torchscript_metrics
+         --gtest_filter=TorchScriptMetrics.StyleGan2AdaDetector)
+set_tests_properties(torchscript_detector_control PROPERTIES TIMEOUT 300 WILL_FAIL TRUE RESOURCE_LOCK inception_export
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2;SHARDGAN_TEST_CONTROL=feature_range")
 
 # The reference statistics cache: `shardgan-fid stats`, reuse, rewrite, and stale caches refused.

@@ -14,7 +14,7 @@ source "$(dirname "$0")/ckpt_lib.sh"
 T=$(mktemp -d /tmp/shardgan-stats.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 CFG="$SRC/configs/fmnist-dcgan.yaml"
-FM=/usr/share/datasets/fashion-mnist
+FM=$FMNIST
 RUN=(--set eval.enabled=true --set eval.classifier="$CLASSIFIER" --set train.eval_samples=128
      --set eval.reference_samples=600 --set train.steps=2 --set train.checkpoint_every=0 --set train.plots=false
      --set eval.kid_subsets=10)

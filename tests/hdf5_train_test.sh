@@ -13,7 +13,6 @@ TRAIN=$1; SRC=$3
 BIN=$(dirname "$TRAIN")
 source "$(dirname "$0")/lib.sh"
 T=$(mktemp -d /tmp/shardgan-hdf5.XXXXXX)
-FMNIST=/usr/share/datasets/fashion-mnist
 
 "$BIN/shardgan-data" convert "$FMNIST" -o "$T/fmnist.h5" > "$T/convert.log" 2>&1 \
   && ok "convert: $(cat "$T/convert.log")" || bad "convert: $(tail -3 "$T/convert.log")"

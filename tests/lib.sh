@@ -7,6 +7,8 @@ ok()   { echo "PASS: $*"; PASSED=$((PASSED + 1)); }
 bad()  { echo "FAIL: $*"; FAILED=$((FAILED + 1)); }
 finish() { echo "$PASSED passed, $FAILED failed"; [ "$FAILED" -eq 0 ]; }
 MPIRUN=(mpirun --oversubscribe)
+# Fashion-MNIST's folder: Debian's, or the CMake option SHARDGAN_FMNIST_DIR (docs/install.md).
+FMNIST=${SHARDGAN_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 # expect_fail NAME TEXT CMD...: CMD must exit non-zero within 90 s and print TEXT
 # (its output goes to $T/out.txt).
 expect_fail() {

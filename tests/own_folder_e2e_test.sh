@@ -26,7 +26,7 @@ if [ ! -f "$NET" ]; then
     || { bad "export_inception.py failed"; finish; exit 1; }
 fi
 t0=$SECONDS
-$PY "$SRC/tests/make_image_folder.py" fmnist /usr/share/datasets/fashion-mnist "$T/folder" 2000 \
+$PY "$SRC/tests/make_image_folder.py" fmnist "$FMNIST" "$T/folder" 2000 \
   && ok "2000 PNGs in $(ls "$T/folder" | wc -l) class folders" || bad "make_image_folder.py"
 "$DATA" convert "$T/folder" -o "$T/data.h5" --size 64 --channels 1 > "$T/convert.log" 2>&1 \
   && ok "converted: $(tail -1 "$T/convert.log" | cut -c1-160)" || bad "convert: $(tail -3 "$T/convert.log")"

@@ -23,7 +23,6 @@
 TRAIN=$1; CKPT=$2; SRC=$3; DATA=$4
 CLASSIFIER=${5:-$(dirname "$TRAIN")/fid/fmnist-classifier.h5}
 PY=${SHARDGAN_PYTHON:-python3}
-FMNIST=/usr/share/datasets/fashion-mnist
 source "$(dirname "$0")/lib.sh"
 T=$(mktemp -d /tmp/shardgan-pix2pix.XXXXXX)
 COMMON=(--set data.source=synthetic --set data.synthetic_size=48 --set train.global_batch=12

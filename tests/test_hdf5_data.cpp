@@ -13,10 +13,11 @@
 //  - prefetcher.cpp loop, waiting for `queue_.size() < capacity_ + 1`: Prefetcher.
 //    HoldsAtMostCapacity fails (4 produced for capacity 3, then 5).
 #include <mpi.h>
-#include <stb/stb_image_write.h>  // libstb holds the implementation
+#include <stb/stb_image_write.h>  // the implementation: Debian's libstb, or libshardgan with SHARDGAN_STB_DIR
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -42,7 +43,11 @@ using data::Hdf5Dataset;
 
 namespace {
 
-const char* kFmnist = "/usr/share/datasets/fashion-mnist";
+// Fashion-MNIST's folder: $SHARDGAN_FMNIST_DIR (the CMake option of that name), else Debian's.
+const std::string kFmnist = [] {
+  const char* env = std::getenv("SHARDGAN_FMNIST_DIR");
+  return std::string(env && *env ? env : "/usr/share/datasets/fashion-mnist");
+}();
 
 int rank() {
   int r = 0;

@@ -7,9 +7,11 @@
 //    logits) equal an independent float64 numpy computation within 1e-6;
 //  - files without a manifest, with changed weights, with a wrong output width or an input
 //    size the network cannot take, and images of a size the manifest does not allow, are
-//    refused with a message naming the file.
+//    refused with a message naming the file;
+//  - NVIDIA's inception-2015-12-05.pt interface (StyleGAN2-ADA's detector), on a stand-in.
 // torchscript_metrics_control skips the input range mapping (SHARDGAN_TEST_CONTROL=
-// feature_range): the feature comparison must fail. Skips (77) without the Python packages.
+// feature_range): the feature comparison must fail; torchscript_detector_control feeds the
+// detector unrounded pixels under the same switch. Skips (77) without the Python packages.
 #include <unistd.h>
 
 #include <chrono>
@@ -218,6 +220,53 @@ TEST_F(TorchScriptMetrics, MetricsMatchFloat64Python) {
   EXPECT_LT(pr.precision, 0.95);
   EXPECT_GT(pr.recall, 0.05);
   EXPECT_LT(pr.recall, 0.95);
+}
+
+// NVIDIA's inception-2015-12-05.pt, as StyleGAN2-ADA calls it: a stand-in with its
+// TorchScript interface and no manifest (tests/stylegan2_detector_ref.py). shardgan's features
+// and the softmax of its logits equal the stand-in's, fed the uint8 pixels StyleGAN2-ADA
+// feeds it, within 1e-5 relative; a manifest-less module without that interface is refused.
+TEST_F(TorchScriptMetrics, StyleGan2AdaDetector) {
+  const TempDir tmp;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
+  const std::vector<std::vector<int64_t>> shapes = {{5, 1, 32, 32}, {5, 3, 48, 48}};
+  std::vector<at::Tensor> images;
+  std::string dirs;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& shape = shapes[i];
+    images.push_back(torch::rand(shape, gen, torch::kFloat) * 2 - 1);
+    const fs::path dir = tmp.path / ("images" + std::to_string(i));
+    fs::create_directories(dir);
+    std::ofstream meta(dir / "meta.txt");
+    meta << "n " << shape[0] << "\nchannels " << shape[1] << "\nheight " << shape[2] << "\nwidth " << shape[3] << "\n";
+    write_raw(dir / "images.f32", images.back());
+    dirs += " " + dir.string();
+  }
+  ASSERT_EQ(run(python_path() + " " SHARDGAN_SOURCE_DIR "/tests/stylegan2_detector_ref.py " + tmp.path.string() + dirs),
+            0);
+  const std::string path = (tmp.path / "detector.pt").string();
+  auto net = load_feature_network("torchscript", path);
+  EXPECT_EQ(net->feature_dim(), 256);
+  EXPECT_EQ(net->num_logits(), 1008);
+  EXPECT_FALSE(net->comparable_with_papers());
+  EXPECT_EQ(net->input().quantize, "uint8");
+  EXPECT_NE(net->description().find("StyleGAN2-ADA"), std::string::npos) << net->description();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const fs::path dir = tmp.path / ("images" + std::to_string(i));
+    const int64_t n = shapes[i][0];
+    const FeatureBatch mine = net->run(images[i], 2);
+    const at::Tensor f = read_raw(dir / "features_py.f64", {n, 256});
+    const at::Tensor p = read_raw(dir / "probs_py.f64", {n, 1008});
+    const double df = relative_difference(mine.features, f);
+    const double dp = relative_difference(torch::softmax(mine.logits, 1), p);
+    std::printf("detector, %lldx%lldx%lld images: features %.3g, probabilities %.3g relative difference\n",
+                (long long)shapes[i][1], (long long)shapes[i][2], (long long)shapes[i][3], df, dp);
+    EXPECT_LE(df, 1e-5) << "MISMATCH features";
+    EXPECT_LE(dp, 1e-5) << "MISMATCH probabilities";
+    EXPECT_GT(f.abs().max().item<double>(), 0.0);
+  }
+  const std::string plain = (tmp.path / "plain.pt").string();
+  expect_refused([&] { load_feature_network("torchscript", plain); }, plain, "detector interface");
 }
 
 TEST_F(TorchScriptMetrics, RefusesBadFiles) {

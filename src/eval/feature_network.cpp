@@ -65,8 +65,13 @@ FeatureBatch FeatureNetwork::run(const at::Tensor& images, int64_t batch) {
   for (int64_t off = 0; off < n; off += batch) {
     const int64_t b = std::min(batch, n - off);
     at::Tensor x = images.narrow(0, off, b).to(at::kCPU, at::kFloat);
-    // Test control "feature_range": skip the range mapping (ctest torchscript_metrics_control).
-    if ((in.range_min != -1.0 || in.range_max != 1.0) && !test_control("feature_range")) {
+    // Test control "feature_range": skip the range mapping, or feed uint8 pixels as
+    // x * 127.5 + 127.5 without the rounding (ctest torchscript_metrics_control and
+    // torchscript_detector_control).
+    if (in.quantize == "uint8") {
+      x = test_control("feature_range") ? (x * 127.5f + 127.5f).clamp(0.0f, 255.0f).to(at::kByte)
+                                        : (x * 127.5f + 128.0f).clamp(0.0f, 255.0f).to(at::kByte);
+    } else if ((in.range_min != -1.0 || in.range_max != 1.0) && !test_control("feature_range")) {
       x = (x + 1.0f) * static_cast<float>((in.range_max - in.range_min) / 2.0) + static_cast<float>(in.range_min);
     }
     if (x.size(1) == 1 && in.channels == 3) x = x.expand({b, 3, x.size(2), x.size(3)});

@@ -119,9 +119,10 @@ double frechet_distance(const FeatureStats& a, const FeatureStats& b) {
   // S_a^{1/2} = Q diag(sqrt(l)) Q^T.
   const auto [la, qa] = psd_eigh(sa);
   const at::Tensor sqrt_a = (qa * la.sqrt().unsqueeze(0)).mm(qa.t());
-  // tr((S_a^{1/2} S_b S_a^{1/2})^{1/2}) = sum of the square roots of its eigenvalues.
-  const auto [lm, qm] = psd_eigh(sqrt_a.mm(sb).mm(sqrt_a));
-  (void)qm;
+  // tr((S_a^{1/2} S_b S_a^{1/2})^{1/2}) = sum of the square roots of its eigenvalues, which
+  // need no eigenvectors (eigvalsh: about a third of eigh's time at 2048 features).
+  const at::Tensor m = sqrt_a.mm(sb).mm(sqrt_a);
+  const at::Tensor lm = at::linalg_eigvalsh(0.5 * (m + m.t()), "L").clamp_min(0.0);
   const double tr_sqrt = lm.sqrt().sum().item<double>();
   const double dmu2 = (mu_a - mu_b).pow(2).sum().item<double>();
   return dmu2 + sa.trace().item<double>() + sb.trace().item<double>() - 2.0 * tr_sqrt;

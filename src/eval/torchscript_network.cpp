@@ -30,11 +30,13 @@ class TorchScriptNetwork final : public FeatureNetwork {
                   ")");
     }
     const std::string text = extra[kFeatureManifestName];
-    if (text.empty()) {
+    detector_ = text.empty() && has_detector_interface();
+    if (text.empty() && !detector_) {
       throw error(std::string("holds no manifest (") + kFeatureManifestName +
-                  ", saved by torch.jit.save's _extra_files), so its input contract is unknown");
+                  ", saved by torch.jit.save's _extra_files), and its forward is not StyleGAN2-ADA's detector "
+                  "interface (img, return_features, use_fp16, no_output_bias), so its input contract is unknown");
     }
-    read_manifest(text);
+    if (!detector_) read_manifest(text);
     module_.eval();
     std::map<std::string, at::Tensor> weights;
     for (const auto& p : module_.named_parameters(true)) {
@@ -43,7 +45,9 @@ class TorchScriptNetwork final : public FeatureNetwork {
     }
     for (const auto& b : module_.named_buffers(true)) weights[b.name] = b.value;
     hash_ = weights_xxh3(weights);
-    if (hash_ != manifest_hash_) {
+    if (detector_) {
+      set_up_detector();
+    } else if (hash_ != manifest_hash_) {
       throw error("the manifest's weights_xxh3 " + manifest_hash_ + " differs from the module's weights (" + hash_ +
                   "): the manifest belongs to another file, or the weights were changed after export");
     }
@@ -62,6 +66,7 @@ class TorchScriptNetwork final : public FeatureNetwork {
  protected:
   FeatureBatch forward(const at::Tensor& x) override {
     torch::NoGradGuard no_grad;
+    if (detector_) return forward_detector(x);
     c10::IValue out;
     try {
       out = module_.forward({x});
@@ -100,7 +105,8 @@ class TorchScriptNetwork final : public FeatureNetwork {
 
  private:
   FeatureNetworkError error(const std::string& what) const {
-    const std::string during = probing_ ? " (at load, on one zero image of its manifest's input.size " +
+    const std::string during = probing_ ? std::string(" (at load, on one zero image of ") +
+                                              (detector_ ? "" : "its manifest's input.size ") +
                                               std::to_string(input_.channels) + "x" + std::to_string(input_.height) +
                                               "x" + std::to_string(input_.width) + ")" : "";
     return FeatureNetworkError("feature network " + path_ + ": " + what + during + kRemedy);
@@ -161,11 +167,75 @@ class TorchScriptNetwork final : public FeatureNetwork {
     if (features_ < 1 || logits_ < 0) throw error("its manifest's outputs.features must be >= 1 and logits >= 0");
   }
 
+  // StyleGAN2-ADA's detector (feature_network.h): forward(img, return_features, use_fp16,
+  // no_output_bias), as NVIDIA's inception-2015-12-05.pt has it.
+  bool has_detector_interface() const {
+    const auto method = module_.find_method("forward");
+    if (!method) return false;
+    const auto& args = method->function().getSchema().arguments();
+    const std::vector<std::string> want = {"self", "img", "return_features", "use_fp16", "no_output_bias"};
+    if (args.size() != want.size()) return false;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (args[i].name() != want[i]) return false;
+    }
+    return true;
+  }
+
+  // The detector's contract is fixed by how StyleGAN2-ADA calls it (metric_utils.py): uint8
+  // pixels, 3 channels, at their own size. The logits' weights are its output layer's; the
+  // feature width comes from the probe.
+  void set_up_detector() {
+    input_.range_min = 0.0;
+    input_.range_max = 255.0;
+    input_.channels = 3;
+    input_.height = input_.width = 64;  // the probe's size; any size goes in
+    input_.resize = "module";
+    input_.quantize = "uint8";
+    for (const auto& child : module_.named_children()) {
+      if (child.name != "output" || !child.value.hasattr("weight") || !child.value.attr("weight").isTensor()) continue;
+      output_weight_ = child.value.attr("weight").toTensor().detach().to(torch::kDouble);
+      if (output_weight_.dim() != 2) throw error("its output.weight is not a matrix");
+      logits_ = output_weight_.size(0);
+    }
+    features_ = -1;  // set by the probe
+    description_ = "StyleGAN2-ADA detector interface (NVIDIA's inception-2015-12-05.pt), weights xxh3 " + hash_;
+  }
+
+  FeatureBatch forward_detector(const at::Tensor& x) {
+    c10::IValue out;
+    try {
+      out = module_.forward({x, /*return_features=*/true, /*use_fp16=*/false, /*no_output_bias=*/false});
+    } catch (const c10::Error& e) {
+      throw error("the module fails on uint8 images of " + shape_of(x) + " with return_features=True: " +
+                  first_line(e.what_without_backtrace()));
+    }
+    if (!out.isTensor() || out.toTensor().dim() != 2 || out.toTensor().size(0) != x.size(0)) {
+      throw error("the module's forward(img, return_features=True) does not return features [B, F] for " +
+                  shape_of(x));
+    }
+    FeatureBatch b;
+    b.features = out.toTensor().to(torch::kDouble);
+    if (features_ < 0) features_ = b.features.size(1);
+    if (b.features.size(1) != features_) {
+      throw error("the module returns features of " + shape_of(b.features) + ", not of width " +
+                  std::to_string(features_));
+    }
+    if (logits_ > 0) {
+      if (output_weight_.size(1) != features_) {
+        throw error("its output.weight is " + shape_of(output_weight_) + ", which does not take features of width " +
+                    std::to_string(features_));
+      }
+      b.logits = b.features.mm(output_weight_.t());
+    }
+    return b;
+  }
+
   // One image of the contract's shape, so that a wrong size or output width is refused at
   // load time, naming the file, rather than at the first evaluation.
   void probe() {
     probing_ = true;
-    forward(torch::zeros({1, input_.channels, input_.height, input_.width}, torch::kFloat));
+    forward(torch::zeros({1, input_.channels, input_.height, input_.width},
+                         input_.quantize == "uint8" ? torch::kByte : torch::kFloat));
     probing_ = false;
   }
 
@@ -174,6 +244,8 @@ class TorchScriptNetwork final : public FeatureNetwork {
   InputContract input_;
   int64_t features_ = 0, logits_ = 0;
   bool probing_ = false;
+  bool detector_ = false;    // StyleGAN2-ADA's detector interface, no manifest
+  at::Tensor output_weight_;  // the detector's output.weight [K, F], float64
 };
 
 }  // namespace

@@ -43,7 +43,7 @@ function(shardgan_fuzz_target name)
     endif()
   endforeach()
   add_executable(${name}_fuzz ${PROJECT_SOURCE_DIR}/tests/fuzz/${name}_fuzz.cpp ${srcs})
-  target_include_directories(${name}_fuzz BEFORE PRIVATE ${SHARDGAN_FMT_SHIM})
+  target_include_directories(${name}_fuzz BEFORE PRIVATE ${SHARDGAN_INCLUDE_SHIM})
   target_include_directories(${name}_fuzz PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src
                              ${PROJECT_SOURCE_DIR}/tests/fuzz ${PROJECT_BINARY_DIR}/generated ${HDF5_INCLUDE_DIRS})
   target_include_directories(${name}_fuzz SYSTEM PRIVATE ${TORCH_INCLUDE_DIRS})

@@ -30,13 +30,18 @@ inline constexpr int64_t kFeatureManifestVersion = 1;
 
 /// What a network's module expects, from its manifest's "input" object. shardgan's images
 /// are float in [-1, 1], [B, C, H, W] with C 1 or 3; before the module runs, they are
-///  1. mapped linearly from [-1, 1] onto [range_min, range_max];
+///  1. mapped linearly from [-1, 1] onto [range_min, range_max]; or, with `quantize`
+///     "uint8", turned into uint8 pixels as StyleGAN2-ADA's metrics do
+///     (metric_utils.py: `(x * 127.5 + 128).clamp(0, 255).to(torch.uint8)`, a truncation,
+///     so round-half-up of x * 127.5 + 127.5), range [0, 255];
 ///  2. repeated to 3 channels when C = 1 and `channels` = 3 (greyscale as RGB, as
-///     pytorch-fid and clean-fid treat grey images);
+///     pytorch-fid, clean-fid and StyleGAN2-ADA treat grey images);
 ///  3. resized to height x width when `resize` is "bilinear": torch's bilinear
 ///     interpolation with align_corners false and no antialiasing
 ///     (torch.nn.functional.interpolate's default, what pytorch-fid's InceptionV3 wrapper
-///     applies); with `resize` "none" the images must already have that size.
+///     applies); with `resize` "none" the images must already have that size; with
+///     "module" they go in at their own size and the module resizes them itself
+///     (height x width is then only the size of the load-time probe image).
 /// The steps are applied in this order, in float32, so a Python caller that does the same
 /// gets the same module input up to float32 rounding.
 struct InputContract {
@@ -45,7 +50,8 @@ struct InputContract {
   int64_t channels = 1;     ///< 1 or 3
   int64_t height = 32;      ///< the module's input size (pixels)
   int64_t width = 32;
-  std::string resize = "none";  ///< "none" or "bilinear"
+  std::string resize = "none";    ///< "none", "bilinear" or "module"
+  std::string quantize = "none";  ///< "none" (float32 input) or "uint8" (uint8 input, range [0, 255])
 };
 
 /// One batch through a feature network.
@@ -93,26 +99,38 @@ class FeatureNetwork {
 
  protected:
   /// One module call on images already adapted to input() ([B, channels, height, width]
-  /// float32 CPU). Implementations check the output shapes.
+  /// float32 CPU; uint8 with quantize "uint8"; any height x width with resize "module").
+  /// Implementations check the output shapes.
   virtual FeatureBatch forward(const at::Tensor& adapted) = 0;
 };
 
 /// Loads a feature network. `kind` "classifier": a file from `shardgan-fid train-classifier`
 /// (features: the 128-d penultimate layer; logits: its 10 classes). `kind` "torchscript": a
-/// TorchScript archive (torch.jit.save) holding the manifest kFeatureManifestName, a JSON
-/// object with format "shardgan-feature-network", version 1, "architecture", "weights",
-/// "weights_xxh3" (xxh3-64 hex of the parameters' and buffers' bytes, sorted by name),
-/// "input" ({"range": [lo, hi], "channels": 1|3, "size": [H, W], "resize":
-/// "none"|"bilinear"}), "outputs" ({"features": F, "logits": K or 0}) and optionally
-/// "comparable" ("pytorch-fid" for the pretrained weights). The module's forward takes the
-/// adapted images [B, C, H, W] float32 and returns the features [B, F], or a tuple
-/// (features [B, F], logits [B, K]). On load the module is put in eval mode, its parameters
-/// are hashed and one image of the contract's shape is run through it. Throws
-/// FeatureNetworkError naming `path` when the file is missing or not TorchScript, has no
-/// manifest or an invalid one, when its parameters are not float32 or their hash differs
-/// from the manifest's, when the probe image fails in the module, or when the probe's
-/// outputs have other widths than the manifest's; each message says how to make a valid
-/// file (scripts/export_inception.py). Throws std::invalid_argument for another `kind`.
+/// TorchScript archive (torch.jit.save), either
+///  - holding the manifest kFeatureManifestName, a JSON object with format
+///    "shardgan-feature-network", version 1, "architecture", "weights", "weights_xxh3"
+///    (xxh3-64 hex of the parameters' and buffers' bytes, sorted by name), "input"
+///    ({"range": [lo, hi], "channels": 1|3, "size": [H, W], "resize": "none"|"bilinear"}),
+///    "outputs" ({"features": F, "logits": K or 0}) and optionally "comparable"
+///    ("pytorch-fid" for the pretrained weights). The module's forward takes the adapted
+///    images [B, C, H, W] float32 and returns the features [B, F], or a tuple (features
+///    [B, F], logits [B, K]);
+///  - or without a manifest, when its forward has StyleGAN2-ADA's detector interface
+///    `forward(img, return_features: bool, use_fp16: bool, no_output_bias: bool)`: NVIDIA's
+///    `inception-2015-12-05.pt` (stylegan2-ada-pytorch's metrics/, also clean-fid's), used as
+///    StyleGAN2-ADA does. Its input is uint8 [B, 3, H, W] at any size (it resizes to 299
+///    itself); features [B, F] come from `return_features=True`, and the logits [B, K] are
+///    features x output.weight^T (no bias), computed here in float64, whose softmax is what
+///    `no_output_bias=True` returns for the Inception Score; K = 0 without an `output`
+///    submodule. F comes from the probe image. Such a file is not marked comparable with
+///    papers (its weights' hash is not pinned here); records carry its hash().
+/// On load the module is put in eval mode, its parameters are hashed and one image of the
+/// contract's shape is run through it. Throws FeatureNetworkError naming `path` when the file
+/// is missing or not TorchScript, has neither a manifest nor the detector interface, has an
+/// invalid manifest, when its parameters are not float32 or their hash differs from the
+/// manifest's, when the probe image fails in the module, or when the probe's outputs have
+/// other widths than the manifest's; each message says how to make a valid file
+/// (scripts/export_inception.py). Throws std::invalid_argument for another `kind`.
 std::unique_ptr<FeatureNetwork> load_feature_network(const std::string& kind, const std::string& path);
 
 }  // namespace shardgan::eval
