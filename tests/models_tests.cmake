@@ -28,3 +28,10 @@ set_tests_properties(pix2pix_train PROPERTIES TIMEOUT 900 ENVIRONMENT "${SHARDGA
 shardgan_test(test_dcgan_resolution)
 add_test(NAME dcgan_resolution COMMAND test_dcgan_resolution)
 set_tests_properties(dcgan_resolution PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")
+# The BigGAN presets at 64 and 128 (configs/biggan-64.yaml, biggan-128.yaml) on a converted
+# folder, 2 steps each at a narrow width.
+add_test(NAME biggan_presets
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/biggan_presets_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-data> ${PROJECT_SOURCE_DIR})
+set_tests_properties(biggan_presets PROPERTIES TIMEOUT 300 PROCESSORS 2 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
