@@ -35,6 +35,11 @@ fi
 apt_install setup "${PKGS[@]}"
 if [ "${SHARDGAN_NO_SYSTEM_PACKAGES:-0}" = 1 ]; then
   need_commands setup cmake c++ mpicc mpirun pkg-config
+  if [ -z "${SHARDGAN_PYTHON:-}" ] && ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
+    echo "[setup] error: python3 on PATH cannot make a venv (no venv/ensurepip), and SHARDGAN_PYTHON is not set." \
+         "Use a Python that can (conda, pyenv, uv), or set SHARDGAN_PYTHON to one that has torch ${TORCH_VERSION}" >&2
+    exit 1
+  fi
 fi
 
 if [ -n "${SHARDGAN_PYTHON:-}" ]; then
