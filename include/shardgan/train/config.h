@@ -138,7 +138,7 @@ struct TrainConfig {
   double time_limit_s = 0;
   int64_t eval_every = 0;         ///< train.eval_every: FID / class accuracy every k steps (0 = only at the end if on)
   int64_t eval_samples = 2000;    ///< train.eval_samples: generated images per evaluation (split over ranks)
-  bool eval_enabled = false;      ///< eval.enabled: compute FID (needs eval.classifier)
+  bool eval_enabled = false;      ///< eval.enabled: score samples every train.eval_every steps (FID, KID, precision/recall, IS; on eval.features)
   std::string eval_classifier = "runs/fmnist-classifier.h5";  ///< eval.classifier: `shardgan-fid train-classifier` output
   /// eval.reference: Fashion-MNIST folder whose t10k split gives the real feature statistics
   std::string eval_reference = "/usr/share/datasets/fashion-mnist";
