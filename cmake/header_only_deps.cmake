@@ -8,6 +8,19 @@ set(SHARDGAN_STB_DIR "" CACHE PATH "A folder with stb's stb_image.h, stb_image_w
 stb_image_resize.h (a clone of github.com/nothings/stb; stb_image_resize.h may sit in its deprecated/); empty: Debian's libstb")
 set(SHARDGAN_XXHASH_DIR "" CACHE PATH "A folder with xxHash's xxhash.h (a clone of \
 github.com/Cyan4973/xxHash, 0.8 or later); empty: the system's libxxhash")
+# shardgan_system_library(PREFIX LIB HEADER WHAT DIR_OPTION REPO): the installed library LIB
+# with HEADER on the include path; sets PREFIX_LIBRARY, or stops naming WHAT, how to install
+# it and the header-only alternative.
+function(shardgan_system_library prefix lib header what dir_option repo)
+  find_library(${prefix}_LIB ${lib})
+  find_path(${prefix}_INC ${header})
+  if(NOT ${prefix}_LIB OR NOT ${prefix}_INC)
+    message(FATAL_ERROR "shardgan: ${what} not found. Install it (scripts/setup.sh), or set "
+                        "-D${dir_option}=<a clone of github.com/${repo}> (docs/install.md)")
+  endif()
+  set(${prefix}_LIBRARY ${${prefix}_LIB} PARENT_SCOPE)
+endfunction()
+
 set(SHARDGAN_HEADER_ONLY_SOURCES "")
 
 if(SHARDGAN_STB_DIR)
@@ -25,13 +38,7 @@ if(SHARDGAN_STB_DIR)
   set(SHARDGAN_STB_LIBRARY "")
   message(STATUS "shardgan: stb header-only from ${SHARDGAN_STB_DIR}")
 else()
-  find_library(SHARDGAN_STB_LIB stb)
-  find_path(SHARDGAN_STB_INC stb/stb_image.h)
-  if(NOT SHARDGAN_STB_LIB OR NOT SHARDGAN_STB_INC)
-    message(FATAL_ERROR "shardgan: stb not found (Debian's libstb-dev). Install it (scripts/setup.sh), or set "
-                        "-DSHARDGAN_STB_DIR=<a clone of github.com/nothings/stb> (docs/install.md)")
-  endif()
-  set(SHARDGAN_STB_LIBRARY ${SHARDGAN_STB_LIB})
+  shardgan_system_library(SHARDGAN_STB stb stb/stb_image.h "stb (Debian's libstb-dev)" SHARDGAN_STB_DIR nothings/stb)
 endif()
 
 if(SHARDGAN_XXHASH_DIR)
@@ -44,11 +51,6 @@ if(SHARDGAN_XXHASH_DIR)
   set(SHARDGAN_XXHASH_LIBRARY "")
   message(STATUS "shardgan: xxHash header-only from ${SHARDGAN_XXHASH_DIR}")
 else()
-  find_library(SHARDGAN_XXHASH_LIB xxhash)
-  find_path(SHARDGAN_XXHASH_INC xxhash.h)
-  if(NOT SHARDGAN_XXHASH_LIB OR NOT SHARDGAN_XXHASH_INC)
-    message(FATAL_ERROR "shardgan: xxHash not found (Debian's libxxhash-dev). Install it (scripts/setup.sh), or set "
-                        "-DSHARDGAN_XXHASH_DIR=<a clone of github.com/Cyan4973/xxHash> (docs/install.md)")
-  endif()
-  set(SHARDGAN_XXHASH_LIBRARY ${SHARDGAN_XXHASH_LIB})
+  shardgan_system_library(SHARDGAN_XXHASH xxhash xxhash.h "xxHash (Debian's libxxhash-dev)" SHARDGAN_XXHASH_DIR
+                          Cyan4973/xxHash)
 endif()
