@@ -27,6 +27,10 @@
 #include "shardgan/optim/sharded_adam.h"
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/trainer.h"
+#include "registry.h"
+
+// This file's names live in a namespace of their own (benchmarks/registry.h).
+namespace SHARDGAN_UNITY_ID {
 
 using namespace shardgan;
 namespace fs = std::filesystem;
@@ -92,7 +96,7 @@ std::unique_ptr<ShardedModel> linear_model(Communicator& comm, int stage, int un
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   std::string dir = "/tmp";
   int units = 4, reps = 3;
@@ -212,3 +216,7 @@ int main(int argc, char** argv) {
   MPI_Finalize();
   return 0;
 }
+
+}  // namespace SHARDGAN_UNITY_ID
+
+SHARDGAN_BENCHMARK(bench_checkpoint)

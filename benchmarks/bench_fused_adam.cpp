@@ -31,6 +31,10 @@
 
 #include "shardgan/optim/blockwise_quant.h"
 #include "shardgan/optim/fused_adam.h"
+#include "registry.h"
+
+// This file's names live in a namespace of their own (benchmarks/registry.h).
+namespace SHARDGAN_UNITY_ID {
 
 using namespace shardgan;
 using Clock = std::chrono::steady_clock;
@@ -88,7 +92,7 @@ void plain_adam(float* p, const float* g, float* m, float* v, int64_t n, const A
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : 50'000'000;
   const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
   const int threads = argc > 3 ? std::atoi(argv[3]) : omp_get_num_procs();
@@ -248,3 +252,7 @@ int main(int argc, char** argv) {
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }
+
+}  // namespace SHARDGAN_UNITY_ID
+
+SHARDGAN_BENCHMARK(bench_fused_adam)

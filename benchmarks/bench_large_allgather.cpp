@@ -17,6 +17,10 @@
 #include <torch/torch.h>
 
 #include "shardgan/comm/mpi_communicator.h"
+#include "registry.h"
+
+// This file's names live in a namespace of their own (benchmarks/registry.h).
+namespace SHARDGAN_UNITY_ID {
 
 namespace {
 
@@ -44,7 +48,7 @@ void staged_all_gather(MPI_Comm comm, int world, at::Tensor& full, const at::Ten
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   const std::string mode = argc > 1 ? argv[1] : "derived";
   const int64_t n = argc > 2 ? std::stoll(argv[2]) : (int64_t{1} << 31) + 7;
@@ -74,3 +78,7 @@ int main(int argc, char** argv) {
   MPI_Finalize();
   return ok ? 0 : 1;
 }
+
+}  // namespace SHARDGAN_UNITY_ID
+
+SHARDGAN_BENCHMARK(bench_large_allgather)

@@ -32,6 +32,10 @@
 #include "shardgan/data/hdf5_dataset.h"
 #include "shardgan/data/hdf5_loader.h"
 #include "shardgan/data/images.h"
+#include "registry.h"
+
+// This file's names live in a namespace of their own (benchmarks/registry.h).
+namespace SHARDGAN_UNITY_ID {
 
 using namespace shardgan;
 namespace fs = std::filesystem;
@@ -95,7 +99,7 @@ Pass read_pass(const data::Hdf5Dataset& ds, const DistributedSampler& sampler, i
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -198,3 +202,7 @@ int main(int argc, char** argv) {
   MPI_Finalize();
   return 0;
 }
+
+}  // namespace SHARDGAN_UNITY_ID
+
+SHARDGAN_BENCHMARK(bench_loader)

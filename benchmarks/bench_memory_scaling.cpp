@@ -21,10 +21,14 @@
 
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/train/trainer.h"
+#include "registry.h"
+
+// This file's names live in a namespace of their own (benchmarks/registry.h).
+namespace SHARDGAN_UNITY_ID {
 
 using namespace shardgan;
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   torch::set_num_threads(1);
   const int stage = argc > 1 ? std::atoi(argv[1]) : 3;
@@ -102,3 +106,7 @@ int main(int argc, char** argv) {
   MPI_Finalize();
   return 0;
 }
+
+}  // namespace SHARDGAN_UNITY_ID
+
+SHARDGAN_BENCHMARK(bench_memory_scaling)

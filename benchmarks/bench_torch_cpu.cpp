@@ -19,6 +19,10 @@
 #include <torch/torch.h>
 
 #include "shardgan/train/build_info.h"
+#include "registry.h"
+
+// This file's names live in a namespace of their own (benchmarks/registry.h).
+namespace SHARDGAN_UNITY_ID {
 
 namespace {
 
@@ -39,7 +43,7 @@ double rel_err(const at::Tensor& approx, const at::Tensor& exact) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 5;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 1;
   torch::set_num_threads(threads);
@@ -74,3 +78,7 @@ int main(int argc, char** argv) {
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }
+
+}  // namespace SHARDGAN_UNITY_ID
+
+SHARDGAN_BENCHMARK(bench_torch_cpu)

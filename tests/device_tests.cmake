@@ -22,8 +22,11 @@ add_test(NAME test_gpu COMMAND $<TARGET_FILE:test_gpu>)
 set_tests_properties(test_gpu PROPERTIES TIMEOUT 600 LABELS gpu ENVIRONMENT "${SHARDGAN_TEST_ENV}"
                      SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\] [0-9]+ test")
 
-# poll_until, the wait loop of every blocking collective (issue 58): its timeout rule, and the
-# latency it adds to a blocking collective on an idle rank, measured with one peer (the
-# figures print as JSON lines; benchmarks/poll_latency.sh also sweeps the sleep cap).
+# poll_until, the wait loop of every blocking collective: its timeout rule, progress calls and
+# timer slack (test_poll_np1). The latency it adds to a blocking collective on an idle rank,
+# measured with one peer against a 50 us budget, is a timing figure: poll_latency_np2 is in
+# the extended tier (a loaded 2-core CI guest is no place for a timed verdict), and
+# benchmarks/poll_latency.sh prints the same figures as JSON lines with the sleep-cap sweep.
 shardgan_test(test_poll)
-shardgan_mpi_test(test_poll 120 2)
+shardgan_mpi_filtered(test_poll test_poll "PollUntil.*" 60 1)
+shardgan_mpi_filtered(poll_latency test_poll "PollLatency.*" 120 2)

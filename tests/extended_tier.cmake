@@ -44,6 +44,9 @@ set(SHARDGAN_EXTENDED_TESTS
   # (every corpus entry of every fuzz target) stays.
   ckpt_fuzz                           # 272 s
   config_fuzz                         # 131 s (126 mutated configs); fuzz_regression's config corpus stays
+  # A timed verdict: the latency poll_until adds on an idle rank against a 50 us budget
+  # (benchmarks/poll_latency.sh prints it); test_poll_np1 (the wait loop's rules) stays.
+  poll_latency_np2                    # 7 s
   # Launchers that need root: a throw-away one-node Slurm cluster (srun), and hosts in
   # network namespaces; the launcher-detection and HSDP gtests (test_hsdp) stay.
   slurm_test                          # 157 s

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -155,7 +156,13 @@ int cmd_stats(const std::string& source, const std::string& out, const std::stri
 int main(int argc, char** argv) {
   CLI::App app{"shardgan-fid: the Fashion-MNIST classifier behind shardgan's FID, and sanity numbers"};
   app.require_subcommand(1);
-  std::string data = "/usr/share/datasets/fashion-mnist", out = "runs/fmnist-classifier.h5", classifier;
+  // SHARDGAN_FMNIST_DIR sets the default here, not through CLI11's envname: CLI11 fills an
+  // option from the environment in every subcommand, selected or not, so compare's --data
+  // would overwrite the --data given to train-classifier (both write `data`).
+  const char* fmnist_env = std::getenv("SHARDGAN_FMNIST_DIR");
+  std::string data = fmnist_env != nullptr && *fmnist_env != '\0' ? std::string(fmnist_env)
+                                                                  : std::string("/usr/share/datasets/fashion-mnist");
+  std::string out = "runs/fmnist-classifier.h5", classifier;
   eval::ClassifierTrainOptions opt;
   double min_accuracy = 0.90;
   int64_t n = 10000;
@@ -167,7 +174,6 @@ int main(int argc, char** argv) {
   for (auto* sc : {train, compare}) {
     sc->add_option("--data", data, "folder of Fashion-MNIST's idx .gz files, or (train-classifier) a labelled "
                    "HDF5 file from shardgan-data convert, whose images 9 mod 10 are the test set")
-        ->envname("SHARDGAN_FMNIST_DIR")
         ->capture_default_str();
     sc->add_option("--threads", threads, "torch CPU threads")->check(CLI::PositiveNumber)->capture_default_str();
   }
