@@ -6,6 +6,13 @@ FAILED=0
 ok()   { echo "PASS: $*"; PASSED=$((PASSED + 1)); }
 bad()  { echo "FAIL: $*"; FAILED=$((FAILED + 1)); }
 finish() { echo "$PASSED passed, $FAILED failed"; [ "$FAILED" -eq 0 ]; }
+# py_has PY MODULE...: whether PY has these modules installed, without importing them
+# (importing torch and torchvision takes seconds; a broken install then fails the test
+# that uses it instead of skipping it).
+py_has() {
+  "$1" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "${@:2}" \
+    2> /dev/null
+}
 MPIRUN=(mpirun --oversubscribe)
 # Fashion-MNIST's folder: Debian's, or the CMake option SHARDGAN_FMNIST_DIR (docs/install.md).
 FMNIST=${SHARDGAN_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}

@@ -19,7 +19,7 @@ TRAIN=$1; CKPT=$2; FID=$3; DATA=$4; SRC=$5; NET=$6
 source "$(dirname "$0")/ckpt_lib.sh"
 T=$(mktemp -d /tmp/shardgan-ownfolder.XXXXXX)
 trap 'rm -rf "$T"' EXIT
-$PY -c "import PIL, torchvision, xxhash" 2> /dev/null || { echo "SKIP: $PY cannot import PIL, torchvision, xxhash"; exit 77; }
+py_has "$PY" PIL torchvision xxhash || { echo "SKIP: $PY has no PIL, torchvision or xxhash"; exit 77; }
 if [ ! -f "$NET" ]; then
   mkdir -p "$(dirname "$NET")"
   $PY "$SRC/scripts/export_inception.py" --random-weights --seed 1 -o "$NET.tmp" && mv "$NET.tmp" "$NET" \
