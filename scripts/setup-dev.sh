@@ -25,7 +25,7 @@ from torchvision.models.inception import Inception3
 Inception3(num_classes=1008, aux_logits=False, init_weights=False)
 assert torch.__version__.startswith("2.15.0"), torch.__version__' 
 PKGS=(
-  googletest libgtest-dev libbenchmark-dev
+  googletest libgtest-dev
   slurmctld slurmd slurm-client munge
   iproute2
 )
