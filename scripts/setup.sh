@@ -15,7 +15,8 @@ cd "$(dirname "$0")/.."
 source scripts/apt-install.sh
 no_system_packages_flag "$@"
 TORCH_VERSION=2.15.0   # the newest stable 2.x on the registry (2026-11-25); CUDA 13.2 build
-PY_PKGS=("torch==${TORCH_VERSION}")
+# fontTools and Pillow: scripts/emoji-data.sh (real colour images from the emoji font below).
+PY_PKGS=("torch==${TORCH_VERSION}" "fonttools==4.68.0" "pillow==13.0.0")
 PKGS=(
   build-essential cmake ccache pkg-config
   libopenmpi-dev openmpi-bin
@@ -27,6 +28,7 @@ PKGS=(
   libgoogle-perftools-dev                 # tcmalloc: shardgan-train's allocator (memory reuse, docs/design.md)
   dataset-fashion-mnist
   gnuplot-nox                             # train.plots: the run's plots/*.png
+  fonts-noto-color-emoji                  # colour training images (scripts/emoji-data.sh)
 )
 # A Python with venv and pip: the one on PATH, else Debian's.
 if [ -z "${SHARDGAN_PYTHON:-}" ] && ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then

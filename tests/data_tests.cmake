@@ -19,3 +19,16 @@ add_test(NAME hdf5_train_test
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/hdf5_train_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE_DIR:shardgan-train> ${PROJECT_SOURCE_DIR})
 set_tests_properties(hdf5_train_test PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
+
+# Real colour images: scripts/emoji-data.sh (Noto Color Emoji's bitmaps, composited over white,
+# padded to squares, converted at 32 and 64) on its first 500 glyphs, and 2 training steps on
+# them. The control drops the alpha channel instead of compositing: the white-pixel check
+# must fail. Both skip (77) without the font or fontTools (scripts/setup.sh installs them).
+add_test(NAME emoji_data
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/emoji_data_test.sh $<TARGET_FILE:shardgan-train> ${PROJECT_SOURCE_DIR})
+add_test(NAME emoji_data_control
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/emoji_data_test.sh $<TARGET_FILE:shardgan-train> ${PROJECT_SOURCE_DIR})
+set_tests_properties(emoji_data emoji_data_control PROPERTIES TIMEOUT 300 PROCESSORS 2 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV}")
+set_tests_properties(emoji_data_control PROPERTIES WILL_FAIL TRUE
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_CONTROL=emoji_no_composite")
