@@ -57,8 +57,9 @@ done
   --set train.global_batch=8 --set train.steps=2 --set train.checkpoint_every=2 --set train.sample_every=0 \
   --set train.plots=false --set eval.enabled=false --set run.dir="$T/r" > "$T/r.log" 2>&1 \
   && ok "2 ranks: DCGAN-64 in colour trains 2 steps on emoji-64.h5" || bad "training: $(tail -5 "$T/r.log")"
-bad_values=$(nonfinite_in "$T/r/checkpoints/step-00000002")
-[ -z "$bad_values" ] && [ -n "$(rank_files "$T/r/checkpoints/step-00000002")" ] \
-  && ok "no NaN or infinity in the checkpoint" || bad "checkpoint: ${bad_values:-no rank files}"
+ck="$T/r/checkpoints/step-00000002"
+if [ -z "$(rank_files "$ck")" ]; then bad "no rank files in $ck"
+elif out=$(nonfinite_in "$ck"); then ok "no NaN or infinity in the checkpoint"
+else bad "NaN or infinity: $(head -3 <<< "$out" | tr '\n' ' ')"; fi
 echo "whole entry: $((SECONDS - t0)) s"
 finish

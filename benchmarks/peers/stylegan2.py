@@ -103,8 +103,8 @@ class Conv2d(nn.Module):
         w = self.weight * self.weight_gain
         if self.down:
             # the filter then a stride-2 conv, padded so that an even input halves exactly
-            p = (self.k - 1) // 2
-            x = blur(x, (1 + p, 1 + p) if self.k > 1 else (1, 1))
+            p = 1 + (self.k - 1) // 2
+            x = blur(x, (p, p))
             x = F.conv2d(x, w, stride=2)
         else:
             x = F.conv2d(x, w, padding=self.k // 2)
@@ -261,9 +261,9 @@ class Generator(nn.Module):
 
 
 class DiscriminatorBlock(nn.Module):
-    def __init__(self, cin, tmp, cout, img_channels, architecture):
+    def __init__(self, first, tmp, cout, img_channels, architecture):
         super().__init__()
-        self.fromrgb = Conv2d(img_channels, tmp, 1) if cin == 0 else None
+        self.fromrgb = Conv2d(img_channels, tmp, 1) if first else None  # 'resnet'/'orig': first block only
         self.conv0 = Conv2d(tmp, tmp, 3)
         self.conv1 = Conv2d(tmp, cout, 3, down=True)
         self.skip = Conv2d(tmp, cout, 1, bias=False, activation="linear", down=True) if architecture == "resnet" \
@@ -297,7 +297,7 @@ class Discriminator(nn.Module):
         log2 = int(math.log2(resolution))
         self.blocks = nn.ModuleList()
         for i, res in enumerate(2 ** j for j in range(log2, 2, -1)):
-            self.blocks.append(DiscriminatorBlock(0 if i == 0 else 1, channels(res, channel_base, channel_max),
+            self.blocks.append(DiscriminatorBlock(i == 0, channels(res, channel_base, channel_max),
                                                   channels(res // 2, channel_base, channel_max), img_channels,
                                                   architecture))
         c4 = channels(4, channel_base, channel_max)
