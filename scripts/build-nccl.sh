@@ -7,10 +7,12 @@
 # machines carry torch 2.11 with NCCL 2.28.9, which refuses a second rank on one GPU.
 #
 # Usage: scripts/build-nccl.sh [OUT]       (default OUT: build-nccl/, git-ignored)
-#   NCCL_SRC   a git repository of NVIDIA/nccl (default: clone https://github.com/NVIDIA/nccl)
+#   NCCL_SRC   a git repository of NVIDIA/nccl, or an unpacked source tree of release NCCL_TAG
+#              (default: clone https://github.com/NVIDIA/nccl)
 #   NCCL_TAG   the release tag (default v2.30.7-1, the torch 2.15 wheel's NCCL)
 #   NCCL_ARCH  the compute capability (default 90: H100 and H200)
 #   CUDA_HOME  the toolkit (default /usr/local/cuda)
+#   NCCL_JOBS  parallel compile jobs (default: all cores)
 # Writes OUT/lib/libnccl.so.2 (stripped), OUT/include/nccl.h, OUT/libnccl.so.2.xz and
 # OUT/build-info.txt (tag, commit, architecture, sizes, build time).
 set -euo pipefail
@@ -27,10 +29,16 @@ if [ -z "$src" ]; then
     { echo "build-nccl: cannot clone NVIDIA/nccl at $tag (set NCCL_SRC to a local copy)" >&2; exit 1; }
   src="$work/repo.git"
 fi
-gitdir=$(git -C "$src" rev-parse --absolute-git-dir)  # a work tree or a bare mirror
-commit=$(git --git-dir="$gitdir" rev-parse "$tag^{commit}")
 mkdir -p "$work/nccl"
-git --git-dir="$gitdir" archive "$tag" | tar -C "$work/nccl" -xf -
+if gitdir=$(git -C "$src" rev-parse --absolute-git-dir 2>/dev/null); then  # a work tree or a bare mirror
+  commit=$(git --git-dir="$gitdir" rev-parse "$tag^{commit}")
+  git --git-dir="$gitdir" archive "$tag" | tar -C "$work/nccl" -xf -
+elif [ -f "$src/Makefile" ] && [ -d "$src/src" ]; then  # an unpacked release (a machine without git or network)
+  commit="unknown (source tree $src, taken as $tag)"
+  cp -r "$src"/. "$work/nccl/"
+else
+  echo "build-nccl: $src is neither a git repository of NVIDIA/nccl nor an unpacked source tree" >&2; exit 1
+fi
 echo "[build-nccl] NCCL $tag ($commit) for sm_$arch with $("$cuda/bin/nvcc" --version | grep -o 'release [0-9.]*')"
 # The CUDA toolkit ships its own (older) nccl.h and nccl_device/ headers; with the toolkit's
 # include folder ahead of NCCL's, they shadow the ones being built (same include guards,
@@ -40,7 +48,7 @@ for f in "$cuda"/include/*; do
   case $(basename "$f") in nccl*) ;; *) ln -s "$f" "$work/cuda-include/" ;; esac
 done
 start=$(date +%s)
-make -C "$work/nccl" -j "$(nproc)" src.build CUDA_HOME="$cuda" CUDA_INC="$work/cuda-include" BUILDDIR="$work/out" \
+make -C "$work/nccl" -j "${NCCL_JOBS:-$(nproc)}" src.build CUDA_HOME="$cuda" CUDA_INC="$work/cuda-include" BUILDDIR="$work/out" \
   NVCC_GENCODE="-gencode=arch=compute_${arch},code=sm_${arch}" > "$work/make.log" 2>&1 ||
   { tail -30 "$work/make.log" >&2; echo "build-nccl: make failed" >&2; exit 1; }
 took=$(( $(date +%s) - start ))

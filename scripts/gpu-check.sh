@@ -11,9 +11,7 @@
 #      each (layouts are device-free).
 # Results go to $OUT/gpu-check (or build/gpu-check) as text and JSON lines.
 #
-# NCCL refuses two ranks on one GPU, so multi-rank NCCL needs a machine with several GPUs:
-# with GPUS=N (N >= 2) step 2 also runs N ranks at stage 3 (written, not yet run: NCCL between
-# ranks has never run). DEMO_CELLS=0 skips steps 2-4;
+# GPU_TESTS=0 skips step 1, DEMO_CELLS=0 steps 2-4;
 # BIG_STEPS (default 5) sets the steps of the 1e9 cells (one fewer with offload).
 #
 #   5. (BIG=1, the default) the 1.03e9-parameter BigGAN of configs/biggan-1b.yaml on one GPU,
@@ -26,6 +24,11 @@
 #   7. (AC=1, the default) activation checkpointing off and on, with cuDNN's deterministic
 #      algorithms (run.deterministic): the same loss bits, and the caching allocator's peak
 #      and the step times of both, at two BigGAN geometries (details at step 7 below).
+#   8. (RANKS=N, N >= 2) NCCL between N ranks: tests/test_gpu_ranks under mpirun (the
+#      collectives, ZeRO-3 against the CPU in float64, the timeout and abort), and the demo in
+#      float64 on N ranks at stages 3 and 2 against 1 rank (steps 1-5 within 1e-9 relative),
+#      then in float32. With fewer GPUs than ranks the ranks share them: NCCL 2.30 or later
+#      and NCCL_MULTI_RANK_GPU_ENABLE=1 (docs/dev/gpu-bundle.md). GPUS=N is the old name.
 #
 # Build: uses $SHARDGAN_BUILD (default build/) when it has shardgan-train; otherwise
 # configures build/ with the torch of SHARDGAN_PYTHON (default: .venv/bin/python, else
@@ -69,7 +72,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>
 log "$(grep -iE 'torch|cuda|nccl' "$R/version.txt" | tr '\n' ';')"
 
 fails=0
-# 1. The gpu tests.
+# 1. The gpu tests (GPU_TESTS=0 skips them).
+if [ "${GPU_TESTS:-1}" = 1 ]; then
 if [ -f "$B/CTestTestfile.cmake" ]; then
   (cd "$B" && ctest -L gpu --output-on-failure) > "$R/ctest-gpu.txt" 2>&1 && log "PASS: ctest -L gpu" \
     || { log "FAIL: ctest -L gpu (see $R/ctest-gpu.txt)"; fails=$((fails + 1)); }
@@ -80,6 +84,7 @@ else  # a bundle: the test binary itself (a singleton MPI process, as ctest runs
   cp "$R/ctest-gpu.txt" "$R/ctest-gpu-full.txt"
 fi
 grep -E "^\[ +(OK|FAILED|SKIPPED) +\]" "$R/ctest-gpu-full.txt" | tee -a "$R/summary.txt"
+fi
 
 # 2./3. 200 demo steps per cell. Peak device memory: the largest `memory.used` nvidia-smi
 # reports while the run lasts (includes the CUDA context, ~0.5 GiB).
@@ -139,9 +144,6 @@ run_cell cuda-offload-cpu 1 "${DEMO[@]}" "${S3[@]}" --set offload.generator.opti
 run_cell cuda-offload-disk 1 "${DEMO[@]}" "${S3[@]}" --set offload.generator.optimizer=disk \
   --set offload.discriminator.optimizer=disk --set offload.generator.param=disk --set offload.discriminator.param=disk \
   --set ema.enabled=false
-if [ "${GPUS:-1}" -ge 2 ]; then
-  run_cell "cuda-stage3-np$GPUS" "$GPUS" "${DEMO[@]}" --set run.device=cuda
-fi
 cat "$R/cells.jsonl" | tee -a "$R/summary.txt"
 
 # Losses, first 5 steps, GPU against CPU. Both run the same float32 program on the same
@@ -266,6 +268,43 @@ PY
     --set model.g_ch_mult=[16,16,8,4,2] --set model.d_ch_mult=[1,2,4,8,16] --set model.g_attn=32 --set model.d_attn=32 \
     --set model.z_dim=120 --set model.channels_last=true --set model.fused_upsample=true
   ac_pair deep59m "${AC_DEEP_BATCH:-128}" configs/biggan-1b.yaml --set model.ch=15 --set model.d_ch=15
+fi
+# 8. NCCL between ranks.
+RANKS=${RANKS:-${GPUS:-1}}
+if [ "$RANKS" -ge 2 ]; then
+  log "NCCL between $RANKS ranks on $(grep -c '^GPU' "$R/gpus.txt") GPU(s); NCCL_MULTI_RANK_GPU_ENABLE=${NCCL_MULTI_RANK_GPU_ENABLE:-unset}"
+  ranks_test() {  # name, gtest filter
+    timeout "${LAUNCH_TIMEOUT:-600}" mpirun -np "$RANKS" --oversubscribe "$B/tests/test_gpu_ranks" \
+      --gtest_filter="$2" > "$R/$1.txt" 2>&1 && log "PASS: $1 ($RANKS ranks)" \
+      || { log "FAIL: $1 ($RANKS ranks; see $R/$1.txt)"; fails=$((fails + 1)); }
+    grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|\[ gpu \]" "$R/$1.txt" | sort -u | tee -a "$R/summary.txt"
+  }
+  ranks_test gpu-ranks "-GpuRanks.TimeoutAbortsTheCommunicator"
+  ranks_test gpu-ranks-timeout "GpuRanks.TimeoutAbortsTheCommunicator"
+  F64=(configs/fmnist-dcgan.yaml --set train.steps="${RANKS_STEPS:-10}" --set train.log_every=1 --set run.device=cuda
+    --set model.dtype=float64 --set run.tf32=false --set train.checkpoint_every=0 --set train.sample_every=0)
+  run_cell cuda-f64-np1-stage3 1 "${F64[@]}"
+  for st in 3 2; do
+    run_cell "cuda-f64-np$RANKS-stage$st" "$RANKS" "${F64[@]}" --set sharding.generator.stage=$st \
+      --set sharding.discriminator.stage=$st
+    "$PY" - "$R/cuda-f64-np1-stage3/metrics.jsonl" "$R/cuda-f64-np$RANKS-stage$st/metrics.jsonl" >> "$R/summary.txt" <<'PY' \
+      && log "PASS: float64 losses of steps 1-5, $RANKS ranks at stage $st against 1 rank, within 1e-9" \
+      || { log "FAIL: $RANKS ranks at stage $st against 1 rank (see $R/summary.txt)"; fails=$((fails + 1)); }
+import json, sys
+a, b = ({r["step"]: r for r in map(json.loads, open(f)) if "loss_d" in r} for f in sys.argv[1:3])
+steps = sorted(set(a) & set(b))[:5]
+bad = 0
+for s in steps:
+    for k in ("loss_d", "loss_g"):
+        d = abs(a[s][k] - b[s][k]); tol = 1e-9 * max(1.0, abs(a[s][k]))
+        print(f"step {s} {k}: 1 rank {a[s][k]!r} N ranks {b[s][k]!r} diff {d:.2e}")
+        bad += d > tol
+sys.exit(1 if bad or len(steps) < 5 else 0)
+PY
+  done
+  run_cell "cuda-f32-np$RANKS-stage3" "$RANKS" configs/fmnist-dcgan.yaml --set train.log_every=1 \
+    --set run.device=cuda --set train.steps="${RANKS_F32_STEPS:-100}"
+  tail -4 "$R/cells.jsonl" >> "$R/summary.txt"
 fi
 log "$fails failed"
 [ $fails -eq 0 ]

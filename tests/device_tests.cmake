@@ -30,3 +30,12 @@ set_tests_properties(test_gpu PROPERTIES TIMEOUT 600 LABELS gpu ENVIRONMENT "${S
 shardgan_test(test_poll)
 shardgan_mpi_filtered(test_poll test_poll "PollUntil.*" 60 1)
 shardgan_mpi_filtered(poll_latency test_poll "PollLatency.*" 120 2)
+
+# NCCL between ranks (label gpu): the collectives, ZeRO-3 against the CPU, and the timeout
+# (its own process: it leaves NCCL aborted). Skipped on every rank without a visible GPU;
+# on one GPU the ranks need NCCL 2.30 or later and NCCL_MULTI_RANK_GPU_ENABLE=1.
+shardgan_test(test_gpu_ranks)
+shardgan_mpi_filtered(test_gpu_ranks test_gpu_ranks "-GpuRanks.TimeoutAbortsTheCommunicator" 300 2)
+shardgan_mpi_filtered(test_gpu_ranks_timeout test_gpu_ranks "GpuRanks.TimeoutAbortsTheCommunicator" 120 2)
+set_tests_properties(test_gpu_ranks_np2 test_gpu_ranks_timeout_np2 PROPERTIES LABELS gpu
+                     SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\] [0-9]+ test")

@@ -1,6 +1,7 @@
 #include "shardgan/device/device.h"
 
 #include <dlfcn.h>
+#include <cstdlib>
 
 #include <filesystem>
 
@@ -83,9 +84,16 @@ at::Device resolve_device(const std::string& run_device, int local_rank, const s
   }
   if (local_rank < 0) local_rank = 0;
   if (local_rank >= n) {
-    throw DeviceError(where + ": this rank needs GPU " + std::to_string(local_rank) + " but only " +
-                      std::to_string(n) + " are visible: start at most " + std::to_string(n) +
-                      " ranks per node (NCCL refuses two ranks on one GPU)");
+    // NCCL 2.30 and later accept several ranks on one GPU when this variable is 1; older NCCL
+    // refuses them at communicator creation ("Duplicate GPU detected"), naming the variable.
+    const char* multi = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+    if (multi == nullptr || std::string(multi) != "1") {
+      throw DeviceError(where + ": this rank needs GPU " + std::to_string(local_rank) + " but only " +
+                        std::to_string(n) + " are visible: start at most " + std::to_string(n) +
+                        " ranks per node, or set NCCL_MULTI_RANK_GPU_ENABLE=1 with NCCL 2.30 or later "
+                        "to place several ranks on one GPU");
+    }
+    local_rank %= n;
   }
   detail::cuda_set_device(local_rank);
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));

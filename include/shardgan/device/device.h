@@ -58,11 +58,14 @@ int64_t take_device_peak_allocated_bytes();
 
 /// The device of `run.device` for the rank with local rank `local_rank` on its node:
 ///  - "cpu": at::kCPU;
-///  - "cuda": cuda:<local_rank>, after load_cuda_runtime() (one GPU per rank, as NCCL
-///    requires; with CUDA_VISIBLE_DEVICES the index counts visible GPUs).
+///  - "cuda": cuda:<local_rank>, after load_cuda_runtime() (one GPU per rank, as NCCL before
+///    2.30 requires; with CUDA_VISIBLE_DEVICES the index counts visible GPUs). With more local
+///    ranks than visible GPUs and NCCL_MULTI_RANK_GPU_ENABLE=1 in the environment (NCCL 2.30's
+///    switch for several ranks per GPU), cuda:<local_rank mod visible GPUs>.
 /// `source` names the config file in messages. Local. Throws DeviceError, naming
 /// run.device and the rank, for anything else: an unknown name, "cuda" without CUDA
-/// compiled in, with no visible GPU, or with fewer visible GPUs than local ranks.
+/// compiled in, with no visible GPU, or with fewer visible GPUs than local ranks and
+/// NCCL_MULTI_RANK_GPU_ENABLE not 1.
 at::Device resolve_device(const std::string& run_device, int local_rank, const std::string& source);
 
 }  // namespace shardgan
