@@ -13,6 +13,8 @@
 #   NCCL_ARCH  the compute capability (default 90: H100 and H200)
 #   CUDA_HOME  the toolkit (default /usr/local/cuda)
 #   NCCL_JOBS  parallel compile jobs (default: all cores)
+#   NCCL_XZ    0: no OUT/libnccl.so.2.xz
+#   NCCL_LOG   make's output (default: a temporary file, shown on failure)
 # Writes OUT/lib/libnccl.so.2 (stripped), OUT/include/nccl.h, OUT/libnccl.so.2.xz and
 # OUT/build-info.txt (tag, commit, architecture, sizes, build time).
 set -euo pipefail
@@ -49,16 +51,21 @@ for f in "$cuda"/include/*; do
 done
 start=$(date +%s)
 make -C "$work/nccl" -j "${NCCL_JOBS:-$(nproc)}" src.build CUDA_HOME="$cuda" CUDA_INC="$work/cuda-include" BUILDDIR="$work/out" \
-  NVCC_GENCODE="-gencode=arch=compute_${arch},code=sm_${arch}" > "$work/make.log" 2>&1 ||
-  { tail -30 "$work/make.log" >&2; echo "build-nccl: make failed" >&2; exit 1; }
+  NVCC_GENCODE="-gencode=arch=compute_${arch},code=sm_${arch}" > "${NCCL_LOG:-$work/make.log}" 2>&1 ||
+  { tail -30 "${NCCL_LOG:-$work/make.log}" >&2; echo "build-nccl: make failed" >&2; exit 1; }
 took=$(( $(date +%s) - start ))
 mkdir -p "$out/lib" "$out/include"
 lib=$(ls "$work"/out/lib/libnccl.so.2.* | head -1)
 cp -L "$lib" "$out/lib/libnccl.so.2"
-strip --strip-unneeded "$out/lib/libnccl.so.2"
+command -v strip > /dev/null && strip --strip-unneeded "$out/lib/libnccl.so.2"
 cp "$work"/out/include/nccl*.h "$out/include/"
-xz -T0 -6 -k -c "$out/lib/libnccl.so.2" > "$out/libnccl.so.2.xz"
-so=$(stat -c %s "$out/lib/libnccl.so.2"); xzs=$(stat -c %s "$out/libnccl.so.2.xz")
+# NCCL_XZ=0 skips the compressed copy (building on the GPU machine itself, nothing travels).
+xzs=0
+if [ "${NCCL_XZ:-1}" = 1 ]; then
+  xz -T0 -6 -k -c "$out/lib/libnccl.so.2" > "$out/libnccl.so.2.xz"
+  xzs=$(stat -c %s "$out/libnccl.so.2.xz")
+fi
+so=$(stat -c %s "$out/lib/libnccl.so.2")
 {
   echo "tag: $tag"
   echo "commit: $commit"

@@ -10,7 +10,8 @@
 #   5. packs the results without checkpoints into $OUT/gpu-results.tgz, with the summaries
 #      beside it (a device machine returns at most 8 files).
 # Usage: bash scripts/gpu-bundle-run.sh [BUNDLE]     (default .gpubundle)
-# ONE=0 skips step 3; ONE_TIMEOUT, RANKS_TIMEOUT bound steps 3 and 4 (seconds).
+# ONE=0 skips step 3; ONE_TIMEOUT, RANKS_TIMEOUT bound steps 3 and 4, NCCL_WAIT the wait for the
+# NCCL build after step 3 (seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=$(realpath "${1:-.gpubundle}")
@@ -21,10 +22,12 @@ exec > >(tee "$res/run.log") 2>&1
 echo "[run] $(date -u +%FT%TZ) $(nproc) cores; $(nvidia-smi -L 2>&1 | head -1)"
 # shellcheck disable=SC1091
 source "$bundle/env.sh"
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 nccl=/tmp/nccl-out
 if [ -f "$bundle/nccl-src.tar.xz" ]; then
   ( mkdir -p /tmp/nccl-src && tar -C /tmp/nccl-src -xJf "$bundle/nccl-src.tar.xz" &&
-    NCCL_SRC=/tmp/nccl-src NCCL_JOBS=${NCCL_JOBS:-12} nice -n 19 bash scripts/build-nccl.sh "$nccl" ) \
+    NCCL_SRC=/tmp/nccl-src NCCL_JOBS=${NCCL_JOBS:-12} NCCL_XZ=0 NCCL_LOG="$res/nccl-make.log" \
+      nice -n "${NCCL_NICE:-19}" bash scripts/build-nccl.sh "$nccl" ) \
     > "$res/nccl-build.log" 2>&1 &
   nccl_pid=$!
 else
@@ -36,6 +39,10 @@ if [ "${ONE:-1}" = 1 ]; then
   echo "[run] gpu-check on 1 rank: exit $?"
 fi
 if [ -n "$nccl_pid" ]; then
+  for _ in $(seq "${NCCL_WAIT:-300}"); do kill -0 "$nccl_pid" 2> /dev/null || break; sleep 1; done
+  if kill -0 "$nccl_pid" 2> /dev/null; then
+    echo "[run] NCCL build still running after ${NCCL_WAIT:-300} s more: stopped"; pkill -f scripts/build-nccl.sh; pkill -x make; pkill -f nvcc; kill "$nccl_pid"
+  fi
   wait "$nccl_pid"; echo "[run] NCCL build: exit $?"
   cat "$nccl/build-info.txt" 2>/dev/null || tail -20 "$res/nccl-build.log"
 fi
@@ -46,7 +53,7 @@ if [ -f "$nccl/lib/libnccl.so.2" ]; then
     bash scripts/gpu-check.sh
   echo "[run] gpu-check on ${RANKS:-2} ranks: exit $?"
   n=${RANKS_MORE:-4}
-  timeout 120 mpirun -np "$n" --oversubscribe "$SHARDGAN_BUILD/tests/test_gpu_ranks" \
+  timeout "${RANKS_MORE_TIMEOUT:-60}" mpirun -np "$n" --oversubscribe "$SHARDGAN_BUILD/tests/test_gpu_ranks" \
     --gtest_filter=-GpuRanks.TimeoutAbortsTheCommunicator > "$res/gpu-ranks-np$n.txt" 2>&1
   echo "[run] test_gpu_ranks on $n ranks: exit $?"
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]" "$res/gpu-ranks-np$n.txt" | sort -u

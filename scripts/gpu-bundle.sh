@@ -32,8 +32,19 @@ for c in "$ompi"/*.so; do
     *) cp -L "$c" "$stage/ompi$ompi/" ;;
   esac
 done
-cp -L /usr/bin/orterun /usr/bin/orted "$stage/ompi/usr/bin/"
+# The launcher behind wrappers that put the carried libraries on its path (and on no other
+# program's: the machine's own Python must keep its own libraries).
+for b in orterun orted; do
+  cp -L "/usr/bin/$b" "$stage/ompi/usr/bin/$b.bin"
+  cat > "$stage/ompi/usr/bin/$b" <<'EOF'
+#!/usr/bin/env bash
+export LD_LIBRARY_PATH="/tmp/sg/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+exec -a "$0" "$0.bin" "$@"
+EOF
+  chmod +x "$stage/ompi/usr/bin/$b"
+done
 ln -s orterun "$stage/ompi/usr/bin/mpirun"
+ln -s orterun.bin "$stage/ompi/usr/bin/mpirun.bin"
 cp -r /usr/share/openmpi "$stage/ompi/usr/share/"
 cp -r "/$mlib/pmix2/lib/pmix" "$stage/ompi/$mlib/pmix2/lib/"
 cp -r "/$mlib/pmix2/share" "$stage/ompi/$mlib/pmix2/"
@@ -56,7 +67,7 @@ ln -s test_gpu "$stage/build/tests/test_gpu_ranks"  # the binary runs the cases 
 ln -s test_gpu.bin "$stage/build/tests/test_gpu_ranks.bin"
 # Everything the binaries, the launcher and the components load, minus what the target brings itself.
 { ldd "$build/shardgan-train" "$build/tests/test_gpu" "$build/shardgan-data" "$stage"/ompi/usr/bin/* \
-    "$stage/ompi$ompi"/*.so "$stage/ompi/$mlib"/pmix2/lib/pmix/*.so; } 2>/dev/null |
+    "$stage/ompi$ompi"/*.so "$stage/ompi/$mlib"/pmix2/lib/pmix/*.so || true; } 2>/dev/null |
   awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
   grep -vE '/(libc|libm|libdl|libpthread|librt|libutil|libresolv|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so' |
   grep -vE '/torch/lib/|/nvidia/|/cuda[^/]*/' |
@@ -82,7 +93,5 @@ export OMPI_MCA_mca_base_component_show_load_errors=0
 # One host: shared memory and self only, without the single-copy (CMA) mechanism that some
 # sandboxes refuse.
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
-# mpirun and orted load the carried Open MPI libraries too.
-export LD_LIBRARY_PATH="/tmp/sg/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 EOF
 du -sh "$out"/*

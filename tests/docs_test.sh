@@ -14,7 +14,7 @@
 #  5. Every relative link of a user page names a file that exists, and so does every repo
 #     path (docs/..., scripts/..., tests/..., ...) named in those comments.
 #  6. The GPU status line stands verbatim on deepspeed-fsdp.md, gpu.md, cluster.md and
-#     config.md, until a multi-rank NCCL run exists.
+#     config.md, until NCCL has run across GPUs.
 # Negative control: with SHARDGAN_TEST_CONTROL=docs_planted, checks 3-6 read a copy of the
 # tree with one planted defect per check (and a diary word in docs/history/, which must stay
 # unreported); the script then fails (ctest: WILL_FAIL) only if every planted defect was
@@ -22,7 +22,7 @@
 TRAIN=$1; SRC=$2
 source "$(dirname "$0")/lib.sh"
 T=$(mktemp -d)
-STATUS_LINE="NCCL between ranks has never run; one GPU at world size 1 has (docs/gpu.md)"
+STATUS_LINE="NCCL between ranks has run with ranks sharing one GPU, not yet across GPUs (docs/gpu.md)"
 fail() { shift; echo "$*" >> "$T/fails.txt"; bad "$@"; }
 
 ROOT=$SRC

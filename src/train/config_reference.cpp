@@ -32,16 +32,17 @@ std::string shortest_number(const std::string& text) {
   return std::string(buf, r.ptr);
 }
 
-// What the reference says about the GPU path, once per page, until a multi-rank NCCL run exists.
+// What the reference says about the GPU path, once per page, until NCCL has run across GPUs.
 constexpr const char* kGpuStatus =
-    "NCCL between ranks has never run; one GPU at world size 1 has (docs/gpu.md)";
+    "NCCL between ranks has run with ranks sharing one GPU, not yet across GPUs (docs/gpu.md)";
 
 // A note under a section's heading.
 std::string section_note(const std::string& section) {
   if (section == "dist") {
     return std::string("**Status:** ") + kGpuStatus +
-           ". `dist.backend: nccl` and `dist.blocking_wait` ran on one GPU at world size 1; NCCL collectives "
-           "between ranks and the NCCL watchdog that holds them to `dist.timeout_s` are written, not yet run.\n\n";
+           ". `dist.backend: nccl` and `dist.blocking_wait` ran on one GPU at world size 1, and NCCL's collectives "
+           "and a blocking collective's `dist.timeout_s` with 2 and 4 ranks sharing that GPU; the watchdog of "
+           "device-side waits and ranks on several GPUs have not run.\n\n";
   }
   return "";
 }
