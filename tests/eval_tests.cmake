@@ -38,8 +38,9 @@ set_tests_properties(kid_pr_is_control PROPERTIES TIMEOUT 120 WILL_FAIL TRUE
 # Python module's, the metrics at Inception's widths against float64 numpy, and the refusals
 # of bad files. The control skips the input range mapping: the feature comparison must fail.
 shardgan_test(test_torchscript_metrics)
-target_compile_definitions(shardgan_tests PRIVATE SHARDGAN_INCEPTION_FILE="${CMAKE_BINARY_DIR}/fid/inception-random.pt")
-add_test(NAME torchscript_metrics COMMAND test_torchscript_metrics)
+target_compile_definitions(shardgan_tests PRIVATE SHARDGAN_INCEPTION_FILE="${CMAKE_BINARY_DIR}/fid/inception-random.pt"
+                           SHARDGAN_VGG16_FILE="${CMAKE_BINARY_DIR}/fid/vgg16-random.pt")
+add_test(NAME torchscript_metrics COMMAND test_torchscript_metrics --gtest_filter=-TorchScriptMetrics.Vgg16ExportMatchesPython)
 set_tests_properties(torchscript_metrics PROPERTIES TIMEOUT 300 PROCESSORS 2 RESOURCE_LOCK inception_export
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2")
 add_test(NAME torchscript_metrics_control COMMAND test_torchscript_metrics
@@ -51,12 +52,31 @@ add_test(NAME torchscript_detector_control COMMAND test_torchscript_metrics
 set_tests_properties(torchscript_detector_control PROPERTIES TIMEOUT 300 WILL_FAIL TRUE RESOURCE_LOCK inception_export
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2;SHARDGAN_TEST_CONTROL=feature_range")
 
+# torchvision's VGG16 up to fc2 (scripts/export_vgg16.py, random weights, 0.5 GB exported once
+# into the build tree) against the Python module: extended tier, about a minute.
+add_test(NAME vgg16_export COMMAND test_torchscript_metrics --gtest_filter=TorchScriptMetrics.Vgg16ExportMatchesPython)
+set_tests_properties(vgg16_export PROPERTIES TIMEOUT 600 PROCESSORS 2
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_NUM_THREADS=2")
+
 # The reference statistics cache: `shardgan-fid stats`, reuse, rewrite, and stale caches refused.
 add_test(NAME fid_stats_cache
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fid_stats_cache_test.sh $<TARGET_FILE:shardgan-train>
                  $<TARGET_FILE:shardgan-fid> ${PROJECT_SOURCE_DIR} ${SHARDGAN_FID_CLASSIFIER_FILE})
 set_tests_properties(fid_stats_cache PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED fid_classifier PROCESSORS 2
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
+
+# Precision and recall on a second network (eval.pr_feature_network), a stand-in with NVIDIA's
+# vgg16.pt interface; the control keeps them on the main network: the equality must fail.
+add_test(NAME pr_network
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/pr_network_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR} ${SHARDGAN_FID_CLASSIFIER_FILE})
+set_tests_properties(pr_network PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED fid_classifier PROCESSORS 2 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
+add_test(NAME pr_network_control
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/pr_network_test.sh $<TARGET_FILE:shardgan-train>
+                 $<TARGET_FILE:shardgan-ckpt> ${PROJECT_SOURCE_DIR} ${SHARDGAN_FID_CLASSIFIER_FILE})
+set_tests_properties(pr_network_control PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED fid_classifier PROCESSORS 2
+                     WILL_FAIL TRUE ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive;SHARDGAN_TEST_CONTROL=pr_main_features")
 
 # A classifier trained on another labelled dataset (colour shapes, 3x64x64, 4 classes) and
 # used by a DCGAN-64's evaluation; the Fashion-MNIST classifier refused on those images.

@@ -44,6 +44,10 @@ set(SHARDGAN_EXTENDED_TESTS
   # (every corpus entry of every fuzz target) stays.
   ckpt_fuzz                           # 272 s
   config_fuzz                         # 131 s (126 mutated configs); fuzz_regression's config corpus stays
+  # torchvision's VGG16 exported (0.5 GB) and its features against Python; the vgg16.pt
+  # interface (torchscript_metrics) and precision/recall on a second network (pr_network)
+  # stay.
+  vgg16_export
   # A timed verdict: the latency poll_until adds on an idle rank against a 50 us budget
   # (benchmarks/poll_latency.sh prints it); test_poll_np1 (the wait loop's rules) stays.
   poll_latency_np2                    # 7 s

@@ -13,6 +13,13 @@ interface. For each DIR's images (DIR/meta.txt, DIR/images.f32 in [-1, 1]) it wr
 features and the probabilities as StyleGAN2-ADA's metric_utils.py computes them:
 `(x * 127.5 + 128).clamp(0, 255).to(torch.uint8)`, grey repeated to 3 channels, then the
 detector with return_features=True, and with no_output_bias=True (the Inception Score's).
+
+NVIDIA's vgg16.pt (StyleGAN2-ADA's precision/recall) cannot be downloaded either:
+OUTDIR/vgg16.pt is a small stand-in with its interface, `forward(img, resize_images,
+return_lpips, return_features)`, called as metrics/precision_recall.py calls it (the same
+uint8 pixels, return_features=True, resize_images at its default, true); each DIR gets its
+features as DIR/features_vgg_py.f64. OUTDIR/vgg16_coarse.pt is the same interface with 4
+features.
 """
 import os
 import sys
@@ -51,6 +58,33 @@ class Detector(torch.nn.Module):
         return F.softmax(logits, dim=1)
 
 
+class Vgg16Standin(torch.nn.Module):
+    """Not VGG16: a small network with vgg16.pt's TorchScript interface. It resizes to 32 x 32
+    (the real file: 224) when resize_images is true."""
+
+    def __init__(self, width: int = 128, size: int = 32):
+        super().__init__()
+        self.width = width
+        self.size = size
+        self.layers = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, stride=2), torch.nn.ReLU(),
+            torch.nn.Conv2d(32, width, 3, stride=2), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(2))
+        self.fc = torch.nn.Linear(4 * width, width)
+
+    def forward(self, img: torch.Tensor, resize_images: bool = True, return_lpips: bool = False,
+                return_features: bool = False) -> torch.Tensor:
+        assert img.shape[1] == 3, "the detector takes 3 channels"
+        x = img.to(torch.float32)
+        if resize_images:
+            x = F.interpolate(x, size=(self.size, self.size), mode="area")
+        x = (x - 127.5) / 127.5
+        features = F.relu(self.fc(self.layers(x).flatten(1)))
+        if return_lpips:
+            return features / features.square().sum(dim=1, keepdim=True).sqrt().clamp(min=1e-8)
+        return features
+
+
 class Plain(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.flatten(1)
@@ -66,6 +100,16 @@ def main(out, directories):
     det = torch.jit.script(det.eval())
     det.save(os.path.join(out, "detector.pt"))
     torch.jit.script(Plain()).save(os.path.join(out, "plain.pt"))
+    vgg = Vgg16Standin()
+    for m in vgg.layers:
+        if isinstance(m, torch.nn.Conv2d):
+            torch.nn.init.kaiming_normal_(m.weight)
+    vgg = torch.jit.script(vgg.eval())
+    vgg.save(os.path.join(out, "vgg16.pt"))
+    # A coarse one (4 features), under which generated and real images share neighbourhoods,
+    # so that precision and recall are neither 0 nor 1 (tests/pr_network_test.sh).
+    torch.manual_seed(4)
+    torch.jit.script(Vgg16Standin(width=4).eval()).save(os.path.join(out, "vgg16_coarse.pt"))
     for directory in directories:
         meta = {}
         with open(os.path.join(directory, "meta.txt")) as f:
@@ -81,6 +125,9 @@ def main(out, directories):
             feats = det(img, return_features=True)
             probs = det(img, no_output_bias=True)
         feats.double().numpy().astype("<f8").tofile(os.path.join(directory, "features_py.f64"))
+        with torch.no_grad():
+            vgg.forward(img, return_features=True).double().numpy().astype("<f8").tofile(
+                os.path.join(directory, "features_vgg_py.f64"))
         probs.double().numpy().astype("<f8").tofile(os.path.join(directory, "probs_py.f64"))
 
 

@@ -271,8 +271,69 @@ TEST_F(TorchScriptMetrics, StyleGan2AdaDetector) {
     EXPECT_LE(dp, 1e-5) << "MISMATCH probabilities";
     EXPECT_GT(f.abs().max().item<double>(), 0.0);
   }
+  // NVIDIA's vgg16.pt interface (StyleGAN2-ADA's precision/recall): features only.
+  auto vgg = load_feature_network("torchscript", (tmp.path / "vgg16.pt").string());
+  EXPECT_EQ(vgg->feature_dim(), 128);
+  EXPECT_EQ(vgg->num_logits(), 0);
+  EXPECT_FALSE(vgg->comparable_with_papers());
+  EXPECT_NE(vgg->description().find("VGG16"), std::string::npos) << vgg->description();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const fs::path dir = tmp.path / ("images" + std::to_string(i));
+    const FeatureBatch mine = vgg->run(images[i], 2);
+    const at::Tensor f = read_raw(dir / "features_vgg_py.f64", {shapes[i][0], 128});
+    const double df = relative_difference(mine.features, f);
+    std::printf("vgg16.pt interface, images %zu: features %.3g relative difference\n", i, df);
+    EXPECT_LE(df, 1e-5) << "MISMATCH vgg16.pt features";
+    EXPECT_FALSE(mine.logits.defined());
+  }
   const std::string plain = (tmp.path / "plain.pt").string();
   expect_refused([&] { load_feature_network("torchscript", plain); }, plain, "detector interface");
+}
+
+// torchvision's VGG16 up to fc2 (scripts/export_vgg16.py, random weights, exported once per
+// build tree: 0.5 GB), the features of precision/recall in eval.pr_feature_network: shardgan's
+// features of grey 32x32 and colour 64x64 images equal the Python module's within 1e-5
+// relative, and differ between images. Extended tier (ctest vgg16_export: about a minute).
+TEST_F(TorchScriptMetrics, Vgg16ExportMatchesPython) {
+  const std::string file = SHARDGAN_VGG16_FILE;
+  if (!fs::exists(file)) {
+    fs::create_directories(fs::path(file).parent_path());
+    ASSERT_EQ(run(python_path() + " " SHARDGAN_SOURCE_DIR "/scripts/export_vgg16.py --random-weights --seed 1 -o " +
+                  file + ".tmp"),
+              0);
+    fs::rename(file + ".tmp", file);
+  }
+  auto net = load_feature_network("torchscript", file);
+  EXPECT_EQ(net->feature_dim(), 4096);
+  EXPECT_EQ(net->num_logits(), 0);
+  EXPECT_NE(net->description().find("vgg16"), std::string::npos) << net->description();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(8);
+  const std::vector<std::vector<int64_t>> shapes = {{3, 1, 32, 32}, {3, 3, 64, 64}};
+  std::vector<at::Tensor> images;
+  const TempDir tmp;
+  std::string dirs;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& shape = shapes[i];
+    images.push_back(torch::rand(shape, gen, torch::kFloat) * 2 - 1);
+    const fs::path dir = tmp.path / std::to_string(i);
+    fs::create_directories(dir);
+    std::ofstream meta(dir / "meta.txt");
+    meta << "n " << shape[0] << "\nchannels " << shape[1] << "\nheight " << shape[2] << "\nwidth " << shape[3] << "\n";
+    write_raw(dir / "images.f32", images.back());
+    dirs += " " + dir.string();
+  }
+  ASSERT_EQ(run(python_path() + " " + kRef + " features " + file + dirs), 0);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& shape = shapes[i];
+    const FeatureBatch mine = net->run(images[i], 2);
+    const at::Tensor f = read_raw(tmp.path / std::to_string(i) / "features_py.f64", {shape[0], 4096});
+    const double df = relative_difference(mine.features, f);
+    const double spread = (f[0] - f[1]).abs().max().item<double>() / f.abs().max().item<double>();
+    std::printf("vgg16 fc2, %lldx%lldx%lld images: features %.3g relative difference; images 0 and 1 differ by %.3g\n",
+                (long long)shape[1], (long long)shape[2], (long long)shape[3], df, spread);
+    EXPECT_LE(df, 1e-5) << "MISMATCH features";
+    EXPECT_GT(spread, 1e-3) << "the features do not tell images apart";
+  }
 }
 
 TEST_F(TorchScriptMetrics, RefusesBadFiles) {

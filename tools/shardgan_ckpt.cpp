@@ -153,6 +153,7 @@ int cmd_export(ckpt::CheckpointReader& rd, const std::string& out, bool ema) {
 struct EvalOverrides {
   std::string classifier, reference, feature_network;
   int64_t reference_samples = 0;
+  std::string pr_network;
 };
 
 int cmd_fid(ckpt::CheckpointReader& rd, bool ema, int64_t n, const EvalOverrides& o, bool identity,
@@ -172,6 +173,7 @@ int cmd_fid(ckpt::CheckpointReader& rd, bool ema, int64_t n, const EvalOverrides
     cfg.eval_feature_network = o.feature_network;
   }
   if (o.reference_samples > 0) cfg.eval_reference_samples = o.reference_samples;
+  if (!o.pr_network.empty()) cfg.eval_pr_feature_network = o.pr_network;
   g->train(true);  // as the trainer samples and evaluates: batch statistics
   Evaluator evaluator(cfg, comm, *cfg.family);
   if (identity && cfg.family->condition_channels() == 0) {
@@ -195,7 +197,7 @@ int cmd_fid(ckpt::CheckpointReader& rd, bool ema, int64_t n, const EvalOverrides
 int main(int argc, char** argv) {
   CLI::App app{"shardgan-ckpt: inspect, verify, convert and sample shardgan checkpoints"};
   app.require_subcommand(1);
-  std::string dir, dir_b, out;
+  std::string dir, dir_b, out, pr_network;
   double rtol = -1;
   int world = 0, stage = -1;
   int64_t n = 64, fid_n = 10000;
@@ -235,6 +237,9 @@ int main(int argc, char** argv) {
                    "the real images: a Fashion-MNIST folder (its t10k split) or an HDF5 file from shardgan-data convert");
     sc->add_option("--feature-network", feature_network,
                    "score on this TorchScript feature network (scripts/export_inception.py) instead of the classifier");
+    sc->add_option("--pr-network", pr_network, "precision and recall alone on this TorchScript network, such as "
+                   "VGG16 (scripts/export_vgg16.py, or NVIDIA's vgg16.pt; default: the stored config's "
+                   "eval.pr_feature_network)");
     sc->add_option("--reference-samples", reference_samples, "at most this many reference images (default: the "
                    "stored config's eval.reference_samples)")->check(CLI::Range(int64_t{2}, int64_t{10000000}));
     sc->add_option("--truncation", truncation,
@@ -272,8 +277,9 @@ int main(int argc, char** argv) {
     }
     if (*sample) return cmd_sample(rd, out, ema, n, eval, truncation);
     if (*exp) return cmd_export(rd, out, ema);
-    if (*fid) return cmd_fid(rd, ema, fid_n, {classifier, reference, feature_network, reference_samples}, false, truncation);
-    if (*evl) return cmd_fid(rd, ema, fid_n, {classifier, reference, feature_network, reference_samples}, identity, truncation);
+    const EvalOverrides o{classifier, reference, feature_network, reference_samples, pr_network};
+    if (*fid) return cmd_fid(rd, ema, fid_n, o, false, truncation);
+    if (*evl) return cmd_fid(rd, ema, fid_n, o, identity, truncation);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shardgan-ckpt: error: %s\n", e.what());
     return 1;

@@ -1,6 +1,7 @@
 // A TorchScript module with a shardgan manifest as a feature network (feature_network.h).
 #include "eval/torchscript_network.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -30,11 +31,13 @@ class TorchScriptNetwork final : public FeatureNetwork {
                   ")");
     }
     const std::string text = extra[kFeatureManifestName];
-    detector_ = text.empty() && has_detector_interface();
+    interface_ = text.empty() ? detector_interface() : Interface::kManifest;
+    detector_ = interface_ == Interface::kInception || interface_ == Interface::kVgg16;
     if (text.empty() && !detector_) {
       throw error(std::string("holds no manifest (") + kFeatureManifestName +
-                  ", saved by torch.jit.save's _extra_files), and its forward is not StyleGAN2-ADA's detector "
-                  "interface (img, return_features, use_fp16, no_output_bias), so its input contract is unknown");
+                  ", saved by torch.jit.save's _extra_files), and its forward has neither of StyleGAN2-ADA's detector "
+                  "interfaces (Inception: img, return_features, use_fp16, no_output_bias; VGG16: img, resize_images, "
+                  "return_lpips, return_features), so its input contract is unknown");
     }
     if (!detector_) read_manifest(text);
     module_.eval();
@@ -167,23 +170,32 @@ class TorchScriptNetwork final : public FeatureNetwork {
     if (features_ < 1 || logits_ < 0) throw error("its manifest's outputs.features must be >= 1 and logits >= 0");
   }
 
-  // StyleGAN2-ADA's detector (feature_network.h): forward(img, return_features, use_fp16,
-  // no_output_bias), as NVIDIA's inception-2015-12-05.pt has it.
-  bool has_detector_interface() const {
+  // StyleGAN2-ADA's detectors (feature_network.h), told apart by their forward's arguments:
+  //  - forward(img, return_features, use_fp16, no_output_bias), as NVIDIA's
+  //    inception-2015-12-05.pt has it;
+  //  - forward(img, ...) with resize_images, return_lpips and return_features among the
+  //    others, as NVIDIA's vgg16.pt has it (metrics/precision_recall.py calls it with
+  //    return_features=True, metrics/perceptual_path_length.py with resize_images=False,
+  //    return_lpips=True).
+  enum class Interface { kManifest, kNone, kInception, kVgg16 };
+  Interface detector_interface() const {
     const auto method = module_.find_method("forward");
-    if (!method) return false;
-    const auto& args = method->function().getSchema().arguments();
-    const std::vector<std::string> want = {"self", "img", "return_features", "use_fp16", "no_output_bias"};
-    if (args.size() != want.size()) return false;
-    for (size_t i = 0; i < want.size(); ++i) {
-      if (args[i].name() != want[i]) return false;
+    if (!method) return Interface::kNone;
+    std::vector<std::string> names;
+    for (const auto& a : method->function().getSchema().arguments()) names.push_back(a.name());
+    const std::vector<std::string> inception = {"self", "img", "return_features", "use_fp16", "no_output_bias"};
+    if (names == inception) return Interface::kInception;
+    auto has = [&](const char* n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+    if (names.size() >= 2 && names[1] == "img" && has("resize_images") && has("return_lpips") && has("return_features")) {
+      return Interface::kVgg16;
     }
-    return true;
+    return Interface::kNone;
   }
 
   // The detector's contract is fixed by how StyleGAN2-ADA calls it (metric_utils.py): uint8
-  // pixels, 3 channels, at their own size. The logits' weights are its output layer's; the
-  // feature width comes from the probe.
+  // pixels, 3 channels, at their own size (the module resizes them). Inception's logits'
+  // weights are its output layer's; VGG16 gives features only. The feature width comes from
+  // the probe.
   void set_up_detector() {
     input_.range_min = 0.0;
     input_.range_max = 255.0;
@@ -191,20 +203,26 @@ class TorchScriptNetwork final : public FeatureNetwork {
     input_.height = input_.width = 64;  // the probe's size; any size goes in
     input_.resize = "module";
     input_.quantize = "uint8";
+    features_ = -1;  // set by the probe
+    if (interface_ == Interface::kVgg16) {
+      description_ = "StyleGAN2-ADA VGG16 interface (NVIDIA's vgg16.pt, the features of pr50k3), weights xxh3 " + hash_;
+      return;
+    }
     for (const auto& child : module_.named_children()) {
       if (child.name != "output" || !child.value.hasattr("weight") || !child.value.attr("weight").isTensor()) continue;
       output_weight_ = child.value.attr("weight").toTensor().detach().to(torch::kDouble);
       if (output_weight_.dim() != 2) throw error("its output.weight is not a matrix");
       logits_ = output_weight_.size(0);
     }
-    features_ = -1;  // set by the probe
     description_ = "StyleGAN2-ADA detector interface (NVIDIA's inception-2015-12-05.pt), weights xxh3 " + hash_;
   }
 
   FeatureBatch forward_detector(const at::Tensor& x) {
     c10::IValue out;
     try {
-      out = module_.forward({x, /*return_features=*/true, /*use_fp16=*/false, /*no_output_bias=*/false});
+      out = interface_ == Interface::kVgg16
+                ? module_.forward({x}, {{"return_features", true}})  // resize_images keeps its default, true
+                : module_.forward({x, /*return_features=*/true, /*use_fp16=*/false, /*no_output_bias=*/false});
     } catch (const c10::Error& e) {
       throw error("the module fails on uint8 images of " + shape_of(x) + " with return_features=True: " +
                   first_line(e.what_without_backtrace()));
@@ -244,7 +262,8 @@ class TorchScriptNetwork final : public FeatureNetwork {
   InputContract input_;
   int64_t features_ = 0, logits_ = 0;
   bool probing_ = false;
-  bool detector_ = false;    // StyleGAN2-ADA's detector interface, no manifest
+  bool detector_ = false;    // one of StyleGAN2-ADA's detector interfaces, no manifest
+  Interface interface_ = Interface::kManifest;
   at::Tensor output_weight_;  // the detector's output.weight [K, F], float64
 };
 

@@ -36,6 +36,10 @@ void read_eval(Reader& r, TrainConfig& c) {
                     "has no effect with eval.features: classifier");
   r.warn_if_ignored(c.eval_features != "classifier", "eval.classifier",
                     "has no effect with eval.features: torchscript (no class accuracy is computed)");
+  c.eval_pr_feature_network = r.get<std::string>("eval.pr_feature_network", c.eval_pr_feature_network,
+      "a second TorchScript network for precision and recall alone, as StyleGAN2-ADA's pr50k3 uses VGG16 "
+      "(scripts/export_vgg16.py, or NVIDIA's vgg16.pt); FID, KID and IS stay on eval.features; empty: "
+      "precision/recall on eval.features too");
   c.eval_reference_cache = r.get<std::string>("eval.reference_cache", c.eval_reference_cache,
       "HDF5 cache of the reference features (`shardgan-fid stats`): written when missing, reused when its "
       "network and image hashes match, refused when they do not");

@@ -25,6 +25,7 @@
 #include "shardgan/data/images.h"
 #include "shardgan/eval/image_quality.h"
 #include "shardgan/train/inference.h"
+#include "shardgan/util/test_control.h"
 
 namespace shardgan {
 
@@ -52,6 +53,7 @@ void put_scores(nlohmann::json& j, const EvalResult& r, const std::string& suffi
   if (!r.eval_set.empty()) j["eval_set"] = r.eval_set;
   if (!r.features.empty()) {
     j["features"] = r.features;
+    if (!r.pr_features.empty()) j["pr_features"] = r.pr_features;
     j["kid_subset_size"] = r.kid_subset_size;
     j["paper_comparable"] = r.paper_comparable;
   }
@@ -129,6 +131,25 @@ at::Tensor gather_rows(const at::Tensor& mine, const std::vector<int64_t>& count
   return torch::cat(parts);
 }
 
+// Collective (one all-gather): each rank runs its contiguous share of `images` through
+// `net` (`local` receives that share's features when not null); every rank gets all the
+// features, float64 [N, F], in image order.
+at::Tensor featurize_shares(eval::FeatureNetwork& net, const at::Tensor& images, int64_t batch, Communicator& comm,
+                            at::Tensor* local = nullptr) {
+  const int64_t n = images.size(0), W = comm.world_size(), r = comm.rank();
+  std::vector<int64_t> counts;
+  for (int64_t q = 0; q < W; ++q) counts.push_back(n * (q + 1) / W - n * q / W);
+  const int64_t begin = n * r / W, end = n * (r + 1) / W;
+  at::Tensor mine = torch::zeros({0, net.feature_dim()}, torch::kDouble);
+  if (end > begin) mine = net.run(images.narrow(0, begin, end - begin), batch).features;
+  if (local) *local = mine;
+  return gather_rows(mine, counts, comm);
+}
+
+std::string network_label(const eval::FeatureNetwork& net) {
+  return net.kind() + ": " + net.description() + " (" + net.path() + ", weights xxh3 " + net.hash() + ")";
+}
+
 // `n` indices spread evenly over [0, size): floor(i size / n), all of them when n >= size.
 at::Tensor spread_indices(int64_t size, int64_t n) {
   if (n >= size) return torch::arange(size, torch::kLong);
@@ -153,6 +174,8 @@ struct Evaluator::State {
   Communicator& comm;
   const ModelFamily& family;
   std::unique_ptr<eval::FeatureNetwork> network;
+  std::unique_ptr<eval::FeatureNetwork> pr_network;  // eval.pr_feature_network, or none
+  at::Tensor pr_reference_features;                  // its features of the reference images, every rank
   eval::FeatureStats reference;
   at::Tensor reference_features;  // float64 [N_ref, F], every rank: KID and precision/recall
   at::Tensor real_radii_sq;       // rank 0, from the first evaluation: the reference manifold's radii
@@ -175,6 +198,15 @@ Evaluator::Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFami
   } catch (const eval::FeatureNetworkError& e) {
     throw ConfigError(cfg.source + ": " + key + ": " + e.what() + (classifier ? "; or set eval.enabled: false" : ""));
   }
+  if (!cfg.eval_pr_feature_network.empty()) {
+    try {
+      s_->pr_network = eval::load_feature_network("torchscript", cfg.eval_pr_feature_network);
+      s_->pr_network->check_images(shape.channels, shape.height, shape.width);
+    } catch (const eval::FeatureNetworkError& e) {
+      throw ConfigError(cfg.source + ": eval.pr_feature_network: " + e.what() +
+                        "; or leave eval.pr_feature_network empty (precision/recall on eval.features)");
+    }
+  }
   s_->batch = classifier ? 256 : 64;
   s_->class_accuracy = classifier && family.num_classes() == s_->network->num_logits();
   if (classifier && family.num_classes() > 0 && !s_->class_accuracy && comm.rank() == 0) {
@@ -190,9 +222,11 @@ Evaluator::Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFami
   const at::Tensor real = reference_images(cfg.eval_reference, cfg.eval_reference_samples);
   try {
     s_->network->check_images(real.size(1), real.size(2), real.size(3));
+    if (s_->pr_network) s_->pr_network->check_images(real.size(1), real.size(2), real.size(3));
   } catch (const eval::FeatureNetworkError& e) {
     throw ConfigError(cfg.source + ": eval.reference '" + cfg.eval_reference + "': " + e.what());
   }
+  if (s_->pr_network) s_->pr_reference_features = featurize_shares(*s_->pr_network, real, 64, comm);
   const std::string& cache = cfg.eval_reference_cache;
   const std::string real_hash = cache.empty() ? "" : eval::images_xxh3(real);
   // Rank 0 decides whether the cache exists, so that every rank takes the same branch.
@@ -239,25 +273,18 @@ Evaluator::Evaluator(const TrainConfig& cfg, Communicator& comm, const ModelFami
 }
 
 void Evaluator::compute_reference(const at::Tensor& real) {
-  Communicator& comm = s_->comm;
-  const int64_t n = real.size(0), W = comm.world_size(), r = comm.rank();
-  std::vector<int64_t> counts;
-  for (int64_t q = 0; q < W; ++q) counts.push_back(n * (q + 1) / W - n * q / W);
+  at::Tensor mine;
+  s_->reference_features = featurize_shares(*s_->network, real, s_->batch, s_->comm, &mine);
   eval::FeatureMoments m;
-  const int64_t begin = n * r / W, end = n * (r + 1) / W;
-  at::Tensor mine = torch::zeros({0, s_->network->feature_dim()}, torch::kDouble);
-  if (end > begin) {
-    mine = s_->network->run(real.narrow(0, begin, end - begin), s_->batch).features;
-    m.add(mine);
-  }
+  if (mine.size(0) > 0) m.add(mine);
   at::Tensor none = torch::zeros({0}, torch::kDouble);
-  s_->reference = all_reduce_moments(m, none, comm, s_->network->feature_dim()).stats();
-  s_->reference_features = gather_rows(mine, counts, comm);
+  s_->reference = all_reduce_moments(m, none, s_->comm, s_->network->feature_dim()).stats();
 }
 
 Evaluator::~Evaluator() = default;
 
-void Evaluator::feature_metrics(EvalResult& res, const at::Tensor& features, const at::Tensor& logits, int64_t W) {
+void Evaluator::feature_metrics(EvalResult& res, const at::Tensor& features, const at::Tensor& logits,
+                                const at::Tensor& pr_features, int64_t W) {
   const TrainConfig& cfg = s_->cfg;
   const eval::FeatureNetwork& net = *s_->network;
   const std::vector<int64_t> counts(static_cast<size_t>(W), features.size(0));
@@ -266,6 +293,11 @@ void Evaluator::feature_metrics(EvalResult& res, const at::Tensor& features, con
   const at::Tensor all_logits = with_is ? gather_rows(logits, counts, s_->comm) : at::Tensor();
   const at::Tensor& real = s_->reference_features;
   const int64_t n_fake = fake.size(0), n_real = real.size(0);
+  // Precision and recall on eval.pr_feature_network's features when it names one (the
+  // negative control of ctest pr_network_control keeps them on the main network's).
+  const bool own_pr = pr_features.defined() && !test_control("pr_main_features");
+  const at::Tensor pr_fake = own_pr ? gather_rows(pr_features, counts, s_->comm) : fake;
+  const at::Tensor& pr_real = own_pr ? s_->pr_reference_features : real;
   // Rank 0 computes (float64, seconds at 2,000 samples of width 2,048) and broadcasts.
   at::Tensor out = torch::full({8}, -1.0, torch::kDouble);
   if (s_->comm.rank() == 0) {
@@ -276,10 +308,10 @@ void Evaluator::feature_metrics(EvalResult& res, const at::Tensor& features, con
       out[1] = kid.std;
       out[2] = static_cast<double>(subset);
     }
-    if (std::min(n_fake, n_real) > 3) {
+    if (std::min(pr_fake.size(0), pr_real.size(0)) > 3) {
       // The reference set's radii once per Evaluator: O(N_ref² F), the bulk of the cost.
-      if (!s_->real_radii_sq.defined()) s_->real_radii_sq = eval::manifold_radii_sq(real, 3);
-      const eval::PrecisionRecall pr = eval::precision_recall(real, fake, s_->real_radii_sq, 3);
+      if (!s_->real_radii_sq.defined()) s_->real_radii_sq = eval::manifold_radii_sq(pr_real, 3);
+      const eval::PrecisionRecall pr = eval::precision_recall(pr_real, pr_fake, s_->real_radii_sq, 3);
       out[3] = pr.precision;
       out[4] = pr.recall;
     }
@@ -300,7 +332,8 @@ void Evaluator::feature_metrics(EvalResult& res, const at::Tensor& features, con
   res.recall = out[4].item<double>();
   res.inception_score = out[5].item<double>();
   res.inception_score_std = out[6].item<double>();
-  res.features = net.kind() + ": " + net.description() + " (" + net.path() + ", weights xxh3 " + net.hash() + ")";
+  res.features = network_label(net);
+  if (pr_features.defined()) res.pr_features = network_label(*s_->pr_network);
   res.paper_comparable = net.comparable_with_papers() && n_fake >= kPaperSamples && n_real >= kPaperSamples;
 }
 
@@ -332,6 +365,8 @@ EvalResult Evaluator::evaluate(ShardedModel& g, bool identity, double truncation
   const bool classifier = net.kind() == "classifier";
   eval::FeatureMoments m;
   std::vector<at::Tensor> features{torch::zeros({0, net.feature_dim()}, torch::kDouble)}, logits;
+  std::vector<at::Tensor> pr_features;
+  if (s_->pr_network) pr_features.push_back(torch::zeros({0, s_->pr_network->feature_dim()}, torch::kDouble));
   const int64_t K = classifier ? net.num_logits() : 0;
   // [0]: correct labels (conditional), [1 + k]: images classified as class k.
   // [1 + K ... 1 + K + 2]: paired, the sums of L1, PSNR and SSIM.
@@ -350,6 +385,7 @@ EvalResult Evaluator::evaluate(ShardedModel& g, bool identity, double truncation
     m.add(fb.features);
     features.push_back(fb.features);
     if (fb.logits.defined()) logits.push_back(fb.logits);
+    if (s_->pr_network) pr_features.push_back(s_->pr_network->run(imgs, 64).features);
     if (classifier) {
       const at::Tensor predicted = fb.logits.argmax(1);
       if (s_->class_accuracy) counts[0] += predicted.eq(yb).sum().to(torch::kDouble);
@@ -367,7 +403,8 @@ EvalResult Evaluator::evaluate(ShardedModel& g, bool identity, double truncation
       res.class_fractions.push_back(counts[1 + k].item<double>() / static_cast<double>(m.n));
     }
   }
-  feature_metrics(res, torch::cat(features), logits.empty() ? at::Tensor() : torch::cat(logits), W);
+  feature_metrics(res, torch::cat(features), logits.empty() ? at::Tensor() : torch::cat(logits),
+                  pr_features.empty() ? at::Tensor() : torch::cat(pr_features), W);
   if (paired && m.n > 0) {
     const double n = static_cast<double>(m.n);
     res.l1 = counts[1 + K].item<double>() / n;

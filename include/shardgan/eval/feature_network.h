@@ -123,7 +123,12 @@ class FeatureNetwork {
 ///    features x output.weight^T (no bias), computed here in float64, whose softmax is what
 ///    `no_output_bias=True` returns for the Inception Score; K = 0 without an `output`
 ///    submodule. F comes from the probe image. Such a file is not marked comparable with
-///    papers (its weights' hash is not pinned here); records carry its hash().
+///    papers (its weights' hash is not pinned here); records carry its hash();
+///  - or without a manifest, when its forward is `forward(img, ...)` with `resize_images`,
+///    `return_lpips` and `return_features` among its arguments: NVIDIA's `vgg16.pt`, the
+///    VGG16 of StyleGAN2-ADA's precision/recall (metrics/precision_recall.py). It is called
+///    as there: uint8 [B, 3, H, W] at any size, return_features=True and the module's own
+///    resize (resize_images left at its default); features [B, F], no logits (K = 0).
 /// On load the module is put in eval mode, its parameters are hashed and one image of the
 /// contract's shape is run through it. Throws FeatureNetworkError naming `path` when the file
 /// is missing or not TorchScript, has neither a manifest nor the detector interface, has an

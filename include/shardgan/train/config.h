@@ -146,6 +146,10 @@ struct TrainConfig {
   /// (eval.classifier) or "torchscript" (eval.feature_network; eval/feature_network.h)
   std::string eval_features = "classifier";
   std::string eval_feature_network;  ///< eval.feature_network: TorchScript file with a manifest
+  /// eval.pr_feature_network: a second TorchScript network for precision and recall alone
+  /// (StyleGAN2-ADA's pr50k3 uses VGG16: scripts/export_vgg16.py, or NVIDIA's vgg16.pt);
+  /// FID, KID and IS stay on eval.features ("" = precision/recall on eval.features too)
+  std::string eval_pr_feature_network;
   /// eval.reference_samples: at most this many reference images are featurized, evenly
   /// spaced over the reference set (all of Fashion-MNIST's t10k at the default)
   int64_t eval_reference_samples = 10000;

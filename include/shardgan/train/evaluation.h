@@ -51,6 +51,9 @@ struct EvalResult {
   double inception_score = -1, inception_score_std = -1;
   /// The feature network: kind, description, file and weights hash.
   std::string features;
+  /// The network of precision and recall when eval.pr_feature_network names one (kind,
+  /// description, file and weights hash, like `features`); empty when they are on `features`.
+  std::string pr_features;
   /// The network's weights are a published feature space (its manifest says comparable:
   /// pytorch-fid) and both the samples and the reference images number at least
   /// kPaperSamples: FID is biased by the sample count, so papers' 50k figures need 50k.
@@ -79,8 +82,8 @@ std::string image_eval_mismatch(const TrainConfig& cfg);
 /// followed by `suffix` ("" for G, "_ema", "_trunc", "_ema_trunc"): fid, kid and kid_std,
 /// precision and recall, is and is_std (when computed), class_acc (when conditional), l1,
 /// psnr and ssim (image-to-image), class_fractions (classifier); and, without a suffix (the
-/// same for every model of a record), eval_set (image-to-image), features,
-/// kid_subset_size and paper_comparable. Local.
+/// same for every model of a record), eval_set (image-to-image), features, pr_features
+/// (with eval.pr_feature_network), kid_subset_size and paper_comparable. Local.
 void put_scores(nlohmann::json& j, const EvalResult& r, const std::string& suffix = "");
 
 /// Local. The reference images of an evaluation, float32 CPU [N, C, H, W] in [-1, 1]: at
@@ -93,14 +96,19 @@ at::Tensor reference_images(const std::string& source, int64_t max_images, const
 class Evaluator {
  public:
   /// Collective (one all-gather of the reference moments and one of the reference
-  /// features). Every rank loads the feature network of cfg.eval_features
+  /// features, and one more with cfg.eval_pr_feature_network). Every rank loads the
+  /// feature network of cfg.eval_features
   /// (eval/feature_network.h: the classifier file cfg.eval_classifier, or the TorchScript
   /// file cfg.eval_feature_network) and featurizes its contiguous share of the reference
   /// images: at most cfg.eval_reference_samples, evenly spaced, of the t10k split of the
   /// Fashion-MNIST folder cfg.eval_reference, or of the images of the HDF5 file
   /// cfg.eval_reference (`shardgan-data convert`). Every rank keeps all reference features
-  /// (float64 [N_ref, F]: 164 MB at 10,000 x 2048) for KID and precision/recall. Throws
-  /// ConfigError naming the key and the file if the network cannot be loaded or cannot take
+  /// (float64 [N_ref, F]: 164 MB at 10,000 x 2048) for KID and precision/recall. With
+  /// cfg.eval_pr_feature_network (a TorchScript file: a manifest, or NVIDIA's vgg16.pt
+  /// interface) every rank also loads that network and featurizes its share of the same
+  /// reference images with it, every time (eval.reference_cache holds the main network's
+  /// features only): precision and recall then compare those features. Throws
+  /// ConfigError naming the key and the file if a network cannot be loaded or cannot take
   /// the family's or the reference's images (FeatureNetwork::check_images), or if an
   /// image-to-image family is given an HDF5 reference. With the classifier, a conditional
   /// family with its 10 classes also gets class accuracy. An image-to-image family
@@ -119,7 +127,8 @@ class Evaluator {
   /// contiguous share in chunks of at most 64, in train mode as the sampler does, restoring
   /// every buffer afterwards (training is unchanged). An image-to-image family translates the
   /// edge maps of the first cfg.eval_samples (at most 10000) held-out images
-  /// (held_out_images) and is scored against them too. FID comes from float64 moments
+  /// (held_out_images) and is scored against them too. With eval.pr_feature_network the
+  /// same images also go through that network. FID comes from float64 moments
   /// merged over ranks in rank order (one all-gather); the features themselves are gathered
   /// (one all-gather, two with logits), and rank 0 computes KID over eval.kid_subsets seeded
   /// subsets (seed 0), precision/recall (k = 3) against the reference features and, for a
@@ -134,9 +143,11 @@ class Evaluator {
   /// Collective: the reference moments and features of `real` (each rank featurizes its
   /// contiguous share; one all-gather each).
   void compute_reference(const at::Tensor& real);
-  /// Collective: gathers the generated features (and logits) of every rank in rank order;
-  /// rank 0 computes KID, precision/recall and IS into `res` and broadcasts them.
-  void feature_metrics(EvalResult& res, const at::Tensor& features, const at::Tensor& logits, int64_t W);
+  /// Collective: gathers the generated features (and logits, and `pr_features` of
+  /// eval.pr_feature_network when defined) of every rank in rank order; rank 0 computes
+  /// KID, precision/recall and IS into `res` and broadcasts them.
+  void feature_metrics(EvalResult& res, const at::Tensor& features, const at::Tensor& logits,
+                       const at::Tensor& pr_features, int64_t W);
   struct State;
   std::unique_ptr<State> s_;
 };
