@@ -35,3 +35,10 @@ add_test(NAME biggan_presets
                  $<TARGET_FILE:shardgan-data> ${PROJECT_SOURCE_DIR})
 set_tests_properties(biggan_presets PROPERTIES TIMEOUT 300 PROCESSORS 2 SKIP_RETURN_CODE 77
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
+# StyleGAN2: the presets' parameter counts and every parameter's name and shape against our
+# plain-PyTorch peer (benchmarks/peers/stylegan2.py, on the meta device; skips without the
+# Python), shapes and a backward at float64, the per-sample noise seeds, style mixing,
+# w_avg, the layers' double backward, and config errors naming their keys.
+shardgan_test(test_stylegan2_model)
+add_test(NAME stylegan2_model COMMAND test_stylegan2_model)
+set_tests_properties(stylegan2_model PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")

@@ -8,6 +8,7 @@
 #include "shardgan/models/biggan.h"
 #include "shardgan/models/dcgan.h"
 #include "shardgan/models/pix2pix.h"
+#include "shardgan/models/stylegan2.h"
 
 namespace shardgan {
 
@@ -35,16 +36,18 @@ at::Tensor ModelFamily::sample_truncated_latents(int64_t n, at::Generator& gen, 
 }
 
 const std::vector<std::string>& model_archs() {
-  static const std::vector<std::string> archs{"dcgan", "biggan", "pix2pix"};
+  static const std::vector<std::string> archs{"dcgan", "biggan", "pix2pix", "stylegan2"};
   return archs;
 }
 
 std::unique_ptr<ModelFamily> make_family(ConfigReader& r) {
-  const std::string arch = r.get<std::string>("model.arch", "dcgan", "model family: dcgan, biggan or pix2pix");
+  const std::string arch =
+      r.get<std::string>("model.arch", "dcgan", "model family: dcgan, biggan, pix2pix or stylegan2");
   if (arch == "dcgan") return make_dcgan_family(r);
   if (arch == "biggan") return make_biggan_family(r);
   if (arch == "pix2pix") return make_pix2pix_family(r);
-  throw ConfigError(r.source() + ": key 'model.arch' is '" + arch + "'; use dcgan, biggan or pix2pix");
+  if (arch == "stylegan2") return make_stylegan2_family(r);
+  throw ConfigError(r.source() + ": key 'model.arch' is '" + arch + "'; use dcgan, biggan, pix2pix or stylegan2");
 }
 
 }  // namespace shardgan

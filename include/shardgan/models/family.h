@@ -1,5 +1,5 @@
 #pragma once
-/// A model family, selected by `model.arch` (dcgan | biggan | pix2pix). A family supplies
+/// A model family, selected by `model.arch` (dcgan | biggan | pix2pix | stylegan2). A family supplies
 /// exactly five things, and nothing else in the trainer, the tools or the checkpoint layer
 /// knows which family is in use:
 ///  - its G and D, as unit specs built with deferred sharded initialization (deferred.h);
@@ -75,7 +75,8 @@ class ModelFamily {
                                       double truncation) const;
 };
 
-/// Every `model.arch` value make_family accepts, in a fixed order ("dcgan", "biggan", "pix2pix").
+/// Every `model.arch` value make_family accepts, in a fixed order ("dcgan", "biggan", "pix2pix",
+/// "stylegan2").
 const std::vector<std::string>& model_archs();
 
 /// Reads `model.arch` and that family's `model.*` keys from `r` (an unknown arch, or a bad
