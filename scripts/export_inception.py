@@ -152,6 +152,33 @@ def sha256_of(path):
     return h.hexdigest()
 
 
+def load_release_weights(net, path, manifest, sha256_prefix, tool, comparable=None):
+    """Loads the state dict at `path` into `net` and records it in `manifest` (its name and
+    SHA-256); `comparable` goes into the manifest when the file's SHA-256 starts with
+    `sha256_prefix` (the release's), else `tool` warns on stderr."""
+    digest = sha256_of(path)
+    net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    manifest["weights"] = f"{path.rsplit('/', 1)[-1]} (sha256 {digest})"
+    manifest["weights_sha256"] = digest
+    if digest.startswith(sha256_prefix):
+        if comparable:
+            manifest["comparable"] = comparable
+    else:
+        print(f"{tool}: {path} is not the release file (its sha256 does not start with {sha256_prefix})"
+              + ("; the figures will not be comparable with papers" if comparable else ""), file=sys.stderr)
+
+
+def save_with_manifest(model, example, manifest, output):
+    """Traces `model` (eval mode) on `example`, records the weights' xxh3 in `manifest` and
+    saves the TorchScript archive with the manifest as shardgan_manifest.json."""
+    with torch.no_grad():
+        traced = torch.jit.trace(model.eval(), example, check_trace=False)
+    manifest["weights_xxh3"] = weights_xxh3(traced)
+    torch.jit.save(traced, output, _extra_files={"shardgan_manifest.json": json.dumps(manifest, indent=1)})
+    print(f"wrote {output}: {manifest['architecture']}, {manifest['weights']}, weights xxh3 "
+          f"{manifest['weights_xxh3']}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
@@ -172,26 +199,12 @@ def main(argv=None):
         "exported_with": {"torch": torch.__version__, "torchvision": torchvision.__version__},
     }
     if args.weights:
-        digest = sha256_of(args.weights)
-        net.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
-        manifest["weights"] = f"{args.weights.rsplit('/', 1)[-1]} (sha256 {digest})"
-        manifest["weights_sha256"] = digest
-        if digest.startswith(PYTORCH_FID_SHA256_PREFIX):
-            manifest["comparable"] = "pytorch-fid"
-        else:
-            print(f"export_inception: {args.weights} is not pytorch-fid's release file (its sha256 does not start "
-                  f"with {PYTORCH_FID_SHA256_PREFIX}); the figures will not be comparable with papers",
-                  file=sys.stderr)
+        load_release_weights(net, args.weights, manifest, PYTORCH_FID_SHA256_PREFIX, "export_inception",
+                             comparable="pytorch-fid")
     else:
         random_weights_(net)
         manifest["weights"] = f"random weights (He-normal, torch.manual_seed({args.seed}))"
-    model = FeatureNetwork(net).eval()
-    with torch.no_grad():
-        traced = torch.jit.trace(model, torch.rand(2, 3, 299, 299), check_trace=False)
-    manifest["weights_xxh3"] = weights_xxh3(traced)
-    torch.jit.save(traced, args.output, _extra_files={"shardgan_manifest.json": json.dumps(manifest, indent=1)})
-    print(f"wrote {args.output}: {manifest['architecture']}, {manifest['weights']}, weights xxh3 "
-          f"{manifest['weights_xxh3']}")
+    save_with_manifest(FeatureNetwork(net), torch.rand(2, 3, 299, 299), manifest, args.output)
 
 
 if __name__ == "__main__":

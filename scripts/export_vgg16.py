@@ -37,7 +37,6 @@ Needs torch, torchvision and xxhash (scripts/setup-dev.sh pins the versions the 
 The file is about 0.5 GB (fc1 alone holds 103M of the 134M parameters).
 """
 import argparse
-import json
 import os
 import sys
 
@@ -46,7 +45,7 @@ import torch.nn.functional as F
 import torchvision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_inception import sha256_of, weights_xxh3  # noqa: E402
+from export_inception import load_release_weights, save_with_manifest  # noqa: E402
 
 TORCHVISION_VGG16_SHA256_PREFIX = "397923af"
 
@@ -89,22 +88,10 @@ def main(argv=None):
         "exported_with": {"torch": torch.__version__, "torchvision": torchvision.__version__},
     }
     if args.weights:
-        digest = sha256_of(args.weights)
-        net.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
-        manifest["weights"] = f"{args.weights.rsplit('/', 1)[-1]} (sha256 {digest})"
-        manifest["weights_sha256"] = digest
-        if not digest.startswith(TORCHVISION_VGG16_SHA256_PREFIX):
-            print(f"export_vgg16: {args.weights} is not torchvision's ImageNet release (its sha256 does not start "
-                  f"with {TORCHVISION_VGG16_SHA256_PREFIX})", file=sys.stderr)
+        load_release_weights(net, args.weights, manifest, TORCHVISION_VGG16_SHA256_PREFIX, "export_vgg16")
     else:
         manifest["weights"] = f"random weights (torchvision's initialization, torch.manual_seed({args.seed}))"
-    model = Vgg16Fc2(net).eval()
-    with torch.no_grad():
-        traced = torch.jit.trace(model, torch.rand(2, 3, 224, 224), check_trace=False)
-    manifest["weights_xxh3"] = weights_xxh3(traced)
-    torch.jit.save(traced, args.output, _extra_files={"shardgan_manifest.json": json.dumps(manifest, indent=1)})
-    print(f"wrote {args.output}: {manifest['architecture']}, {manifest['weights']}, weights xxh3 "
-          f"{manifest['weights_xxh3']}")
+    save_with_manifest(Vgg16Fc2(net), torch.rand(2, 3, 224, 224), manifest, args.output)
 
 
 if __name__ == "__main__":

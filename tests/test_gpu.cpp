@@ -32,6 +32,7 @@
 #include "sharding/torch_internals.h"
 #include "sn_conv_reference.h"
 #include "test_util.h"
+#include "two_unit_model.h"
 #ifdef SHARDGAN_HAVE_NCCL
 #include "shardgan/comm/nccl_communicator.h"
 #endif
@@ -154,29 +155,6 @@ TEST(Gpu, HostStagingCopiesThroughPinnedBuffers) {
 }
 
 #ifdef SHARDGAN_HAVE_NCCL
-struct TwoUnits {
-  torch::nn::Linear a{torch::nn::LinearOptions(16, 8)}, b{torch::nn::LinearOptions(8, 4)};
-  std::unique_ptr<ShardedModel> model;
-  std::unique_ptr<ShardedAdam> opt;
-  TwoUnits(Communicator& comm, c10::Device dev) {
-    torch::manual_seed(11);
-    a = torch::nn::Linear(torch::nn::LinearOptions(16, 8));
-    b = torch::nn::Linear(torch::nn::LinearOptions(8, 4));
-    a->to(dev, at::kDouble);
-    b->to(dev, at::kDouble);
-    model = std::make_unique<ShardedModel>("m", comm, sharding(3));
-    auto fa = a, fb = b;
-    model->add_unit("a", a.ptr(), [fa](const at::Tensor& x) mutable { return torch::tanh(fa->forward(x)); });
-    model->add_unit("b", b.ptr(), [fb](const at::Tensor& x) mutable { return fb->forward(x); });
-    opt = std::make_unique<ShardedAdam>(*model, AdamConfig{1e-2, 0.5, 0.999, 1e-8});
-  }
-  void step(const at::Tensor& x) {
-    model->zero_grad();
-    model->forward(x).square().sum().backward();
-    opt->step();
-  }
-};
-
 // float64 on both sides; the GPU's kernels (cuBLAS GEMM, fused Adam) order their sums
 // differently from the CPU's, each rounding ~1.1e-16 relative, over reductions of at most 16
 // terms and 3 steps: 1e-12 leaves a factor of ~100 of margin, and a missing gradient or a
@@ -186,7 +164,7 @@ TEST(Gpu, ZeroThreeOnCudaWithNcclMatchesTheCpu) {
   const c10::Device dev = resolve_device("cuda", 0, "test_gpu");
   MpiCommunicator cpu_comm(MPI_COMM_SELF, 60.0);
   NcclCommunicator gpu_comm(MPI_COMM_SELF, dev.index(), 60.0);
-  TwoUnits cpu(cpu_comm, c10::Device(c10::kCPU)), gpu(gpu_comm, dev);
+  test_util::TwoUnitModel cpu(cpu_comm, c10::Device(c10::kCPU)), gpu(gpu_comm, dev);
   EXPECT_TRUE(gpu.model->units()[0]->shard().is_cuda());
   torch::manual_seed(12);
   for (int s = 0; s < 3; ++s) {

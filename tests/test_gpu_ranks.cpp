@@ -20,9 +20,8 @@
 
 #include "shardgan/comm/mpi_communicator.h"
 #include "shardgan/device/device.h"
-#include "shardgan/optim/sharded_adam.h"
-#include "shardgan/sharding/sharded_model.h"
 #include "test_util.h"
+#include "two_unit_model.h"
 #ifdef SHARDGAN_HAVE_NCCL
 #include "shardgan/comm/nccl_communicator.h"
 #endif
@@ -30,7 +29,6 @@
 namespace SHARDGAN_UNITY_ID {
 
 using namespace shardgan;
-using shardgan::test_util::sharding;
 
 namespace {
 
@@ -121,29 +119,6 @@ TEST(GpuRanks, CollectivesMoveEachRanksData) {
   comm.barrier();
 }
 
-struct TwoUnitsOn {
-  torch::nn::Linear a{nullptr}, b{nullptr};
-  std::unique_ptr<ShardedModel> model;
-  std::unique_ptr<ShardedAdam> opt;
-  TwoUnitsOn(Communicator& comm, c10::Device dev) {
-    torch::manual_seed(11);  // the same initial weights on every rank and device
-    a = torch::nn::Linear(torch::nn::LinearOptions(16, 24));
-    b = torch::nn::Linear(torch::nn::LinearOptions(24, 4));
-    a->to(dev, at::kDouble);
-    b->to(dev, at::kDouble);
-    model = std::make_unique<ShardedModel>("m", comm, sharding(3));
-    auto fa = a, fb = b;
-    model->add_unit("a", a.ptr(), [fa](const at::Tensor& x) mutable { return torch::tanh(fa->forward(x)); });
-    model->add_unit("b", b.ptr(), [fb](const at::Tensor& x) mutable { return fb->forward(x); });
-    opt = std::make_unique<ShardedAdam>(*model, AdamConfig{1e-2, 0.5, 0.999, 1e-8});
-  }
-  void step(const at::Tensor& x) {
-    model->zero_grad();
-    model->forward(x).square().sum().backward();
-    opt->step();
-  }
-};
-
 // float64 on both sides. Each rank draws its own micro-batch, so the reduce-scatter sums
 // different gradients; the GPU and the CPU sum in other orders (cuBLAS, NCCL's ring or tree
 // against MPI's), each rounding ~1.1e-16 relative over at most 24-term products and n-term
@@ -154,7 +129,7 @@ TEST(GpuRanks, ZeroThreeAcrossRanksMatchesTheCpu) {
   const c10::Device dev = my_gpu();
   MpiCommunicator cpu_comm(MPI_COMM_WORLD, 120.0);
   NcclCommunicator gpu_comm(MPI_COMM_WORLD, dev.index(), 120.0);
-  TwoUnitsOn cpu(cpu_comm, c10::Device(c10::kCPU)), gpu(gpu_comm, dev);
+  test_util::TwoUnitModel cpu(cpu_comm, c10::Device(c10::kCPU), 24), gpu(gpu_comm, dev, 24);
   ASSERT_TRUE(gpu.model->units()[0]->shard().is_cuda());
   EXPECT_LT(gpu.model->units()[0]->shard_numel(), 16 * 24 + 24) << "the unit is not sharded";
   torch::manual_seed(100 + world_rank());

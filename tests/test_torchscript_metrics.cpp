@@ -77,6 +77,26 @@ at::Tensor read_raw(const fs::path& path, at::IntArrayRef shape) {
 
 int run(const std::string& cmd) { return std::system(cmd.c_str()); }
 
+// Images uniform in [-1, 1], one batch per entry of `shapes`, drawn from `gen`; batch i is
+// written as root/<prefix><i>/meta.txt and images.f32 (the reference scripts' input), and
+// `dirs` gets each folder after a space.
+std::vector<at::Tensor> write_image_dirs(const fs::path& root, const std::string& prefix,
+                                         const std::vector<std::vector<int64_t>>& shapes, at::Generator& gen,
+                                         std::string& dirs) {
+  std::vector<at::Tensor> images;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& shape = shapes[i];
+    images.push_back(torch::rand(shape, gen, torch::kFloat) * 2 - 1);
+    const fs::path dir = root / (prefix + std::to_string(i));
+    fs::create_directories(dir);
+    std::ofstream meta(dir / "meta.txt");
+    meta << "n " << shape[0] << "\nchannels " << shape[1] << "\nheight " << shape[2] << "\nwidth " << shape[3] << "\n";
+    write_raw(dir / "images.f32", images.back());
+    dirs += " " + dir.string();
+  }
+  return images;
+}
+
 // Skips unless the Python with torch, torchvision and xxhash exists; exports the network once.
 class TorchScriptMetrics : public ::testing::Test {
  protected:
@@ -131,16 +151,7 @@ TEST_F(TorchScriptMetrics, FeaturesMatchPython) {
   std::vector<at::Tensor> images;
   const TempDir tmp;
   std::string dirs;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const auto& shape = shapes[i];
-    images.push_back(torch::rand(shape, gen, torch::kFloat) * 2 - 1);
-    const fs::path dir = tmp.path / std::to_string(i);
-    fs::create_directories(dir);
-    std::ofstream meta(dir / "meta.txt");
-    meta << "n " << shape[0] << "\nchannels " << shape[1] << "\nheight " << shape[2] << "\nwidth " << shape[3] << "\n";
-    write_raw(dir / "images.f32", images.back());
-    dirs += " " + dir.string();
-  }
+  images = write_image_dirs(tmp.path, "", shapes, gen, dirs);
   ASSERT_EQ(run(python_path() + " " + kRef + " features " + kNet + dirs), 0);
   for (size_t i = 0; i < shapes.size(); ++i) {
     const auto& shape = shapes[i];
@@ -238,16 +249,7 @@ TEST_F(TorchScriptMetrics, StyleGan2AdaDetector) {
   const std::vector<std::vector<int64_t>> shapes = {{5, 1, 32, 32}, {5, 3, 48, 48}};
   std::vector<at::Tensor> images;
   std::string dirs;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const auto& shape = shapes[i];
-    images.push_back(torch::rand(shape, gen, torch::kFloat) * 2 - 1);
-    const fs::path dir = tmp.path / ("images" + std::to_string(i));
-    fs::create_directories(dir);
-    std::ofstream meta(dir / "meta.txt");
-    meta << "n " << shape[0] << "\nchannels " << shape[1] << "\nheight " << shape[2] << "\nwidth " << shape[3] << "\n";
-    write_raw(dir / "images.f32", images.back());
-    dirs += " " + dir.string();
-  }
+  images = write_image_dirs(tmp.path, "images", shapes, gen, dirs);
   ASSERT_EQ(run(python_path() + " " SHARDGAN_SOURCE_DIR "/tests/stylegan2_detector_ref.py " + tmp.path.string() + dirs),
             0);
   const std::string path = (tmp.path / "detector.pt").string();
@@ -312,16 +314,7 @@ TEST_F(TorchScriptMetrics, Vgg16ExportMatchesPython) {
   std::vector<at::Tensor> images;
   const TempDir tmp;
   std::string dirs;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const auto& shape = shapes[i];
-    images.push_back(torch::rand(shape, gen, torch::kFloat) * 2 - 1);
-    const fs::path dir = tmp.path / std::to_string(i);
-    fs::create_directories(dir);
-    std::ofstream meta(dir / "meta.txt");
-    meta << "n " << shape[0] << "\nchannels " << shape[1] << "\nheight " << shape[2] << "\nwidth " << shape[3] << "\n";
-    write_raw(dir / "images.f32", images.back());
-    dirs += " " + dir.string();
-  }
+  images = write_image_dirs(tmp.path, "", shapes, gen, dirs);
   ASSERT_EQ(run(python_path() + " " + kRef + " features " + file + dirs), 0);
   for (size_t i = 0; i < shapes.size(); ++i) {
     const auto& shape = shapes[i];
