@@ -42,3 +42,25 @@ set_tests_properties(biggan_presets PROPERTIES TIMEOUT 300 PROCESSORS 2 SKIP_RET
 shardgan_test(test_stylegan2_model)
 add_test(NAME stylegan2_model COMMAND test_stylegan2_model)
 set_tests_properties(stylegan2_model PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")
+# StyleGAN2's recipe under ZeRO in float64 (separate lazy R1 and path-length updates, style
+# mixing, Adam with the lazy correction): stages 0-3 with and without activation
+# checkpointing on 1, 2 and 4 ranks equal stage 0 on one rank; the negative control keeps a
+# running path-length mean per rank (as the authors' code), which must break that parity.
+shardgan_test(test_stylegan2_parity)
+shardgan_mpi_filtered(stylegan2_parity test_stylegan2_parity "Stylegan2Parity.*" 300 1 2 4)
+add_test(NAME stylegan2_parity_control_np2
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+                 $<TARGET_FILE:test_stylegan2_parity> --gtest_filter=Stylegan2Parity.ShardedEqualsOneRankStage0)
+set_tests_properties(stylegan2_parity_control_np2 PROPERTIES TIMEOUT 300 PROCESSORS 2
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_CONTROL=pl_mean_per_rank")
+# The same recipe on one rank against an independent plain-autograd reference
+# (tests/stylegan2_plain_reference.h, which tests/test_stylegan2_reference.cpp holds to the
+# family's forwards and gradients); its control drops R1's lazy factor, which must fail.
+add_test(NAME stylegan2_parity_reference_control
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe
+                 $<TARGET_FILE:test_stylegan2_parity> --gtest_filter=Stylegan2Parity.PlainAutogradReferenceAgrees)
+set_tests_properties(stylegan2_parity_reference_control PROPERTIES TIMEOUT 300
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_CONTROL=r1_without_lazy_gain")
+shardgan_test(test_stylegan2_reference)
+add_test(NAME stylegan2_reference COMMAND test_stylegan2_reference)
+set_tests_properties(stylegan2_reference PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")

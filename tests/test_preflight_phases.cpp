@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -227,6 +228,31 @@ TEST(AliveBuffers, SharedDForwardAndR1GatherDWholeAtStage3) {
   const ModelMemoryEstimate d = estimate_model_memory(ds);
   EXPECT_EQ(d.whole_gathered_bytes, (10 + 20 + 30 + 40 + 50) * 4);
   EXPECT_EQ(d.gathered_peak_bytes, (50 + 40 + 30) * 4);
+}
+
+// StyleGAN2's separate regularization updates (ModelFamily::separate_regularization): D reg
+// and G reg each gather their model whole with its gradients, after D's and G's updates;
+// D's main update is then a plain one (R1 is not folded into it).
+TEST(AliveBuffers, SeparateRegularizationUpdatesGatherTheirModelWhole) {
+  PhaseShape s = Case{false, false, 1, 3}.shape();
+  s.r1_update = s.pl_update = true;
+  const std::vector<StepPhase> phases = step_phases(s);
+  std::vector<std::string> names;
+  for (const StepPhase& p : phases) names.push_back(p.name);
+  const std::vector<std::string> want = {"D update 1", "D update 1: optimizer step", "D reg (R1)",
+                                         "D reg: optimizer step", "G pass", "G update", "G reg (path length)",
+                                         "G reg: optimizer step"};
+  EXPECT_EQ(names, want) << describe(phases);
+  ASSERT_EQ(phases.size(), want.size());
+  EXPECT_EQ(phases[0].d.gathered, Gathered::kWindow);
+  EXPECT_EQ(phases[2].d.gathered, Gathered::kWhole);
+  EXPECT_TRUE(phases[2].d.grad_buffers && phases[2].d.grad_shard);
+  EXPECT_EQ(phases[2].g.gathered, Gathered::kNone);
+  EXPECT_EQ(phases[6].g.gathered, Gathered::kWhole);
+  EXPECT_TRUE(phases[6].g.grad_buffers && phases[6].g.grad_shard);
+  EXPECT_EQ(phases[6].d.gathered, Gathered::kNone);
+  s.g_stage = s.d_stage = 2;  // nothing gathered below stage 3
+  for (const StepPhase& p : step_phases(s)) EXPECT_NE(p.g.gathered, Gathered::kWhole) << p.name;
 }
 
 TEST(AliveBuffers, SplitRanksHoldOneModel) {

@@ -429,14 +429,16 @@ TEST(StyleGan2Layers, ResamplingAndDemodulationAsThePeer) {
   EXPECT_FALSE(at::equal(n[0], n[1]));
   EXPECT_TRUE(at::equal(n.narrow(0, 1, 1), sg::draw_noise(seeds.narrow(0, 1, 1), 2, 8, f64)));
   EXPECT_FALSE(at::equal(n[0], sg::draw_noise(seeds, 3, 8, f64)[0]));
-  // Minibatch stddev: groups of min(G, N) samples, sample j in group j mod (N / G).
+  // Minibatch stddev: groups of min(G, N) consecutive samples, sample j in group j / G, so
+  // a sample's group is the same when the batch is split over ranks in multiples of G.
   const at::Tensor a = torch::randn({4, 2, 3, 3}, f64);
   const at::Tensor m = sg::minibatch_stddev(a, 2, 1);
   ASSERT_EQ(m.sizes(), (std::vector<int64_t>{4, 3, 3, 3}));
-  const at::Tensor pair = torch::stack({a[1], a[3]});  // group 1
+  const at::Tensor pair = torch::stack({a[2], a[3]});  // group 1
   const double want = ((pair - pair.mean(0)).square().mean(0) + 1e-8).sqrt().mean().item<double>();
   EXPECT_NEAR(m.index({3, 2, 0, 0}).item<double>(), want, 1e-14);
-  EXPECT_NEAR(m.index({1, 2, 2, 1}).item<double>(), want, 1e-14);
+  EXPECT_NEAR(m.index({2, 2, 2, 1}).item<double>(), want, 1e-14);
+  EXPECT_TRUE(at::equal(sg::minibatch_stddev(a.narrow(0, 2, 2), 2, 1), m.narrow(0, 2, 2)));  // group 1 alone
   EXPECT_EQ(sg::minibatch_stddev(torch::randn({3, 2, 4, 4}, f64), 4, 1).sizes(), (std::vector<int64_t>{3, 3, 4, 4}));
   EXPECT_THROW(sg::minibatch_stddev(torch::randn({6, 2, 4, 4}, f64), 4, 1), std::invalid_argument);
 }

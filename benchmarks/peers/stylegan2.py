@@ -282,11 +282,13 @@ def minibatch_std(x, group_size, num_channels=1):
     n, c, h, w = x.shape
     g = min(group_size, n)
     assert n % g == 0, f"batch {n} not divisible by the group {g}"
-    y = x.reshape(g, -1, num_channels, c // num_channels, h, w)
-    y = y - y.mean(dim=0)
-    y = (y.square().mean(dim=0) + 1e-8).sqrt()
-    y = y.mean(dim=[2, 3, 4]).reshape(-1, num_channels, 1, 1)
-    y = y.repeat(g, 1, h, w)
+    # Groups of g consecutive samples, as shardgan's family takes them (the authors' code
+    # takes strided groups, whose members change with the batch per GPU).
+    y = x.reshape(-1, g, num_channels, c // num_channels, h, w)
+    y = y - y.mean(dim=1, keepdim=True)
+    y = (y.square().mean(dim=1) + 1e-8).sqrt()
+    y = y.mean(dim=[2, 3, 4]).repeat_interleave(g, dim=0)
+    y = y.reshape(n, num_channels, 1, 1).expand(n, num_channels, h, w)
     return torch.cat([x, y], dim=1)
 
 

@@ -1,6 +1,8 @@
 #include "shardgan/optim/factory.h"
 
+#include <cmath>
 #include <stdexcept>
+#include <string>
 
 #include "shardgan/optim/offloaded_adam.h"
 #include "shardgan/optim/sharded_adam.h"
@@ -65,6 +67,17 @@ void resolve_state_float32(OptimizerConfig& cfg, const std::vector<std::string>&
     else out.push_back(g);
   }
   cfg.state.float32 = std::move(out);
+}
+
+OptimizerConfig lazy_corrected(OptimizerConfig cfg, double c) {
+  if (!(c > 0 && c <= 1)) throw std::invalid_argument("lazy_corrected: c must be in (0, 1], not " + std::to_string(c));
+  cfg.lr *= c;
+  cfg.schedule.min_lr *= c;
+  if (cfg.type == OptimizerType::kAdam || cfg.type == OptimizerType::kAdamW) {
+    cfg.beta1 = std::pow(cfg.beta1, c);
+    cfg.beta2 = std::pow(cfg.beta2, c);
+  }
+  return cfg;
 }
 
 std::unique_ptr<ShardedOptimizer> make_optimizer(ShardedModel& model, const OptimizerConfig& cfg) {

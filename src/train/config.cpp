@@ -76,6 +76,7 @@ TrainConfig read_config(Reader& r, const std::string& source) {
   read_model(r, c);
   read_train_update(r, c);  // and placement.*
   read_train_losses(r, c);
+  read_train_regularization(r, c);
   read_train_guards(r, c);
   read_eval(r, c);
   read_train_plots(r, c);

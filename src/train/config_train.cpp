@@ -2,6 +2,7 @@
 // loop's schedule, the update rule and placement, the losses, the run's guards, plots and
 // gradient clipping.
 #include <cmath>
+#include <string>
 
 #include "shardgan/models/family.h"
 #include "shardgan/train/config_sections.h"
@@ -99,10 +100,6 @@ void read_train_guards(Reader& r, TrainConfig& c) {
       "skip the disk pre-flight that refuses a run whose offload files or checkpoints would not fit on their disk");
   c.memory_probe = r.get<bool>("train.memory_probe", c.memory_probe,
       "the pre-flight measures one step's transient memory on a stand-in world (CPU, no HSDP)");
-  c.r1_gamma = r.get<double>("train.r1_gamma", c.r1_gamma, "R1 penalty weight on real images (0: off)");
-  require(c.r1_gamma >= 0, r, "train.r1_gamma", "must be >= 0 (0 = off)");
-  c.r1_every = r.get<int64_t>("train.r1_every", c.r1_every, "lazy R1: every k-th D update (StyleGAN2: 16)");
-  require(c.r1_every >= 1, r, "train.r1_every", "must be >= 1");
   c.on_nonfinite = r.get<std::string>("train.on_nonfinite", c.on_nonfinite,
       "a NaN/Inf in a model's loss or gradients: skip that update, or abort the job");
   require(c.on_nonfinite == "skip" || c.on_nonfinite == "abort", r, "train.on_nonfinite",
@@ -119,6 +116,41 @@ void read_train_guards(Reader& r, TrainConfig& c) {
   require(c.time_limit_s >= 0, r, "train.time_limit_s", "must be >= 0 (seconds; 0 = off)");
 }
 
+void read_train_regularization(Reader& r, TrainConfig& c) {
+  const bool separate = c.family && c.family->separate_regularization();
+  c.r1_gamma = r.get<double>("train.r1_gamma", c.r1_gamma, "R1 penalty weight on real images (0: off)");
+  require(c.r1_gamma >= 0, r, "train.r1_gamma", "must be >= 0 (0 = off)");
+  c.r1_every = r.get<int64_t>("train.r1_every", c.r1_every,
+      "lazy R1 every k-th D update (StyleGAN2: 16; model.arch stylegan2: every k-th step, as an update of its own)");
+  require(c.r1_every >= 1, r, "train.r1_every", "must be >= 1");
+  r.warn_if_ignored(c.r1_gamma == 0, "train.r1_every", "has no effect with train.r1_gamma 0 (R1 off)");
+  c.pl_weight = r.get<double>("train.pl_weight", c.pl_weight,
+      "path-length regularization weight (StyleGAN2: 2; 0: off), an update of its own every train.pl_every steps");
+  require(c.pl_weight >= 0 && std::isfinite(c.pl_weight), r, "train.pl_weight", "must be a finite value >= 0 (0 = off)");
+  const bool styles = c.family && c.family->generator_returns_styles();
+  require(c.pl_weight == 0 || (styles && separate), r, "train.pl_weight",
+          "must be 0 for a model family without path-length regularization (a G that returns its styles, and "
+          "separate regularization updates: model.arch stylegan2)");
+  c.pl_every = r.get<int64_t>("train.pl_every", c.pl_every, "the path-length update runs every k-th step (StyleGAN2: 4)");
+  require(c.pl_every >= 1, r, "train.pl_every", "must be >= 1");
+  c.pl_batch_shrink = r.get<int64_t>("train.pl_batch_shrink", c.pl_batch_shrink,
+      "the path-length update's batch is train.global_batch divided by this (StyleGAN2: 2)");
+  require(c.pl_batch_shrink >= 1 && c.global_batch % (c.pl_batch_shrink * c.micro_batches) == 0, r,
+          "train.pl_batch_shrink",
+          "must be >= 1 and, times train.micro_batches, divide train.global_batch (each micro-batch gets an equal part)");
+  c.pl_decay = r.get<double>("train.pl_decay", c.pl_decay,
+      "the running mean of path lengths moves this far towards each micro-batch's mean (StyleGAN2: 0.01)");
+  require(c.pl_decay > 0 && c.pl_decay <= 1, r, "train.pl_decay", "must be in (0, 1]");
+  for (const char* key : {"train.pl_every", "train.pl_batch_shrink", "train.pl_decay"}) {
+    r.warn_if_ignored(c.pl_weight == 0, key, "has no effect with train.pl_weight 0 (path length off)");
+  }
+  const bool reg_updates = separate && (c.r1_gamma > 0 || c.pl_weight > 0);
+  const std::string why = "with R1 or path length on, a family that runs them as updates of their own "
+                          "(model.arch stylegan2) needs ";
+  require(!reg_updates || c.placement == "shared", r, "train.placement", why + "train.placement shared");
+  require(!reg_updates || c.update == "alternating", r, "train.update", why + "train.update alternating");
+}
+
 void read_train_plots(Reader& r, TrainConfig& c) {
   c.plots = r.get<bool>("train.plots", c.plots, "write plots/*.png with gnuplot (warns once if gnuplot is missing)");
 }
@@ -129,3 +161,14 @@ void read_train_grad_clip(Reader& r, TrainConfig& c) {
 }
 
 }  // namespace shardgan::config_sections
+
+namespace shardgan {
+
+double lazy_regularization_ratio(const TrainConfig& c, bool generator) {
+  if (!c.family || !c.family->separate_regularization()) return 1.0;
+  const bool on = generator ? c.pl_weight > 0 : c.r1_gamma > 0;
+  const double interval = static_cast<double>(generator ? c.pl_every : c.r1_every);
+  return on ? interval / (interval + 1) : 1.0;
+}
+
+}  // namespace shardgan

@@ -113,8 +113,12 @@ TensorList DataPipeline::draw_latents() {
   return {z, y};
 }
 
+at::Tensor DataPipeline::draw_normal(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::randn(sizes, noise_gen_, torch::TensorOptions().dtype(dtype));
+}
+
 at::Tensor DataPipeline::local_micro(const at::Tensor& global, int64_t micro) const {
-  const int64_t per_micro = cfg_.global_batch / cfg_.micro_batches;
+  const int64_t per_micro = global.size(0) / cfg_.micro_batches;
   const int64_t local = per_micro / data_size_;
   return global.narrow(0, micro * per_micro + data_rank_ * local, local).contiguous();
 }

@@ -80,11 +80,13 @@ void ModelSet::build() {
   Communicator& ranks = batch_comm();
   if (holds_g_) {
     std::tie(g_, opt_g_) = build_model_and_optimizer(family_.generator(ranks), g_comm(), cfg_.g_sharding,
-                                                     cfg_.g_optim, cfg_.seed + 1);
+                                                     lazy_corrected(cfg_.g_optim, lazy_regularization_ratio(cfg_, true)),
+                                                     cfg_.seed + 1);
   }
   if (holds_d_) {
     std::tie(d_, opt_d_) = build_model_and_optimizer(family_.discriminator(ranks), d_comm(), cfg_.d_sharding,
-                                                     cfg_.d_optim, cfg_.seed + 2);
+                                                     lazy_corrected(cfg_.d_optim, lazy_regularization_ratio(cfg_, false)),
+                                                     cfg_.seed + 2);
   }
   if (g_ && g_hpz_) g_->set_secondary_group(g_hpz_.get());
   if (d_ && d_hpz_) d_->set_secondary_group(d_hpz_.get());
@@ -113,7 +115,7 @@ std::pair<std::unique_ptr<ShardedModel>, std::unique_ptr<ShardedOptimizer>> Mode
   auto model = std::make_unique<ShardedModel>(spec.name, comm, sc);
   auto opt = std::make_unique<OffloadedAdam>(*model, adam_config(resolved), oc.offload,
                                              unit_shard_numels(spec, comm.world_size(), sc.stage, sc.flat_align), cfg_.model_dtype);
-  opt->set_schedule(LrSchedule(oc.lr, oc.schedule));
+  opt->set_schedule(LrSchedule(resolved.lr, resolved.schedule));
   populate_sharded_model(*model, spec, seed, cfg_.model_dtype, cfg_.compute_device,
                          [&](ShardedUnit& u) { opt->adopt_unit(u); });
   return {std::move(model), std::move(opt)};

@@ -98,8 +98,12 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
   bool loss_finite = true;
   TensorList fake_in = given ? TensorList{} : in.latents();
   if (paired_) paired_batch_.clear();
+  // D reg after the step's D updates reads the last one's real micro-batches.
+  const bool keep_reals = s == d_steps_ - 1 && r1_update_due(in.step);
+  reg_reals_.clear();
   for (int64_t j = 0; j < k; ++j) {
     TensorList real = in.real(j);
+    if (keep_reals) reg_reals_.push_back(real);
     at::Tensor y_fake, fake;
     if (given) {
       fake = given->at(j).images;
@@ -126,7 +130,7 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
     // both); two backwards release each unit as soon as it is done, at the cost of one
     // more reduce-scatter of D per D step (stages 2-3). The joint pass has neither cost.
     const at::ScalarType md = real.at(0).scalar_type();
-    const bool r1_due = r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
+    const bool r1_due = r1_folded_due(d);
     at::Tensor d_real, d_fake, loss_real, loss_fake, class_ce;
     if (d_joint_pass_ && !r1_due) {
       d.model->set_gradient_sync(j == k - 1);
@@ -183,7 +187,7 @@ void GanObjective::d_update_sharing_forward(TrainedModel d, DynamicLossScaler* g
     at::Tensor x = images(j);
     TensorList real = in.real(j);
     const at::ScalarType md = real.at(0).scalar_type();
-    const bool r1_due = r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
+    const bool r1_due = r1_folded_due(d);
     const bool joint = d_joint_pass_ && !r1_due;
     // The shared forward (with the real images too when joint), D gathered whole from it
     // to the second backward. Its gradients stay local until the micro-batch's last pass.
@@ -306,9 +310,13 @@ bool grads_finite(ShardedModel& m) {
 
 }  // namespace
 
+bool GanObjective::r1_folded_due(TrainedModel d) const {
+  return !separate_reg_ && r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
+}
+
 GanObjective::RealPass GanObjective::d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md) {
   const int64_t k = micro_;
-  const bool r1 = r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
+  const bool r1 = r1_folded_due(d);
   // D's loss on real images, with AC-GAN's class term when on.
   auto real_loss = [&](const TensorList& out, const at::Tensor& logits, at::Tensor& ce) {
     ce = class_loss(out, real.at(1), md);

@@ -143,6 +143,10 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
                  "between the groups", m.step, m.busy_g_s, m.idle_g_s, m.busy_d_s, m.idle_d_s, m.bytes_between_groups / 1e6);
   }
   if (cfg_.r1_gamma > 0) j["r1"] = m.r1;
+  if (cfg_.pl_weight > 0) {
+    if ((m.step - 1) % cfg_.pl_every == 0) j["pl"] = m.pl;  // on the steps that ran the path-length update
+    j["pl_mean"] = m.pl_mean;
+  }
   if (cfg_.aux_class_weight > 0) {
     j["class_real"] = m.class_real;  // AC-GAN: D's class head on real images and on G's
     j["class_fake"] = m.class_fake;

@@ -22,6 +22,9 @@ SharedStepExecutor::SharedStepExecutor(GanObjective& obj) : obj_(obj), figures_(
 
 StepMetrics SharedStepExecutor::step(TrainedModel g, TrainedModel d, const StepInputs& in) {
   GanObjective& o = obj_;
+  if (o.simultaneous_ && o.separate_reg_ && (o.r1_gamma_ > 0 || o.pl_.weight > 0)) {
+    throw std::invalid_argument("separate regularization updates (StyleGAN2) need train.update alternating");
+  }
   StepStats st;  // this rank's
   bool g_loss_finite = true;
   auto update_g = [&] {
@@ -30,8 +33,12 @@ StepMetrics SharedStepExecutor::step(TrainedModel g, TrainedModel d, const StepI
   };
   if (!o.simultaneous_) {
     for (int64_t s = 0; s < o.d_steps_; ++s) o.d_update(g, d, in, s, nullptr, st);
+    // Separate regularization (StyleGAN2): D reg after D's updates, G reg after G's. The
+    // authors run G's phases first; here, as for every family, D's come first.
+    if (o.r1_update_due(in.step)) o.d_reg(d, st);
     g_loss_finite = o.g_pass(g, d, in, nullptr, st);
     update_g();
+    if (o.pl_update_due(in.step)) o.g_reg(g, in, st);
   } else {
     // ParaGAN's update (Shi et al. 2024, Fig. 5): G_{t+1} from L_G(G_t, D_t) and D_{t+1}
     // from L_D(G_t, D_t). G's pass runs first, against the D that no update has touched
@@ -70,6 +77,7 @@ StepMetrics SharedStepExecutor::step(TrainedModel g, TrainedModel d, const StepI
   }
   // Losses and D outputs on the host, as the engine's other scalars: the world's exchange
   // of host tensors runs over MPI, also beside NCCL (losses on a GPU are copied).
+  st.pl_mean = o.pl_mean_;
   StepMetrics r;
   static_cast<StepStats&>(r) = figures_.exchange(st, RankRole::kBoth);
   r.loss_scale_d = d.scaler->scale();
@@ -100,8 +108,17 @@ void shared_phases(const PhaseShape& s, PhaseBuilder& b) {
             {true, false, false, false}, d_training);
       b.add(PhaseBuilder::d_update_name(i) + ": optimizer step", "GanObjective::finish_update from d_update", none, g_update);
     }
+    const Alive whole_training{true, true, true, true};  // begin_higher_order to the second backward
+    if (s.r1_update) {
+      b.add("D reg (R1)", "GanObjective::d_reg (D gathered whole, double backward)", none, whole_training);
+      b.add("D reg: optimizer step", "GanObjective::finish_update from d_reg", none, g_update);
+    }
     b.add("G pass", "GanObjective::g_pass (G forward and backward through the frozen D)", g_pass, d_frozen);
     b.add("G update", "GanObjective::finish_update from step's update_g", g_update, none);
+    if (s.pl_update) {
+      b.add("G reg (path length)", "GanObjective::g_reg (G gathered whole, double backward)", whole_training, none);
+      b.add("G reg: optimizer step", "GanObjective::finish_update from g_reg", g_update, none);
+    }
     return;
   }
   // Simultaneous: G's update waits for every D step when d_steps > 1 (they draw their images

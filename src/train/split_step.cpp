@@ -31,6 +31,9 @@ SplitStepExecutor::SplitStepExecutor(GanObjective& obj, SplitPlacement& split)
   if (obj_.paired_ && obj_.simultaneous_) {
     throw std::invalid_argument("split placement does not take paired data with the simultaneous update");
   }
+  if (obj_.separate_reg_ && (obj_.r1_gamma_ > 0 || obj_.pl_.weight > 0)) {
+    throw std::invalid_argument("split placement does not run separate regularization updates (StyleGAN2)");
+  }
   obj_.set_update_comm(&split_.group());
   schedule_ = split_schedule(obj_.shape());
   std::vector<ScheduledTransfer> declared = schedule_;

@@ -68,7 +68,10 @@ PhaseShape phase_shape(const TrainConfig& cfg, bool split, bool holds_generator)
                                   : Placement::kSplitDiscriminator;
   s.g_stage = cfg.g_sharding.stage;
   s.d_stage = cfg.d_sharding.stage;
-  s.r1 = cfg.r1_gamma > 0;
+  const bool separate = cfg.family && cfg.family->separate_regularization();
+  s.r1 = cfg.r1_gamma > 0 && !separate;
+  s.r1_update = cfg.r1_gamma > 0 && separate;
+  s.pl_update = cfg.pl_weight > 0 && separate;
   return s;
 }
 

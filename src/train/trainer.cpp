@@ -61,6 +61,8 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   objective_->set_shared_d_forward(cfg_.shared_d_forward);
   objective_->set_paired(family_.condition_channels() > 0, cfg_.l1_weight, cfg_.adversarial_weight);
   objective_->set_aux_class_weight(cfg_.aux_class_weight);
+  objective_->set_separate_regularization(family_.separate_regularization());
+  objective_->set_path_length({cfg_.pl_weight, cfg_.pl_every, cfg_.pl_batch_shrink, cfg_.pl_decay});
   if (SplitPlacement* split = models_->split_placement()) {
     executor_ = std::make_unique<SplitStepExecutor>(*objective_, *split);  // collective: the schedule check
   } else {
@@ -128,6 +130,8 @@ StepMetrics Trainer::run_step() {
   in.real = [this](int64_t micro) { return data_->real_micro(micro, counters_); };
   in.latents = [this] { return data_->draw_latents(); };
   in.local = [this](const at::Tensor& t, int64_t micro) { return data_->local_micro(t, micro); };
+  in.normal = [this](at::IntArrayRef sizes, at::ScalarType dtype) { return data_->draw_normal(sizes, dtype); };
+  in.step = counters_.step;
   const ModelSetTimes before = models_->times();
   const ModelSetCommBytes bytes_before = models_->comm_bytes();
   struct rusage ru0 {};
@@ -223,6 +227,7 @@ void Trainer::fill_counters() {
   models_->put_scaler_state(counters_.scalars);
   counters_.scalars["nonfinite_steps"] = static_cast<double>(nonfinite_steps_);
   counters_.scalars["nonfinite_in_a_row"] = static_cast<double>(nonfinite_in_a_row_);
+  counters_.scalars["pl_mean"] = objective_->pl_mean();  // path length's running mean (exact: a float32 or double)
 }
 
 std::string Trainer::save() { return ckpt_->save(); }
@@ -246,6 +251,8 @@ void Trainer::load_resolved(const std::string& dir) {
   };
   nonfinite_steps_ = scalar("nonfinite_steps");
   nonfinite_in_a_row_ = scalar("nonfinite_in_a_row");
+  const auto pl = counters_.scalars.find("pl_mean");  // absent in checkpoints of runs without it: 0
+  objective_->set_pl_mean(pl == counters_.scalars.end() ? 0.0 : pl->second);
   data_->restart(counters_.epoch, counters_.batch_in_epoch);
   if (comm_.rank() == 0) spdlog::info("resumed from {} at step {}", dir, counters_.step);
 }

@@ -1,15 +1,16 @@
 #pragma once
 /// A model family, selected by `model.arch` (dcgan | biggan | pix2pix | stylegan2). A family supplies
-/// exactly five things, and nothing else in the trainer, the tools or the checkpoint layer
+/// exactly these things, and nothing else in the trainer, the tools or the checkpoint layer
 /// knows which family is in use:
 ///  - its G and D, as unit specs built with deferred sharded initialization (deferred.h);
 ///  - the image shape;
 ///  - what G is conditioned on: nothing, a class (num_classes) or an input image
 ///    (condition_channels, image-to-image translation);
-///  - its latent and label sampler.
+///  - its latent and label sampler;
+///  - how its recipe regularizes (separate_regularization, generator_returns_styles).
 ///
 /// Calling convention of the models it builds (all tensors on the CPU):
-///  - G.forward({z, y}) -> {images}: z from sample_latents ([B, ...]), y int64 [B] class
+///  - G.forward({z, y}) -> {images} (or {images, ws}: generator_returns_styles): z from sample_latents ([B, ...]), y int64 [B] class
 ///    labels, or for an image-conditioned family the input image A [B, condition_channels,
 ///    H, W] in [-1, 1] (the model dtype), or undefined when unconditional; images
 ///    [B, C, H, W] in [-1, 1].
@@ -62,6 +63,18 @@ class ModelFamily {
   /// Local. `n` labels (int64 [n], uniform over the classes) drawn from `gen`; undefined
   /// when num_classes() is 0 (and then `gen` is not advanced).
   at::Tensor sample_labels(int64_t n, at::Generator& gen) const;
+  /// Whether the family's recipe runs each regularizer as an update of its own (StyleGAN2's
+  /// lazy regularization, Karras et al. 2020, arXiv:1912.04958, Sec. 3.1 and Appendix B):
+  /// R1 (train.r1_gamma) as a D update after D's main update every train.r1_every-th step,
+  /// path length (train.pl_weight) as a G update after G's every train.pl_every-th step,
+  /// each loss multiplied by its interval I and each optimizer's lr by c = I / (I + 1), its
+  /// betas raised to c. False: R1 joins D's main update every r1_every-th D update (scaled
+  /// by r1_every, no optimizer correction), and there is no path-length term.
+  virtual bool separate_regularization() const { return false; }
+  /// Whether G's forward returns, after its images, the styles the path-length penalty
+  /// differentiates against: ws [B, num_ws, w_dim] in G's graph (the mapping network's
+  /// output after style mixing), in G's compute dtype. What train.pl_weight needs.
+  virtual bool generator_returns_styles() const { return false; }
   /// Whether sample_latents draws independent standard normals (the truncation trick
   /// applies); false for a family whose latents are seeds (pix2pix).
   virtual bool gaussian_latents() const { return true; }

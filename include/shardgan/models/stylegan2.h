@@ -8,8 +8,9 @@
 /// our plain-PyTorch peer, benchmarks/peers/stylegan2.py (paper256: G 24,767,458 and
 /// D 24,001,089 parameters; cifar: G 20,215,315 and D 23,089,664).
 ///
-/// Not here yet: the loss side (lazy R1, path-length regularization; style mixing is here,
-/// drawn into the latents), truncation in W (psi), constant noise for evaluation, the fp16
+/// The recipe's regularizers run as updates of their own (separate_regularization): lazy R1
+/// and path length, which differentiates against the ws G's forward returns.
+/// Not here yet: truncation in W (psi), constant noise for evaluation, the fp16
 /// layers and conv_clamp of the authors' code, ADA.
 ///
 /// Latents (sample_latents): z [n, 2 z_dim + 2] in the requested dtype (float32 or float64):
@@ -35,9 +36,12 @@
 ///  - D: "b<R>", ..., "b8" ({x} -> {x at half the resolution}; the first takes the image),
 ///    "mapping" (conditional only: {y int64 [B]} -> {cmap [B, channels(4)]}), "b4" (the
 ///    epilogue: {x [B, channels(4), 4, 4], cmap or undefined} -> {logits [B]}).
-/// G.forward({z, y}) -> {images [B, channels, R, R]}, not clamped (about [-1, 1] once
+/// G.forward({z, y}) -> {images [B, channels, R, R], ws [B, num_ws, w_dim]} (ws after style
+/// mixing, in the graph: what path length differentiates against), images not clamped (about [-1, 1] once
 /// trained); D.forward({x, y}) -> {logits [B]}. D's batch on each rank must be a multiple
-/// of min(mbstd_group, batch).
+/// of min(mbstd_group, batch); minibatch-stddev groups are consecutive samples, so a run
+/// whose per-rank batch is a multiple of mbstd_group gives the same D outputs in any world
+/// size.
 #include <cstdint>
 #include <memory>
 #include <string>

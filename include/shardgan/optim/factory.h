@@ -64,6 +64,13 @@ struct OptimizerConfig {
 /// call it, so they agree on which states stay float32.
 void resolve_state_float32(OptimizerConfig& cfg, const std::vector<std::string>& sparse_params);
 
+/// `cfg` with StyleGAN2's lazy regularization correction `c` in (0, 1] (Karras et al. 2020,
+/// arXiv:1912.04958, Appendix B: an optimizer that also takes a regularization update every
+/// I-th step, c = I / (I + 1)): lr and schedule.min_lr multiplied by c, and for adam and
+/// adamw beta1 and beta2 raised to the power c. Throws std::invalid_argument for c outside
+/// (0, 1]. Local, pure.
+OptimizerConfig lazy_corrected(OptimizerConfig cfg, double c);
+
 /// Builds the optimizer for `model` (which must outlive it), with the schedule set: an
 /// OffloadedAdam when offload.optimizer is cpu or disk. Throws std::invalid_argument naming
 /// the bad field and value, OffloadError (naming the path) when the disk tier cannot be set up.

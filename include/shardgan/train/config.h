@@ -131,7 +131,17 @@ struct TrainConfig {
   /// untouched; counted in metrics.jsonl), or end the job naming the step and the model.
   std::string on_nonfinite = "skip";
   double r1_gamma = 0.0;           ///< train.r1_gamma: R1 penalty weight on real images (0 = off)
-  int64_t r1_every = 1;           ///< train.r1_every: lazy R1, every k-th D update (StyleGAN2: 16)
+  /// train.r1_every: lazy R1, every k-th D update (StyleGAN2: 16); under a family with
+  /// separate regularization phases (ModelFamily::separate_regularization), every k-th step
+  int64_t r1_every = 1;
+  /// train.pl_weight: StyleGAN2's path-length regularization (Karras et al. 2020, Sec. 3.2)
+  /// weight (the authors: 2; 0 = off). Needs a family whose G returns its styles
+  /// (ModelFamily::generator_returns_styles) and that has separate regularization phases.
+  double pl_weight = 0.0;
+  int64_t pl_every = 4;         ///< train.pl_every: the path-length update runs every k-th step
+  /// train.pl_batch_shrink: the path-length update's batch is train.global_batch / this
+  int64_t pl_batch_shrink = 2;
+  double pl_decay = 0.01;       ///< train.pl_decay: the running mean of path lengths moves by this
   /// train.time_limit_s: stop after the first step that ends this many seconds (rank 0's
   /// clock, from the start of training) into the run, then evaluate, save and sample as at
   /// train.steps; 0 = off (PyTorch Lightning's max_time)
@@ -218,6 +228,14 @@ struct TrainConfig {
 /// the world rounded and kept in [1, world_size - 1]. Local; the caller refuses K ==
 /// world_size (no rank left for D).
 int split_generator_ranks(const TrainConfig& cfg, int world_size);
+
+/// StyleGAN2's lazy regularization correction of a model's optimizer (Karras et al. 2020,
+/// arXiv:1912.04958, Appendix B): c = I / (I + 1) with I the model's regularization
+/// interval, train.pl_every for G (when train.pl_weight > 0) and train.r1_every for D (when
+/// train.r1_gamma > 0), under a family with separate regularization phases; 1 otherwise.
+/// The optimizer's lr is multiplied by c and its betas raised to the power c
+/// (lazy_corrected). Local, pure.
+double lazy_regularization_ratio(const TrainConfig& c, bool generator);
 
 /// Reads `path` and applies `overrides` ("key=value", e.g. "train.steps=200"). Throws
 /// ConfigError naming the file and key for a missing file, a YAML syntax error, an unknown

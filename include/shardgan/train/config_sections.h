@@ -46,9 +46,14 @@ void read_train_update(Reader& r, TrainConfig& c);
 /// model family, data.source and train.update. Needs read_data, read_model and
 /// read_train_update.
 void read_train_losses(Reader& r, TrainConfig& c);
-/// train.skip_memory_check, skip_disk_check, memory_probe, r1_gamma, r1_every, on_nonfinite,
+/// train.skip_memory_check, skip_disk_check, memory_probe, on_nonfinite,
 /// max_nonfinite_steps, preempt_grace_s, time_limit_s.
 void read_train_guards(Reader& r, TrainConfig& c);
+/// train.r1_gamma, r1_every, pl_weight, pl_every, pl_batch_shrink, pl_decay, and their
+/// rules against the model family (path length needs its styles; separate regularization
+/// phases need the shared placement and the alternating update). Needs read_model,
+/// read_train_loop and read_train_update.
+void read_train_regularization(Reader& r, TrainConfig& c);
 void read_train_plots(Reader& r, TrainConfig& c);      ///< train.plots
 void read_train_grad_clip(Reader& r, TrainConfig& c);  ///< train.grad_clip
 

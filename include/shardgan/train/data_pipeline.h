@@ -41,7 +41,12 @@ class DataPipeline {
   /// G's inputs for one whole global batch, {z [B, ...] in the model dtype, y int64 [B] or
   /// undefined}, the same on every rank. Local.
   TensorList draw_latents();
-  /// This rank's part of micro-batch `micro` of a global-batch tensor (dim 0). Local.
+  /// Standard normals of shape `sizes` in `dtype` from the latents' generator (the same on
+  /// every rank; checkpointed with it). Local.
+  at::Tensor draw_normal(at::IntArrayRef sizes, at::ScalarType dtype);
+  /// This rank's part of micro-batch `micro` of a tensor whose dim 0 is split like a
+  /// global batch (train.micro_batches equal micro-batches, each in equal shares over the
+  /// data ranks): the global batch, or a part of it such as the path-length batch. Local.
   at::Tensor local_micro(const at::Tensor& global, int64_t micro) const;
   /// This rank's part of micro-batch `micro` of the next real global batch: {x, y} (or
   /// {B, A} for pairs). micro 0 moves to the next global batch and advances `counters`'

@@ -84,8 +84,16 @@ struct StepInputs {
   /// G's inputs for one whole global batch, {z, y} (same on every rank, so that results
   /// do not depend on the world size).
   std::function<TensorList()> latents;
-  /// This rank's part of micro-batch `micro` of a global-batch tensor (dim 0).
+  /// This rank's part of micro-batch `micro` of a global-batch tensor (dim 0): of its rows
+  /// (a global batch, or the path-length update's smaller one), the micro-batch's
+  /// size(0) / k rows, and of those this rank's equal share.
   std::function<at::Tensor(const at::Tensor& global, int64_t micro)> local;
+  /// Standard normals of shape `sizes` in `dtype` from the latents' generator, the same on
+  /// every rank (the path-length update's image noise). Needed with set_path_length only.
+  std::function<at::Tensor(at::IntArrayRef sizes, at::ScalarType dtype)> normal;
+  /// Steps done before this one: which separate regularization updates are due
+  /// (set_separate_regularization).
+  int64_t step = 0;
 };
 
 /// The GAN objective: the losses and the passes a step is made of (D's update over
@@ -152,6 +160,38 @@ class GanObjective {
   /// std::invalid_argument for w < 0, and with set_paired. Local; call it
   /// alike on every rank.
   void set_aux_class_weight(double w);
+  /// StyleGAN2's separate regularization phases (ModelFamily::separate_regularization;
+  /// Karras et al. 2020, arXiv:1912.04958, Sec. 3.1 and Appendix B). R1 stops joining D's
+  /// main update: on steps whose index (StepInputs::step) is a multiple of r1_every, after
+  /// the step's D updates, a D update of its own ("D reg", d_reg) takes the penalty alone on
+  /// the real micro-batches of the step's last D update, multiplied by r1_every; on steps
+  /// that are multiples of the path-length interval, after G's update, a G update of its own
+  /// ("G reg", g_reg) takes the path-length penalty (set_path_length). The optimizers'
+  /// lr and betas carry the correction c = I / (I + 1) (lazy_regularization_ratio, applied
+  /// when the trainer builds them). Local; call it alike on every rank.
+  void set_separate_regularization(bool on) { separate_reg_ = on; }
+  /// StyleGAN2's path-length regularization (Karras et al. 2020, Sec. 3.2; TrainConfig's
+  /// train.pl_*). `weight` > 0 turns it on (needs set_separate_regularization and a G whose
+  /// forward returns its styles ws after its images, ModelFamily::generator_returns_styles).
+  /// Each due step, G's update of its own draws fresh latents, keeps the first
+  /// global_batch / batch_shrink, and per micro-batch: images x = G(z) with styles w, noise
+  /// u ~ N(0, 1) / sqrt(H W) of x's shape (StepInputs::normal, the same on every rank), per
+  /// sample a = sqrt(mean over ws of the squared norm over w_dim of d(sum x u)/dw) (taken
+  /// with create_graph, G gathered whole: ShardedModel::begin_higher_order), the running
+  /// mean m = m + decay (mean(a) - m) with mean(a) over the micro-batch of every rank (an
+  /// all-reduce: the authors keep one m per process), then the loss weight * every *
+  /// mean((a - m)^2) / k backpropagated to G's parameters. m is float32 (float64 in a
+  /// float64 run) and checkpointed (pl_mean).
+  struct PathLength {
+    double weight = 0;
+    int64_t every = 4, batch_shrink = 2;
+    double decay = 0.01;
+  };
+  void set_path_length(const PathLength& pl) { pl_ = pl; }
+  /// The running mean of path lengths (0 before the first path-length update); restored by
+  /// set_pl_mean on resume. Local.
+  double pl_mean() const { return pl_mean_; }
+  void set_pl_mean(double m) { pl_mean_ = m; }
   /// The communicator of the models' votes, norms and R1 mean: the world's (default), or
   /// under split placement this rank's group (SplitStepExecutor sets it). `c` must outlive
   /// the objective; nullptr restores the world's.
@@ -251,6 +291,24 @@ class GanObjective {
   /// D's real-image loss of one micro-batch (divided by k), with the R1 penalty when due
   /// and the class term when on; runs the backward.
   RealPass d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md);
+
+  /// Whether R1 joins D's update now (train.r1_every-th D update, not under separate phases).
+  bool r1_folded_due(TrainedModel d) const;
+  /// Whether the separate R1 (D reg) or path-length (G reg) update is due at step `step`.
+  bool r1_update_due(int64_t step) const { return separate_reg_ && r1_gamma_ > 0 && step % r1_every_ == 0; }
+  bool pl_update_due(int64_t step) const { return separate_reg_ && pl_.weight > 0 && step % pl_.every == 0; }
+  /// D reg: the R1 penalty alone (times r1_every, divided by k) on the real micro-batches
+  /// d_update kept (reg_reals_), D gathered whole, then D's update. Adds R1 to `st`, sets D's
+  /// verdicts. Collective.
+  void d_reg(TrainedModel d, StepStats& st);
+  /// G reg: the path-length penalty of set_path_length, then G's update. Adds the penalty
+  /// and the running mean to `st`, sets G's verdicts. Collective.
+  void g_reg(TrainedModel g, const StepInputs& in, StepStats& st);
+  bool separate_reg_ = false;
+  PathLength pl_;
+  double pl_mean_ = 0;
+  /// The real micro-batches of the step's last D update, kept for D reg.
+  std::vector<TensorList> reg_reals_;
 
   /// One micro-batch's D forward and backward on cat([fake, real]) (labels alike), with the
   /// class term on the real half when on. Returns the real half's RealPass and the fake

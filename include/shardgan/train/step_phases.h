@@ -45,7 +45,12 @@ struct PhaseShape {
   enum class Placement { kShared, kSplitGenerator, kSplitDiscriminator };
   Placement placement = Placement::kShared;  ///< train.placement (and this rank's group)
   int g_stage = 3, d_stage = 3;  ///< sharding.<model>.stage, 0-3
-  bool r1 = false;               ///< train.r1_gamma > 0: D gathered whole for the real pass when due
+  /// train.r1_gamma > 0 folded into D's update: D gathered whole for the real pass when due
+  bool r1 = false;
+  /// Separate regularization updates (ModelFamily::separate_regularization): "D reg" (R1,
+  /// train.r1_gamma > 0) and "G reg" (path length, train.pl_weight > 0), each with its model
+  /// gathered whole and computing parameter gradients (shared placement only).
+  bool r1_update = false, pl_update = false;
 };
 
 /// The shape of `cfg`'s step on a rank that holds G (`holds_generator`) and/or D: shared

@@ -37,6 +37,10 @@ struct StepStats {
   /// of D's class head on the real images (mean over the D updates) and on G's images.
   double class_real = 0, class_fake = 0;
   double r1 = 0;  ///< R1 penalty of this step's D updates (0 if none ran)
+  /// Path-length regularization (GanObjective::set_path_length; 0 when no G reg update ran
+  /// this step): the penalty mean((a - m)^2) before its weight, and the running mean m of
+  /// path lengths after the update.
+  double pl = 0, pl_mean = 0;
   double grad_norm_d = 0, grad_norm_g = 0;  ///< global gradient norms (0 unless clipping)
   bool skipped_d = false, skipped_g = false;  ///< an update skipped (float16 overflow, inf norm, NaN)
   /// A NaN or Inf in the model's loss or gradients on some rank: its update was skipped.
@@ -64,6 +68,8 @@ void for_each_stat(S& s, F&& f) {
   f("class_real", D::kDiscriminator, R::kMean, s.class_real);
   f("class_fake", D::kDiscriminator, R::kMean, s.class_fake);
   f("r1", D::kDiscriminator, R::kSame, s.r1);
+  f("pl", D::kGenerator, R::kMean, s.pl);
+  f("pl_mean", D::kGenerator, R::kSame, s.pl_mean);
   f("grad_norm_d", D::kDiscriminator, R::kSame, s.grad_norm_d);
   f("grad_norm_g", D::kGenerator, R::kSame, s.grad_norm_g);
   f("skipped_d", D::kDiscriminator, R::kAny, s.skipped_d);

@@ -50,9 +50,11 @@ at::Tensor normalize_2nd_moment(const at::Tensor& x, double eps) {
 }
 
 at::Tensor fir_filter(const at::TensorOptions& o) {
-  at::Tensor f = at::tensor({1.0, 3.0, 3.0, 1.0}, o);
+  // Built in float64 on the CPU (at::tensor has no bfloat16 CPU path), then converted: the
+  // taps k/64 with k in {1, 3, 9} are exact in every float dtype.
+  at::Tensor f = at::tensor({1.0, 3.0, 3.0, 1.0}, at::TensorOptions().dtype(at::kDouble));
   f = at::outer(f, f);
-  return f / f.sum();
+  return (f / f.sum()).to(o);
 }
 
 at::Tensor blur(const at::Tensor& x, int64_t pad_lo, int64_t pad_hi, double gain) {
@@ -106,11 +108,15 @@ at::Tensor minibatch_stddev(const at::Tensor& x, int64_t group_size, int64_t num
     throw std::invalid_argument("StyleGAN2 D: " + std::to_string(c) + " channels do not split into " +
                                 std::to_string(num_channels) + " minibatch-stddev groups");
   }
-  at::Tensor y = x.reshape({g, -1, num_channels, c / num_channels, h, w});
-  y = y - y.mean(0);
-  y = (y.square().mean(0) + 1e-8).sqrt();
-  y = y.mean({2, 3, 4}).reshape({-1, num_channels, 1, 1});
-  y = y.repeat({g, 1, h, w});
+  // Groups of g consecutive samples. The authors' code takes strided ones (sample i of a
+  // batch of n is in group i mod n/g), whose members depend on the batch on each GPU; a
+  // consecutive group is the same set of samples in any world size whose per-rank batch
+  // is a multiple of g, and never mixes the fake and real halves of a joint D pass.
+  at::Tensor y = x.reshape({-1, g, num_channels, c / num_channels, h, w});
+  y = y - y.mean(1, /*keepdim=*/true);
+  y = (y.square().mean(1) + 1e-8).sqrt();                   // [n/g, F, c/F, h, w]
+  y = y.mean({2, 3, 4}).repeat_interleave(g, 0);            // [n, F]: each sample its group's
+  y = y.reshape({n, num_channels, 1, 1}).expand({n, num_channels, h, w});
   return at::cat({x, y}, 1);
 }
 

@@ -65,7 +65,9 @@ at::Tensor modulated_conv2d(const at::Tensor& x, const at::Tensor& weight, const
                             bool demodulate, bool up);
 
 /// Minibatch standard deviation (Karras et al. 2018, Sec. 3): groups of G = min(group_size, N)
-/// samples (sample j belongs to group j mod (N / G)), the standard deviation over each group
+/// consecutive samples (sample j belongs to group j / G; the authors' code takes j mod (N / G),
+/// which changes with the batch per GPU: consecutive groups are the same in any world size
+/// whose per-rank batch is a multiple of G), the standard deviation over each group
 /// of every feature (+1e-8 inside the square root), averaged over the C / F channels of each
 /// of `num_channels` = F channel groups and over the pixels, appended as F constant channels.
 /// x [N, C, H, W] -> [N, C + F, H, W]. Throws std::invalid_argument if N is not a multiple

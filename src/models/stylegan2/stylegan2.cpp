@@ -154,7 +154,7 @@ ModelSpec generator_spec(const StyleGan2Config& c, Communicator* comm) {
       x = out.at(0);
       img = out.at(1);
     }
-    return {img};
+    return {img, ws};
   };
   return spec;
 }
@@ -215,6 +215,8 @@ class StyleGan2Family final : public ModelFamily {
   ImageShape image_shape() const override { return {cfg_.channels, cfg_.resolution, cfg_.resolution}; }
   int64_t num_classes() const override { return cfg_.num_classes; }
   bool gaussian_latents() const override { return false; }
+  bool separate_regularization() const override { return true; }
+  bool generator_returns_styles() const override { return true; }
   /// See stylegan2.h: [n, 2 z_dim + 2], float32 or float64 (std::invalid_argument otherwise).
   at::Tensor sample_latents(int64_t n, at::Generator& gen, at::ScalarType dtype) const override {
     if (dtype != at::kFloat && dtype != at::kDouble) {
