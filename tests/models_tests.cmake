@@ -64,3 +64,9 @@ set_tests_properties(stylegan2_parity_reference_control PROPERTIES TIMEOUT 300
 shardgan_test(test_stylegan2_reference)
 add_test(NAME stylegan2_reference COMMAND test_stylegan2_reference)
 set_tests_properties(stylegan2_reference PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")
+# StyleGAN2 through shardgan-train: resume bit for bit across the R1 and path-length
+# updates, bfloat16, the memory pre-flight against VmHWM where a regularization update is
+# the peak, and the refusals.
+add_test(NAME stylegan2_train
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/stylegan2_train_test.sh $<TARGET_FILE:shardgan-train> ${PROJECT_SOURCE_DIR})
+set_tests_properties(stylegan2_train PROPERTIES TIMEOUT 600 ENVIRONMENT "${SHARDGAN_TEST_ENV}" PROCESSORS 2)
