@@ -369,6 +369,24 @@ TEST(OptimFactory, MakesEachTypeWithItsStateNamesAndValidates) {
 
 // The sharded EMA equals the EMA of the full (gathered) parameters, computed here on every
 // rank; swapping it in shows the EMA weights, swapping out restores the live ones exactly.
+// StyleGAN2-ADA's half-life form (ema_kimg, ema_rampup): the decays its configurations give,
+// worked out by hand from beta = 0.5^(batch / max(n, 1e-8)).
+TEST(ShardedEma, HalfLifeInImagesAsStyleGan2Ada) {
+  EmaConfig paper256;
+  paper256.half_life_kimg = 20;
+  paper256.batch = 64;
+  EXPECT_NEAR(paper256.decay_at(1), 0.997784, 1e-6);  // 0.5^(64 / 20000), no ramp-up
+  EXPECT_EQ(paper256.decay_at(1), paper256.decay_at(100000));
+  EmaConfig cifar = paper256;
+  cifar.half_life_kimg = 500;
+  cifar.rampup = 0.05;
+  EXPECT_EQ(cifar.decay_at(1), 0.0);  // no image seen yet: the EMA copies the weights
+  EXPECT_NEAR(cifar.decay_at(1000000 / 64 + 1), 0.999113, 1e-6);  // 1 Mimg seen: n = 50,000
+  EXPECT_NEAR(cifar.decay_at(10000000 / 64 + 2), 0.999911, 1e-6);  // ramped up: n = 500,000
+  EmaConfig biggan;
+  EXPECT_EQ(biggan.decay_at(7), biggan.decay);
+}
+
 TEST(ShardedEma, EqualsTheEmaOfTheFullParametersAndSwapsExactly) {
   MpiCommunicator world(MPI_COMM_WORLD, 60.0);
   for (int stage : {0, 2, 3}) {

@@ -1,6 +1,7 @@
 // The optim, ema and loss_scale sections of the training configuration
 // (config_sections.h): each model's optimizer and learning-rate schedule, G's EMA, and the
 // dynamic loss scale of float16 compute.
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -112,8 +113,19 @@ void read_optim(Reader& r, TrainConfig& c) {
 void read_ema(Reader& r, TrainConfig& c) {
   c.ema_enabled = r.get<bool>("ema.enabled", c.ema_enabled,
       "keep a sharded EMA of G's parameters, and sample and evaluate it too");
+  c.ema.half_life_kimg = r.get<double>("ema.half_life_kimg", c.ema.half_life_kimg,
+      "StyleGAN2-ADA's ema_kimg: the EMA's half-life in thousands of images, in place of ema.decay (0: use "
+      "ema.decay; paper256 20, cifar 500)");
+  require(c.ema.half_life_kimg >= 0 && std::isfinite(c.ema.half_life_kimg), r, "ema.half_life_kimg",
+          "must be a finite value >= 0 (0 = use ema.decay)");
+  c.ema.rampup = r.get<double>("ema.rampup", c.ema.rampup,
+      "StyleGAN2-ADA's ema_rampup: the half-life is at most this fraction of the images seen (cifar 0.05; 0: off)");
+  require(c.ema.rampup >= 0 && std::isfinite(c.ema.rampup), r, "ema.rampup", "must be a finite value >= 0 (0 = off)");
+  r.warn_if_ignored(c.ema.half_life_kimg == 0, "ema.rampup", "has no effect with ema.half_life_kimg 0");
+  c.ema.batch = c.global_batch;
   c.ema.decay = r.get<double>("ema.decay", c.ema.decay, "EMA decay per step");
   require(c.ema.decay >= 0 && c.ema.decay <= 1, r, "ema.decay", "must be in [0, 1]");
+  r.warn_if_ignored(c.ema.half_life_kimg > 0, "ema.decay", "has no effect with ema.half_life_kimg above 0");
   c.ema.start_step = r.get<int64_t>("ema.start_step", c.ema.start_step,
       "step at which the EMA starts (before: a copy of G)");
   require(c.ema.start_step >= 0, r, "ema.start_step", "must be >= 0");

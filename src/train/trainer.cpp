@@ -150,7 +150,8 @@ StepMetrics Trainer::run_step() {
   r.comm_bytes_shard_group = bytes_after.shard_group - bytes_before.shard_group;
   r.comm_bytes_replicate = bytes_after.replicate - bytes_before.replicate;
   r.comm_bytes_secondary = bytes_after.secondary - bytes_before.secondary;
-  if (ShardedEma* ema = models_->ema(); ema && !r.skipped_g) ema->update(models_->generator_optimizer()->step_count());
+  // Numbered by training steps, 1-based (StyleGAN2's G reg is a second G optimizer step).
+  if (ShardedEma* ema = models_->ema(); ema && !r.skipped_g) ema->update(counters_.step + 1);
   ++counters_.step;
   r.step = counters_.step;
   // Split placement: the waits for step figures since the last step (Trainer::run) count too.

@@ -16,6 +16,16 @@ struct EmaConfig {
   double decay = 0.9999;   ///< BigGAN's
   /// Steps before this one copy the weights instead of averaging (BigGAN's ema_start).
   int64_t start_step = 0;
+  /// StyleGAN2-ADA's form (its training loop's ema_kimg and ema_rampup; Karras et al. 2020,
+  /// arXiv:2006.06676): above 0, the decay is set by a half-life in images instead of
+  /// `decay`: step t (1-based) uses beta = 0.5^(batch / max(n, 1e-8)) with n =
+  /// half_life_kimg * 1000, or with rampup > 0 the smaller of that and rampup * (t - 1) *
+  /// batch, the images seen before the step (so the first step copies the weights).
+  double half_life_kimg = 0;
+  double rampup = 0;   ///< ramp-up of the half-life, as a fraction of the images seen (0: off)
+  int64_t batch = 0;   ///< images per step (train.global_batch); needed with half_life_kimg
+  /// The decay step `step` (1-based) applies: `decay`, or the half-life form above. Pure.
+  double decay_at(int64_t step) const;
 };
 
 class ShardedEma {
@@ -23,11 +33,12 @@ class ShardedEma {
   /// Allocates one [S] tensor per unit, initialized to the current shard(). It is float32
   /// for bfloat16/float16 shards (a 0.9999 average does not move in 8 mantissa bits), else
   /// the shard's dtype; the shard's device. `model` must outlive the EMA. Throws
-  /// std::invalid_argument for a decay outside [0, 1].
+  /// std::invalid_argument for a decay outside [0, 1], a negative half-life or ramp-up, or a
+  /// half-life without a batch > 0.
   ShardedEma(ShardedModel& model, EmaConfig cfg);
 
-  /// Local. Call after the optimizer step numbered `step` (1-based, e.g. step_count()):
-  /// ema = shard when step < start_step, else ema = decay*ema + (1-decay)*shard.
+  /// Local. Call after training step `step` (1-based: the steps done): ema = shard when
+  /// step < start_step, else ema = d*ema + (1-d)*shard with d = config().decay_at(step).
   void update(int64_t step);
 
   /// Copies the EMA into every unit's shard(), keeping the live weights aside (one more
