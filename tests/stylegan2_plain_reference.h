@@ -18,7 +18,7 @@
 // Semantics mirrored from the family (stylegan2.h, src/models/stylegan2/):
 //  - equalized learning rate: FC weight x lr_mul / sqrt(in), bias x lr_mul; conv weight x
 //    1 / sqrt(in k k); lrelu = leaky_relu(0.2) x sqrt(2);
-//  - G latents z [B, 2 z_dim + 2]: main latent, mixing latent, cutoff, noise seed. ws[:, l]
+//  - G latents z [B, 2 z_dim + 3]: main latent, mixing latent, cutoff, noise seed, psi. ws[:, l]
 //    comes from the mixing latent's w for l >= cutoff; the mixing mapping runs only when
 //    some row has cutoff < num_ws (as the family's program);
 //  - noise of the conv taking ws[:, l] (the noise layer l = the block's first ws index + j):
@@ -26,8 +26,8 @@
 //    splitmix64(splitmix64(seed) ^ l), cast to the compute dtype; always added (x strength);
 //  - w_avg (the only buffer of the family that matters; there are no noise_const or filter
 //    buffers): lerp(mean over the batch of the main latents' w (in float64), w_avg, beta),
-//    updated in place right after the main mapping, under no_grad. The forward never reads
-//    w_avg (no truncation), so before/after makes no difference to its outputs;
+//    updated in place right after the main mapping, under no_grad; a row with psi != 1 then
+//    takes w_avg + psi (w - w_avg) for both of its ws (needs w_avg);
 //  - D: mbstd over the whole given batch, groups of min(mbstd_group, B) consecutive samples
 //    (sample j in group j / group); conditional D projects onto its own label mapping network
 //    (d_mapping_layers, no w_avg), divided by sqrt(cmap_dim), cmap_dim = channels(4).
@@ -271,24 +271,34 @@ inline at::Tensor synthesis(const Params& g, const Shape& s, const at::Tensor& w
 /// in place (training mode).
 inline GOut generator(const Params& g, const Shape& s, const at::Tensor& z, const at::Tensor& y, at::Tensor* w_avg) {
   const int64_t zd = s.z_dim, nws = num_ws(s);
-  TORCH_CHECK(z.dim() == 2 && z.size(1) == 2 * zd + 2, "sg2_plain: z must be [B, ", 2 * zd + 2, "], not ", z.sizes());
-  const at::Tensor ctrl = z.narrow(1, 2 * zd, 2).detach().to(at::kDouble);
+  TORCH_CHECK(z.dim() == 2 && z.size(1) == 2 * zd + 3, "sg2_plain: z must be [B, ", 2 * zd + 3, "], not ", z.sizes());
+  const at::Tensor ctrl = z.narrow(1, 2 * zd, 3).detach().to(at::kDouble);
+  const at::Tensor psi = ctrl.select(1, 2);
   const at::Tensor cutoff = ctrl.select(1, 0).to(at::kLong), seeds = ctrl.select(1, 1).to(at::kLong);
   TORCH_CHECK(cutoff.ge(1).all().item<bool>() && cutoff.le(nws).all().item<bool>(),
               "sg2_plain: cutoffs must be in [1, ", nws, "]");
   const at::Tensor labels = s.num_classes > 0 ? y : at::Tensor();
   TORCH_CHECK(s.num_classes == 0 || labels.defined(), "sg2_plain: a conditional G needs y");
-  const at::Tensor w =
+  at::Tensor w =
       mapping(g, "mapping.", z.narrow(1, 0, zd), labels, s.num_classes, s.mapping_layers, s.mapping_lr_mult);
   if (w_avg != nullptr && w_avg->defined() && s.w_avg_beta > 0) {
     torch::NoGradGuard no_grad;
     const at::Tensor mean = w.detach().to(at::kDouble).mean(0).to(w_avg->scalar_type());
     w_avg->copy_(at::lerp(mean, *w_avg, s.w_avg_beta));
   }
+  // Truncation in W, rows with psi != 1 (w_avg + psi (w - w_avg)), on the updated w_avg.
+  const bool truncate = psi.ne(1).any().item<bool>();
+  TORCH_CHECK(!truncate || (w_avg != nullptr && w_avg->defined()), "sg2_plain: truncation needs w_avg");
+  auto truncated = [&](const at::Tensor& v) {
+    if (!truncate) return v;
+    const at::Tensor avg = w_avg->detach().to(v.dtype()).unsqueeze(0);
+    return avg + psi.to(v.dtype()).unsqueeze(1) * (v - avg);
+  };
+  w = truncated(w);
   at::Tensor ws;
   if (cutoff.lt(nws).any().item<bool>()) {
-    const at::Tensor w2 =
-        mapping(g, "mapping.", z.narrow(1, zd, zd), labels, s.num_classes, s.mapping_layers, s.mapping_lr_mult);
+    const at::Tensor w2 = truncated(
+        mapping(g, "mapping.", z.narrow(1, zd, zd), labels, s.num_classes, s.mapping_layers, s.mapping_lr_mult));
     const at::Tensor layer = at::arange(nws, torch::TensorOptions().dtype(at::kLong)).reshape({1, nws, 1});
     const at::Tensor from_mixing = layer.ge(cutoff.reshape({-1, 1, 1})).to(w.device());
     ws = at::where(from_mixing, w2.unsqueeze(1), w.unsqueeze(1));

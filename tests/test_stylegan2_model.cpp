@@ -262,7 +262,7 @@ TEST(StyleGan2Model, ShapesAndBackwardAtFloat64) {
       at::Generator gen = at::detail::createCPUGenerator(7);
       const at::Tensor z = fam->sample_latents(4, gen, at::kDouble);
       const at::Tensor y = fam->sample_labels(4, gen);
-      EXPECT_EQ(z.sizes(), (std::vector<int64_t>{4, 2 * 16 + 2}));
+      EXPECT_EQ(z.sizes(), (std::vector<int64_t>{4, 2 * 16 + 3}));
       EXPECT_EQ(y.defined(), classes > 0);
       const at::Tensor img = g->forward(TensorList{z, y}).at(0);
       EXPECT_EQ(img.sizes(), (std::vector<int64_t>{4, 3, 32, 32}));
@@ -346,7 +346,7 @@ TEST(StyleGan2Model, CutoffNumWsIsNoMixing) {
   EXPECT_LE(rel_diff(ws.narrow(0, 0, 1).narrow(1, 2, num_ws - 2), w2.narrow(0, 0, 1).narrow(1, 2, num_ws - 2)), 1e-12);
   EXPECT_LE(rel_diff(ws.narrow(0, 1, 1), w1.narrow(0, 1, 1)), 1e-12);
   // z from elsewhere (a plain Gaussian row) is refused, not misread.
-  EXPECT_THROW(g->forward(TensorList{torch::randn({2, 2 * zd + 2}, torch::kDouble)}), std::invalid_argument);
+  EXPECT_THROW(g->forward(TensorList{torch::randn({2, 2 * zd + 3}, torch::kDouble)}), std::invalid_argument);
 }
 
 TEST(StyleGan2Model, WAvgFollowsTheBatchMeanInTraining) {
@@ -381,7 +381,8 @@ TEST(StyleGan2Model, LatentLayout) {
   EXPECT_FALSE(fam->gaussian_latents());
   at::Generator gen = at::detail::createCPUGenerator(17);
   const at::Tensor z = fam->sample_latents(2000, gen, at::kFloat);
-  ASSERT_EQ(z.sizes(), (std::vector<int64_t>{2000, 34}));
+  ASSERT_EQ(z.sizes(), (std::vector<int64_t>{2000, 35}));
+  EXPECT_TRUE(z.select(1, 34).eq(1).all().item<bool>());  // psi 1: no truncation
   const at::Tensor cutoff = z.select(1, 32).to(at::kDouble), seed = z.select(1, 33).to(at::kDouble);
   EXPECT_TRUE(at::equal(cutoff, cutoff.round()));
   EXPECT_GE(cutoff.min().item<double>(), 1);
@@ -397,6 +398,42 @@ TEST(StyleGan2Model, LatentLayout) {
   auto cifar = make_stylegan2_family(stylegan2_preset("cifar"));  // no mixing
   const at::Tensor zc = cifar->sample_latents(50, gen, at::kDouble);
   EXPECT_TRUE(zc.select(1, 1024).eq(8).all().item<bool>());
+}
+
+// Truncation psi in W: sample_truncated_latents sets z's psi column; G (evaluation mode, so
+// w_avg stays) gives ws = w_avg + psi (ws at psi 1 - w_avg) per row, and psi 0 gives w_avg
+// itself; eval.truncation is accepted for stylegan2.
+TEST(StyleGan2Model, TruncationPsiInW) {
+  LocalCommunicator self;
+  auto fam = make_stylegan2_family(tiny(0));
+  EXPECT_TRUE(fam->truncation_applies());
+  auto g = build_f64(fam->generator(self), self, 5);
+  at::Generator gen = at::detail::createCPUGenerator(9);
+  g->forward(TensorList{fam->sample_latents(4, gen, at::kDouble)});  // training mode: w_avg moves off 0
+  at::Tensor w_avg;
+  for (auto& [name, b] : g->named_buffers()) {
+    if (name == "mapping.w_avg") w_avg = b.clone();
+  }
+  ASSERT_TRUE(w_avg.defined());
+  ASSERT_GT(w_avg.abs().max().item<double>(), 0.0);
+  g->train(false);
+  at::Generator g1 = at::detail::createCPUGenerator(10), g2 = at::detail::createCPUGenerator(10);
+  const at::Tensor z = fam->sample_latents(3, g1, at::kDouble);
+  const at::Tensor zt = fam->sample_truncated_latents(3, g2, at::kDouble, 0.5);
+  const int64_t col = z.size(1) - 1;
+  EXPECT_TRUE(zt.select(1, col).eq(0.5).all().item<bool>());
+  EXPECT_TRUE(at::equal(zt.narrow(1, 0, col), z.narrow(1, 0, col)));  // the same draw otherwise
+  const at::Tensor ws = g->forward(TensorList{z}).at(1), wst = g->forward(TensorList{zt}).at(1);
+  const at::Tensor avg = w_avg.view({1, 1, -1});
+  EXPECT_LE((wst - (avg + 0.5 * (ws - avg))).abs().max().item<double>(), 1e-12);
+  at::Tensor z0 = z.clone();
+  z0.select(1, col).fill_(0.0);
+  EXPECT_LE((g->forward(TensorList{z0}).at(1) - avg).abs().max().item<double>(), 1e-12);
+  at::Tensor bad = z.clone();
+  bad.index_put_({0, col}, INFINITY);
+  EXPECT_THROW(g->forward(TensorList{bad}), std::invalid_argument);
+  EXPECT_THROW(fam->sample_truncated_latents(2, gen, at::kDouble, 0.01), std::invalid_argument);
+  EXPECT_NO_THROW(parse_config("model: {arch: stylegan2}\neval: {truncation: 0.7}\n", "test.yaml", {}));
 }
 
 TEST(StyleGan2Layers, ResamplingAndDemodulationAsThePeer) {

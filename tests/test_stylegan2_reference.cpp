@@ -209,11 +209,16 @@ void ref_check_forward(const RefCase& c, const std::vector<double>& cutoffs, con
   EXPECT_LE(ref_rel(ref_avg, w_avg), kRefForwardTol);
   EXPECT_GT(w_avg.abs().max().item<double>(), 0.0);
 
-  // A second training-mode forward: w_avg moves on from where it was.
-  const at::Tensor z2 = ref_latents(m, s, 42, cutoffs2, {});
-  const at::Tensor img2 = m.g->forward(TensorList{z2, labels}).at(0);
+  // A second training-mode forward: w_avg moves on from where it was, and rows 1 and 3 are
+  // truncated in W (psi 0.7 and 0.3, on the w_avg this batch has just updated).
+  at::Tensor z2 = ref_latents(m, s, 42, cutoffs2, {});
+  z2.index_put_({1, 2 * s.z_dim + 2}, 0.7);
+  z2.index_put_({3, 2 * s.z_dim + 2}, 0.3);
+  const TensorList out2 = m.g->forward(TensorList{z2, labels});
+  const at::Tensor img2 = out2.at(0);
   const sg2_plain::GOut ref2 = sg2_plain::generator(pg, s, z2, labels, &ref_avg);
   EXPECT_LE(ref_rel(ref2.images, img2), kRefForwardTol);
+  EXPECT_LE(ref_rel(ref2.ws, out2.at(1)), kRefForwardTol);
   EXPECT_LE(ref_rel(ref_avg, w_avg), kRefForwardTol);
 
   // D on G's images and on Gaussian images.

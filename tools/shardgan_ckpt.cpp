@@ -243,10 +243,13 @@ int main(int argc, char** argv) {
     sc->add_option("--reference-samples", reference_samples, "at most this many reference images (default: the "
                    "stored config's eval.reference_samples)")->check(CLI::Range(int64_t{2}, int64_t{10000000}));
     sc->add_option("--truncation", truncation,
-                   "redraw latents with |z| above this (BigGAN's truncation trick; 0: off)")
+                   "redraw latents with |z| above this (BigGAN's truncation trick), or for model.arch "
+                   "stylegan2 the truncation psi in W; 0: off")
         ->check(CLI::NonNegativeNumber);
   }
-  sample->add_option("--truncation", truncation, "redraw latents with |z| above this (BigGAN's truncation trick)")
+  sample->add_option("--truncation", truncation,
+                     "redraw latents with |z| above this (BigGAN's truncation trick), or for model.arch stylegan2 "
+                     "the truncation psi in W")
       ->check(CLI::NonNegativeNumber);
   sample->add_option("-n,--count", n, "number of samples (64 = the trainer's fixed grid)")->check(CLI::PositiveNumber);
   sample->add_flag("--eval", eval, "BatchNorm running statistics instead of batch statistics");

@@ -21,7 +21,7 @@ at::Tensor ModelFamily::sample_truncated_latents(int64_t n, at::Generator& gen, 
                                                  double truncation) const {
   at::Tensor z = sample_latents(n, gen, dtype);
   if (truncation <= 0) return z;
-  if (!gaussian_latents()) {
+  if (!truncation_applies()) {
     throw std::invalid_argument(std::string("the truncation trick needs Gaussian latents; model.arch ") + arch() +
                                 " has none (set the truncation to 0)");
   }

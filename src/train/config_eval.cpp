@@ -50,11 +50,12 @@ void read_eval(Reader& r, TrainConfig& c) {
       "samples per KID subset and side, at most (fewer when an evaluation has fewer samples)");
   require(c.eval_kid_subset_size >= 2, r, "eval.kid_subset_size", "must be >= 2");
   c.eval_truncation = r.get<double>("eval.truncation", c.eval_truncation,
-      "evaluations also score G and its EMA on latents with |z| above this redrawn (BigGAN's "
-      "truncation trick, Brock et al. 2019, section 3.1: fidelity for variety; 0: off)");
+      "evaluations also score G and its EMA on truncated latents: |z| above this redrawn (BigGAN's "
+      "truncation trick, Brock et al. 2019, section 3.1: fidelity for variety), or for model.arch stylegan2 "
+      "the truncation psi in W (0: off)");
   require(c.eval_truncation == 0 || c.eval_truncation >= 0.05, r, "eval.truncation",
           "must be 0 (off) or at least 0.05");
-  require(c.eval_truncation == 0 || c.family->gaussian_latents(), r, "eval.truncation",
+  require(c.eval_truncation == 0 || c.family->truncation_applies(), r, "eval.truncation",
           "must be 0 (off) for model.arch pix2pix, whose latents are dropout seeds, not Gaussian");
   c.eval_timeout_s = r.get<double>("eval.timeout_s", c.eval_timeout_s,
       "train.placement split: how long D's ranks wait for G's ranks to finish an evaluation or a sample "

@@ -14,6 +14,7 @@
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/step_executor.h"
 #include "shardgan/util/test_control.h"
+#include "train/r1_penalty.h"
 
 namespace shardgan {
 namespace F = torch::nn::functional;
@@ -333,12 +334,8 @@ GanObjective::RealPass GanObjective::d_real_pass(TrainedModel d, const TensorLis
   // (create_graph), so that the penalty's backward differentiates it again with respect
   // to D's parameters. D stays gathered from the first forward to the second backward.
   d.model->begin_higher_order();
-  at::Tensor x = real.at(0).detach().requires_grad_(true);
-  const TensorList out = d.model->forward(TensorList{x, real.at(1)});
-  at::Tensor logits = out.at(0).reshape({-1}).to(md);
-  at::Tensor gx = torch::autograd::grad({logits.sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
   // Per-sample squared norm, averaged over the batch; local means average over ranks.
-  at::Tensor penalty = gx.pow(2).flatten(1).sum(1).mean() * (0.5 * r1_gamma_);
+  const auto [out, logits, penalty] = r1_forward(*d.model, real, md, r1_gamma_);
   d.scaler->scale_loss((real_loss(out, logits, ce) + penalty * static_cast<double>(r1_every_)) / k).backward();
   d.model->end_higher_order();
   at::Tensor p = penalty.detach().to(at::kDouble).reshape({1});

@@ -14,8 +14,20 @@
 #include "shardgan/sharding/sharded_model.h"
 #include "shardgan/train/objective.h"
 #include "shardgan/util/test_control.h"
+#include "train/r1_penalty.h"
 
 namespace shardgan {
+
+R1Forward r1_forward(ShardedModel& d, const TensorList& real, at::ScalarType md, double gamma) {
+  at::Tensor x = real.at(0).detach().requires_grad_(true);
+  R1Forward r;
+  r.out = d.forward(TensorList{x, real.at(1)});
+  r.logits = r.out.at(0).reshape({-1}).to(md);
+  const at::Tensor gx =
+      torch::autograd::grad({r.logits.sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+  r.penalty = gx.pow(2).flatten(1).sum(1).mean() * (0.5 * gamma);
+  return r;
+}
 
 void GanObjective::d_reg(TrainedModel d, StepStats& st) {
   const int64_t k = micro_;
@@ -32,15 +44,10 @@ void GanObjective::d_reg(TrainedModel d, StepStats& st) {
     const TensorList& real = reg_reals_[static_cast<size_t>(j)];
     const at::ScalarType md = real.at(0).scalar_type();
     d.model->set_gradient_sync(j == k - 1);
-    // The gradient of D's logits with respect to the real images stays in the graph, so
-    // the penalty's backward differentiates it again: D stays gathered whole (and its units
-    // are not checkpointed) from the forward to that backward.
+    // D stays gathered whole (and its units are not checkpointed) from the forward to the
+    // penalty's backward, which differentiates D's input gradient again.
     d.model->begin_higher_order();
-    at::Tensor x = real.at(0).detach().requires_grad_(true);
-    const TensorList out = d.model->forward(TensorList{x, real.at(1)});
-    at::Tensor logits = out.at(0).reshape({-1}).to(md);
-    at::Tensor gx = torch::autograd::grad({logits.sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
-    at::Tensor penalty = gx.pow(2).flatten(1).sum(1).mean() * (0.5 * r1_gamma_);
+    const auto [out, logits, penalty] = r1_forward(*d.model, real, md, r1_gamma_);
     // logits * 0 keeps every D parameter in the backward (the penalty does not depend on
     // the output layer's bias), as the authors' real_logits * 0: each unit's gradient is
     // then defined, and zero where the penalty does not reach.

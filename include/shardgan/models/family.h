@@ -78,14 +78,18 @@ class ModelFamily {
   /// Whether sample_latents draws independent standard normals (the truncation trick
   /// applies); false for a family whose latents are seeds (pix2pix).
   virtual bool gaussian_latents() const { return true; }
-  /// Local. sample_latents(n, gen, dtype) with BigGAN's truncation trick (Brock et al. 2019,
-  /// section 3.1): every entry with |z| > `truncation` is redrawn from N(0, 1) (the same
-  /// `gen`) until all lie in [-truncation, truncation]; fidelity (class accuracy) for
-  /// variety (FID). `truncation` <= 0 returns sample_latents unchanged. Throws
-  /// std::invalid_argument if truncation > 0 and !gaussian_latents(), or if truncation is
-  /// positive but below 0.05 (more than 96% of draws rejected).
-  at::Tensor sample_truncated_latents(int64_t n, at::Generator& gen, at::ScalarType dtype,
-                                      double truncation) const;
+  /// Local. sample_latents(n, gen, dtype) truncated, trading variety (FID) for fidelity
+  /// (class accuracy); `truncation` <= 0 returns sample_latents unchanged. By default
+  /// BigGAN's truncation trick (Brock et al. 2019, section 3.1): every entry with |z| >
+  /// `truncation` is redrawn from N(0, 1) (the same `gen`) until all lie in [-truncation,
+  /// truncation]. A family may truncate otherwise (StyleGAN2: psi in W, carried in z).
+  /// Throws std::invalid_argument if truncation > 0 and !truncation_applies(), or if
+  /// truncation is positive but below 0.05 (BigGAN's: more than 96% of draws rejected).
+  virtual at::Tensor sample_truncated_latents(int64_t n, at::Generator& gen, at::ScalarType dtype,
+                                              double truncation) const;
+  /// Whether sample_truncated_latents takes a truncation (eval.truncation, shardgan-ckpt's
+  /// --truncation): Gaussian latents by default; false for a family whose latents are seeds.
+  virtual bool truncation_applies() const { return gaussian_latents(); }
 };
 
 /// Every `model.arch` value make_family accepts, in a fixed order ("dcgan", "biggan", "pix2pix",

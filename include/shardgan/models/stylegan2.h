@@ -10,24 +10,30 @@
 ///
 /// The recipe's regularizers run as updates of their own (separate_regularization): lazy R1
 /// and path length, which differentiates against the ws G's forward returns.
-/// Not here yet: truncation in W (psi), constant noise for evaluation, the fp16
+/// Not here yet: constant noise for evaluation, the fp16
 /// layers and conv_clamp of the authors' code, ADA.
 ///
-/// Latents (sample_latents): z [n, 2 z_dim + 2] in the requested dtype (float32 or float64):
+/// Latents (sample_latents): z [n, 2 z_dim + 3] in the requested dtype (float32 or float64):
 ///  - columns [0, z_dim): the main latent, N(0, 1);
 ///  - columns [z_dim, 2 z_dim): the style-mixing latent, N(0, 1);
 ///  - column 2 z_dim: the mixing cutoff, an integer: with probability style_mixing a layer
 ///    index uniform in [1, num_ws), whose ws from there on come from the mixing latent;
 ///    otherwise num_ws (no mixing; then the mixing latent is ignored);
-///  - column 2 z_dim + 1: the sample's noise seed, an integer in [0, 2^24) (exact in float32).
+///  - column 2 z_dim + 1: the sample's noise seed, an integer in [0, 2^24) (exact in float32);
+///  - column 2 z_dim + 2: the truncation psi, 1 (none) from sample_latents, `truncation`
+///    from sample_truncated_latents (eval.truncation, shardgan-ckpt's --truncation): every
+///    w of the sample, the mixing latent's too, becomes w_avg + psi (w - w_avg) (truncation
+///    in W, Karras et al. 2019, Sec. 4; the authors' truncation_psi with no cutoff), after
+///    the training-mode update of w_avg.
 /// All of G's randomness is in z: the noise images of a sample are drawn in the forward from
 /// CPU generators seeded with (its noise seed, the layer), so one z row gives the same image
-/// whatever batch or rank it is generated in. The entries are not jointly Gaussian, so the
-/// trainer's z truncation does not apply (gaussian_latents() is false).
+/// whatever batch or rank it is generated in. The entries are not jointly Gaussian
+/// (gaussian_latents() is false): truncation is psi in W (truncation_applies() is true).
 ///
 /// Units (sharding units, in registration and execution order):
 ///  - G: "mapping" ({z main [B, z_dim], y int64 [B] or undefined, z mixing [B, z_dim] or
-///    undefined, cutoff int64 [B] or undefined} -> {ws [B, num_ws, w_dim]}; ws[:, l] is the
+///    undefined, cutoff int64 [B] or undefined, psi float64 [B] or undefined (none)} ->
+///    {ws [B, num_ws, w_dim]}; ws[:, l] is the
 ///    mixing latent's w for l >= cutoff; it keeps the buffer "w_avg", updated in training
 ///    mode from the main latents over the global batch, a collective); then "b4", "b8", ...,
 ///    "b<R>" ({x [B, C_in, r/2, r/2], img [B, channels, r/2, r/2], ws [B, num_conv + 1, w_dim],
@@ -93,7 +99,7 @@ int64_t stylegan2_channels(const StyleGan2Config& cfg, int64_t res);
 /// Number of ws G's synthesis takes: 2 log2(R) - 2 (14 at 256, 8 at 32).
 int64_t stylegan2_num_ws(const StyleGan2Config& cfg);
 
-/// Columns of a latent row: 2 z_dim + 2.
+/// Columns of a latent row: 2 z_dim + 3 (main and mixing latents, cutoff, noise seed, psi).
 int64_t stylegan2_latent_dim(const StyleGan2Config& cfg);
 
 /// The family for `cfg`. Throws std::invalid_argument naming the model.* key of the first

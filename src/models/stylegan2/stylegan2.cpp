@@ -1,5 +1,6 @@
 #include "shardgan/models/stylegan2.h"
 
+#include <cmath>
 #include <functional>
 #include <stdexcept>
 #include <utility>
@@ -64,14 +65,26 @@ UnitSpec sg2_unit(std::string name, MakeModule make_module, Run run) {
 
 at::Tensor input_or_none(const TensorList& in, size_t i) { return in.size() > i ? in[i] : at::Tensor(); }
 
-// G's "mapping" unit: {z, y, z mixing, cutoff} -> ws [B, num_ws, w_dim] (see stylegan2.h).
+// Truncation in W (Karras et al. 2019, StyleGAN, Sec. 4 and Appendix B): w_avg + psi (w -
+// w_avg) per sample, psi [B]; w unchanged without psi.
+at::Tensor truncate_w(MappingNetworkImpl& m, const at::Tensor& w, const at::Tensor& psi) {
+  if (!psi.defined()) return w;
+  if (!m.w_avg.defined()) throw std::invalid_argument("StyleGAN2 mapping: truncation psi needs the tracked w_avg");
+  const at::Tensor avg = m.w_avg.to(w.dtype()).unsqueeze(0);
+  return avg + psi.to(w.dtype()).view({-1, 1}) * (w - avg);
+}
+
+// G's "mapping" unit: {z, y, z mixing, cutoff, psi} -> ws [B, num_ws, w_dim] (see stylegan2.h).
 at::Tensor mapping_ws(MappingNetworkImpl& m, const TensorList& in, int64_t num_ws) {
   const at::Tensor y = input_or_none(in, 1), z2 = input_or_none(in, 2), cutoff = input_or_none(in, 3);
-  const at::Tensor w = m.forward(input_or_none(in, 0), y, /*update_w_avg=*/true);
+  const at::Tensor psi = input_or_none(in, 4);
+  // w_avg first takes this batch's mean (training mode), then truncation uses it, as the
+  // authors' mapping network does.
+  const at::Tensor w = truncate_w(m, m.forward(input_or_none(in, 0), y, /*update_w_avg=*/true), psi);
   if (!z2.defined()) return w.unsqueeze(1).expand({-1, num_ws, -1});
   if (!cutoff.defined()) throw std::invalid_argument("StyleGAN2 mapping: a mixing latent needs its cutoff");
   // The mixing latent's w takes no part in w_avg (as the authors' second mapping call).
-  const at::Tensor w2 = m.forward(z2, y, /*update_w_avg=*/false);
+  const at::Tensor w2 = truncate_w(m, m.forward(z2, y, /*update_w_avg=*/false), psi);
   const at::Tensor layer = at::arange(num_ws, cutoff.options().dtype(at::kLong)).view({1, num_ws, 1});
   const at::Tensor mixed = layer >= cutoff.to(at::kLong).view({-1, 1, 1});
   return at::where(mixed, w2.unsqueeze(1), w.unsqueeze(1));
@@ -116,13 +129,15 @@ ModelSpec generator_spec(const StyleGan2Config& c, Communicator* comm) {
     w_index += nc;
   }
   const bool conditional = c.num_classes > 0;
-  spec.program = [steps, num_ws, z_dim, conditional](ShardedModel& model, const TensorList& in) -> TensorList {
+  const int64_t latent_dim = stylegan2_latent_dim(c);  // 2 z_dim + 3: the columns below
+  spec.program = [steps, num_ws, z_dim, latent_dim, conditional](ShardedModel& model,
+                                                                 const TensorList& in) -> TensorList {
     if (in.empty() || !in[0].defined()) {
-      throw std::invalid_argument("StyleGAN2 G: expects {z [B, 2 z_dim + 2], y}");
+      throw std::invalid_argument("StyleGAN2 G: expects {z [B, 2 z_dim + 3], y}");
     }
     const at::Tensor& z = in[0];
-    if (z.dim() != 2 || z.size(1) != 2 * z_dim + 2 || !z.is_floating_point()) {
-      throw std::invalid_argument("StyleGAN2 G: z must be floating [B, " + std::to_string(2 * z_dim + 2) +
+    if (z.dim() != 2 || z.size(1) != latent_dim || !z.is_floating_point()) {
+      throw std::invalid_argument("StyleGAN2 G: z must be floating [B, " + std::to_string(latent_dim) +
                                   "] (sample_latents), not " + c10::str(z.sizes()));
     }
     at::Tensor y = input_or_none(in, 1);
@@ -143,10 +158,18 @@ ModelSpec generator_spec(const StyleGan2Config& c, Communicator* comm) {
     }
     const at::Tensor cutoff = cutoff_f.to(at::kLong), seeds = seed_f.to(at::kLong);
     const bool mixing = cutoff.lt(num_ws).any().item<bool>();
+    // Truncation psi (column 2 z_dim + 2; 1 = none): passed on only when some row has it, so
+    // that an untruncated batch takes no lerp at all.
+    const at::Tensor psi_f = z.select(1, 2 * z_dim + 2).to(at::kDouble);
+    if (!psi_f.isfinite().all().item<bool>()) {
+      throw std::invalid_argument("StyleGAN2 G: z's column " + std::to_string(2 * z_dim + 2) +
+                                  " must hold finite truncation psi values (1: none)");
+    }
+    const at::Tensor psi = psi_f.ne(1).any().item<bool>() ? psi_f : at::Tensor();
     const at::Tensor ws =
         model.unit("mapping")
             .forward(TensorList{z.narrow(1, 0, z_dim), y, mixing ? z.narrow(1, z_dim, z_dim) : at::Tensor(),
-                                mixing ? cutoff : at::Tensor()})
+                                mixing ? cutoff : at::Tensor(), psi})
             .at(0);
     at::Tensor x, img;
     for (const SynthesisStep& s : steps) {
@@ -215,9 +238,21 @@ class StyleGan2Family final : public ModelFamily {
   ImageShape image_shape() const override { return {cfg_.channels, cfg_.resolution, cfg_.resolution}; }
   int64_t num_classes() const override { return cfg_.num_classes; }
   bool gaussian_latents() const override { return false; }
+  bool truncation_applies() const override { return true; }
+  /// See stylegan2.h: sample_latents with the psi column set to `truncation` (> 0).
+  at::Tensor sample_truncated_latents(int64_t n, at::Generator& gen, at::ScalarType dtype,
+                                      double truncation) const override {
+    at::Tensor z = sample_latents(n, gen, dtype);
+    if (truncation <= 0) return z;
+    if (truncation < 0.05 || !std::isfinite(truncation)) {
+      throw std::invalid_argument("truncation psi " + std::to_string(truncation) + " is below 0.05 or not finite");
+    }
+    z.select(1, 2 * cfg_.z_dim + 2).fill_(truncation);
+    return z;
+  }
   bool separate_regularization() const override { return true; }
   bool generator_returns_styles() const override { return true; }
-  /// See stylegan2.h: [n, 2 z_dim + 2], float32 or float64 (std::invalid_argument otherwise).
+  /// See stylegan2.h: [n, 2 z_dim + 3], float32 or float64 (std::invalid_argument otherwise).
   at::Tensor sample_latents(int64_t n, at::Generator& gen, at::ScalarType dtype) const override {
     if (dtype != at::kFloat && dtype != at::kDouble) {
       throw std::invalid_argument("StyleGAN2: latents are float32 or float64 (their noise seeds must be exact)");
@@ -231,7 +266,7 @@ class StyleGan2Family final : public ModelFamily {
       cutoff = at::where(keep, at::randint(1, num_ws, {n}, gen, at::kLong), cutoff);
     }
     const at::Tensor seeds = at::randint(0, kSeedLimit, {n}, gen, at::kLong);
-    return at::cat({z, cutoff.to(dtype).unsqueeze(1), seeds.to(dtype).unsqueeze(1)}, 1);
+    return at::cat({z, cutoff.to(dtype).unsqueeze(1), seeds.to(dtype).unsqueeze(1), at::ones({n, 1}, opts)}, 1);
   }
 
  private:
@@ -289,7 +324,7 @@ int64_t stylegan2_num_ws(const StyleGan2Config& cfg) {
   return 2 * log2 - 2;
 }
 
-int64_t stylegan2_latent_dim(const StyleGan2Config& cfg) { return 2 * cfg.z_dim + 2; }
+int64_t stylegan2_latent_dim(const StyleGan2Config& cfg) { return 2 * cfg.z_dim + 3; }
 
 std::unique_ptr<ModelFamily> make_stylegan2_family(const StyleGan2Config& cfg) {
   return std::make_unique<stylegan2::StyleGan2Family>(cfg);
