@@ -145,27 +145,33 @@ ModelSpec generator_spec(const StyleGan2Config& c, Communicator* comm) {
     if (!conditional) y = at::Tensor();
     // The control columns, read exactly (in the program, before a unit casts z to a 16-bit
     // compute dtype).
-    const at::Tensor ctrl = z.narrow(1, 2 * z_dim, 2).to(at::kDouble);
-    const at::Tensor cutoff_f = ctrl.select(1, 0), seed_f = ctrl.select(1, 1);
-    const bool bad = (ctrl != ctrl.round()).any().logical_or(cutoff_f.lt(1).any()).logical_or(cutoff_f.gt(num_ws).any())
-                         .logical_or(seed_f.lt(0).any()).logical_or(seed_f.ge(static_cast<double>(kSeedLimit)).any())
-                         .item<bool>();
-    if (bad) {
+    const at::Tensor ctrl = z.narrow(1, 2 * z_dim, 3).to(at::kDouble);
+    const at::Tensor ints = ctrl.narrow(1, 0, 2);
+    const at::Tensor cutoff_f = ctrl.select(1, 0), seed_f = ctrl.select(1, 1), psi_f = ctrl.select(1, 2);
+    // Every verdict on the control columns in one host read: the integer columns' range,
+    // psi's finiteness, whether any row mixes, and whether any row is truncated (psi != 1).
+    const at::Tensor flags =
+        at::stack({(ints != ints.round()).any().logical_or(cutoff_f.lt(1).any()).logical_or(cutoff_f.gt(num_ws).any())
+                       .logical_or(seed_f.lt(0).any()).logical_or(seed_f.ge(static_cast<double>(kSeedLimit)).any()),
+                   psi_f.isfinite().all().logical_not(), cutoff_f.lt(num_ws).any(), psi_f.ne(1).any()})
+            .to(at::kCPU)
+            .contiguous();
+    const bool* f = flags.data_ptr<bool>();
+    if (f[0]) {
       throw std::invalid_argument("StyleGAN2 G: z's column " + std::to_string(2 * z_dim) +
                                   " must hold integer mixing cutoffs in [1, " + std::to_string(num_ws) +
                                   "] and column " + std::to_string(2 * z_dim + 1) +
                                   " integer noise seeds in [0, 2^24) (sample_latents)");
     }
-    const at::Tensor cutoff = cutoff_f.to(at::kLong), seeds = seed_f.to(at::kLong);
-    const bool mixing = cutoff.lt(num_ws).any().item<bool>();
-    // Truncation psi (column 2 z_dim + 2; 1 = none): passed on only when some row has it, so
-    // that an untruncated batch takes no lerp at all.
-    const at::Tensor psi_f = z.select(1, 2 * z_dim + 2).to(at::kDouble);
-    if (!psi_f.isfinite().all().item<bool>()) {
+    if (f[1]) {
       throw std::invalid_argument("StyleGAN2 G: z's column " + std::to_string(2 * z_dim + 2) +
                                   " must hold finite truncation psi values (1: none)");
     }
-    const at::Tensor psi = psi_f.ne(1).any().item<bool>() ? psi_f : at::Tensor();
+    const at::Tensor cutoff = cutoff_f.to(at::kLong), seeds = seed_f.to(at::kLong);
+    const bool mixing = f[2];
+    // Truncation psi (column 2 z_dim + 2; 1 = none): passed on only when some row has it, so
+    // that an untruncated batch takes no lerp at all.
+    const at::Tensor psi = f[3] ? psi_f.contiguous() : at::Tensor();
     const at::Tensor ws =
         model.unit("mapping")
             .forward(TensorList{z.narrow(1, 0, z_dim), y, mixing ? z.narrow(1, z_dim, z_dim) : at::Tensor(),
