@@ -65,6 +65,20 @@ set_tests_properties(stylegan2_parity_reference_control PROPERTIES TIMEOUT 300
 shardgan_test(test_stylegan2_reference)
 add_test(NAME stylegan2_reference COMMAND test_stylegan2_reference)
 set_tests_properties(stylegan2_reference PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")
+# ADA (tests/test_ada.cpp): every transform of the bgc pipe against the authors' matrices and
+# an explicit dense resampling in float64 (images, gradient, R1's second derivative), p's
+# heuristic and its resume; then a tiny StyleGAN2 with ADA at ZeRO-3 on 1 and 2 ranks against
+# stage 0 on one rank, p the same on every rank, every D input augmented. The control takes
+# each rank's draws from the first rows of the batch's, which must break that parity.
+shardgan_test(test_ada)
+add_test(NAME ada COMMAND test_ada)
+set_tests_properties(ada PROPERTIES TIMEOUT 120 ENVIRONMENT "${SHARDGAN_TEST_ENV}")
+shardgan_mpi_filtered(ada test_ada "AdaTraining.*" 300 2)
+add_test(NAME ada_control_np2
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+                 $<TARGET_FILE:test_ada> --gtest_filter=AdaTraining.*)
+set_tests_properties(ada_control_np2 PROPERTIES TIMEOUT 300 PROCESSORS 2
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};SHARDGAN_TEST_CONTROL=ada_draws_unsliced")
 # StyleGAN2 through shardgan-train: resume bit for bit across the R1 and path-length
 # updates, bfloat16, the memory pre-flight against VmHWM where a regularization update is
 # the peak, and the refusals.

@@ -5,6 +5,8 @@
 #   - A run resumed from its step-2 checkpoint equals the uninterrupted 4-step run bit for
 #     bit: the resumed half runs R1 on step 2 and path length on step 3, whose running mean
 #     comes from the checkpoint.
+#   - The same across an adjustment of ADA's p (every 3rd step, from a fast heuristic: the
+#     checkpoint holds p and the signs of steps 1-2, the resumed half adjusts at step 3).
 #   - bfloat16 compute for both models trains with finite losses and path-length figures.
 #   - The memory pre-flight against VmHWM: at the authors' cifar width (512 channels), with
 #     R1 and path length on every step (each its model gathered whole for the double
@@ -33,12 +35,13 @@ run() {  # run NAME NP STEPS ARGS...
 }
 ckpt() { echo "$T/$1/checkpoints/step-$(printf %08d "$2")"; }
 
-run straight 2 4 || bad "straight run: $(tail -3 "$T/straight.log")"
-run resumed 2 2 --set train.checkpoint_every=2 || bad "first half: $(tail -3 "$T/resumed.log")"
-run resumed 2 4 --resume "$T/resumed" || bad "resume: $(tail -3 "$T/resumed.log")"
+ADA=(--set augment.mode=ada --set augment.p=0.3 --set augment.interval=3 --set augment.speed_kimg=0.05)
+run straight 2 4 "${ADA[@]}" || bad "straight run: $(tail -3 "$T/straight.log")"
+run resumed 2 2 "${ADA[@]}" --set train.checkpoint_every=2 || bad "first half: $(tail -3 "$T/resumed.log")"
+run resumed 2 4 "${ADA[@]}" --resume "$T/resumed" || bad "resume: $(tail -3 "$T/resumed.log")"
 same_checkpoint "$(ckpt straight 4)" "$(ckpt resumed 4)" "(resumed at step 2 against 4 straight steps)"
 "$PY" - "$T/straight/metrics.jsonl" "$T/resumed/metrics.jsonl" <<'PY' \
-  && ok "metrics: R1 on steps 1 and 3, path length on 1 and 4 (1-based), equal after the resume" \
+  && ok "metrics: R1 on steps 1 and 3, path length on 1 and 4 (1-based), ADA's p moved at step 3, equal after the resume" \
   || bad "metrics of the regularization updates"
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1]) if '"loss_d"' in l]
@@ -48,17 +51,23 @@ ok = len(a) == 4 and [r["step"] for r in a] == [1, 2, 3, 4]
 ok = ok and all((r["r1"] > 0) == (r["step"] % 2 == 1) for r in a)
 ok = ok and [("pl" in r) for r in a] == [True, False, False, True] and all(r["pl"] > 0 for r in a if "pl" in r)
 ok = ok and a[0]["pl_mean"] > 0 and a[3]["pl_mean"] != a[2]["pl_mean"]
+# ADA: p moves by 8 * 3 / 50 = 0.48 at step 3 only (from 0.3: up, or down to 0).
+print([(r["step"], r.get("ada_p"), r.get("ada_rt"), r.get("r_t")) for r in a])
+ok = ok and [r["ada_p"] for r in a[:2]] == [0.3, 0.3] and (abs(a[2]["ada_p"] - 0.78) < 1e-12 or a[2]["ada_p"] == 0) and a[3]["ada_p"] == a[2]["ada_p"]
+ok = ok and "ada_rt" in a[2] and "ada_rt" not in a[1] and all(-1 <= r["r_t"] <= 1 for r in a)
 tail = {r["step"]: r for r in b}
-ok = ok and all(tail[s][k] == r[k] for r in a if r["step"] > 2 for s in [r["step"]] for k in ("loss_d", "loss_g", "pl_mean"))
+ok = ok and all(tail[s][k] == r[k] for r in a if r["step"] > 2 for s in [r["step"]]
+                for k in ("loss_d", "loss_g", "pl_mean", "ada_p", "ada_rt"))
 sys.exit(0 if ok else 1)
 PY
 
 run bf16 2 4 --set sharding.generator.compute_dtype=bfloat16 --set sharding.discriminator.compute_dtype=bfloat16 \
+  --set augment.mode=fixed --set augment.p=0.5 \
   || bad "bfloat16 run: $(tail -3 "$T/bf16.log")"
-"$PY" - "$T/bf16/metrics.jsonl" <<'PY' && ok "bfloat16: finite losses, R1 and path length" || bad "bfloat16: non-finite or missing figures"
+"$PY" - "$T/bf16/metrics.jsonl" <<'PY' && ok "bfloat16 (with ADA at p 0.5): finite losses, R1 and path length" || bad "bfloat16: non-finite or missing figures"
 import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss_d"' in l]
-keys = ("loss_d", "loss_g", "r1", "pl_mean")
+keys = ("loss_d", "loss_g", "r1", "pl_mean", "r_t")
 sys.exit(0 if len(rows) == 4 and all(math.isfinite(r[k]) for r in rows for k in keys) and rows[0]["pl"] > 0 else 1)
 PY
 

@@ -85,6 +85,7 @@ TrainConfig read_config(Reader& r, const std::string& source) {
   read_offload(r, c);
   read_train_grad_clip(r, c);
   read_ema(r, c);
+  read_augment(r, c);
   read_loss_scale(r, c);
   read_dist(r, c);
   check_sharding_quantized_backend(r, c);

@@ -34,6 +34,25 @@ GanObjective::~GanObjective() = default;
 
 at::Tensor GanObjective::host(const at::Tensor& t) { return t.to(at::kCPU, at::kDouble); }
 
+GanObjective::Augment GanObjective::augment_for(const StepInputs& in, int64_t j, AugmentSite site,
+                                                int64_t d_step) const {
+  if (!aug_ || aug_->p() <= 0) return {};  // p 0: every transform is the identity
+  const auto [u, z] = aug_->draws(in.step, site, d_step);
+  at::Tensor ul = in.local(u, j), zl = in.local(z, j);  // this rank's images of micro-batch j
+  if (test_control("ada_draws_unsliced")) {  // negative control (ctest ada_control_np2): not this rank's rows
+    ul = u.narrow(0, 0, ul.size(0)).contiguous();
+    zl = z.narrow(0, 0, zl.size(0)).contiguous();
+  }
+  const AdaptiveAugment* a = aug_;
+  return [a, ul, zl, site](const at::Tensor& x) {
+    if (x.size(0) != ul.size(0)) {
+      throw std::logic_error("GanObjective: " + std::to_string(x.size(0)) + " images for " +
+                             std::to_string(ul.size(0)) + " augmentation draws");
+    }
+    return a->apply(x, ul, zl, site);
+  };
+}
+
 void GanObjective::set_paired(bool on, double l1_weight, double adversarial_weight) {
   if (on && aux_class_weight_ > 0) throw std::invalid_argument("the auxiliary class loss does not take paired data");
   if (on && simultaneous_) throw std::invalid_argument("the simultaneous update does not take paired data");
@@ -143,7 +162,7 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
       loss_fake = d_loss_fake(d_fake) / k;
     } else {
       d.model->set_gradient_sync(false);
-      RealPass rp = d_real_pass(d, real, md);
+      RealPass rp = d_real_pass(d, real, md, augment_for(in, j, AugmentSite::kDReal, s));
       d_real = rp.logits;
       class_ce = rp.class_ce;
       loss_real = d_loss_real(d_real) / k;
@@ -153,7 +172,8 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
         // BigGAN-PyTorch's D sees real and fake in one forward, so spectral norm advances
         // u once per D forward of a D step: the real pass did it.
         PowerIterationPause once;
-        d_fake = d.model->forward(TensorList{fake, y_fake}).at(0).reshape({-1}).to(md);
+        const at::Tensor x = augmented(augment_for(in, j, AugmentSite::kDFake, s), fake);
+        d_fake = d.model->forward(TensorList{x, y_fake}).at(0).reshape({-1}).to(md);
       }
       loss_fake = d_loss_fake(d_fake) / k;
       d.scaler->scale_loss(loss_fake).backward();
@@ -162,8 +182,11 @@ void GanObjective::d_update(TrainedModel g, TrainedModel d, const StepInputs& in
     // and one wait on a GPU).
     const at::Tensor v = host(at::stack({loss_real.detach() + loss_fake.detach(),
                                          torch::sigmoid(d_real.detach()).mean(),
-                                         torch::sigmoid(d_fake.detach()).mean(), or_zero(class_ce, loss_real)}));
+                                         torch::sigmoid(d_fake.detach()).mean(), or_zero(class_ce, loss_real),
+                                         d_real.detach().sign().sum().to(loss_real.scalar_type())}));
     loss_finite = loss_finite && std::isfinite(v[0].item<double>()) && std::isfinite(v[3].item<double>());
+    st.real_signs += v[4].item<double>();  // ADA's r_t
+    st.real_logits += static_cast<double>(d_real.numel());
     st.loss_d += v[0].item<double>() / d_steps_;
     st.d_real += v[1].item<double>() / (k * d_steps_);
     st.d_fake += v[2].item<double>() / (k * d_steps_);
@@ -272,7 +295,7 @@ bool GanObjective::g_pass(TrainedModel g, TrainedModel d, const StepInputs& in, 
     const auto [z, y, target, md] = g_pass_micro(in, gen_in, j);  // target: paired, the B G(A) should match
     at::Tensor fake = g.model->forward(TensorList{z, y}).at(0);
     if (keep) keep->push_back({fake.detach(), y});
-    const TensorList d_out = d.model->forward(TensorList{fake, y});
+    const TensorList d_out = d.model->forward(TensorList{augmented(augment_for(in, j, AugmentSite::kGPass, 0), fake), y});
     at::Tensor out = d_out.at(0).reshape({-1});
     at::Tensor loss = g_loss(out.to(md)) / k;
     at::Tensor l1;
@@ -315,7 +338,8 @@ bool GanObjective::r1_folded_due(TrainedModel d) const {
   return !separate_reg_ && r1_gamma_ > 0 && d.optim->step_count() % r1_every_ == 0;
 }
 
-GanObjective::RealPass GanObjective::d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md) {
+GanObjective::RealPass GanObjective::d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md,
+                                                 const Augment& aug) {
   const int64_t k = micro_;
   const bool r1 = r1_folded_due(d);
   // D's loss on real images, with AC-GAN's class term when on.
@@ -325,7 +349,7 @@ GanObjective::RealPass GanObjective::d_real_pass(TrainedModel d, const TensorLis
   };
   at::Tensor ce;
   if (!r1) {
-    const TensorList out = d.model->forward(TensorList{real.at(0), real.at(1)});
+    const TensorList out = d.model->forward(TensorList{augmented(aug, real.at(0)), real.at(1)});
     at::Tensor logits = out.at(0).reshape({-1}).to(md);
     d.scaler->scale_loss(real_loss(out, logits, ce) / k).backward();
     return {logits.detach(), 0.0, ce.defined() ? ce.detach() : ce};
@@ -335,7 +359,7 @@ GanObjective::RealPass GanObjective::d_real_pass(TrainedModel d, const TensorLis
   // to D's parameters. D stays gathered from the first forward to the second backward.
   d.model->begin_higher_order();
   // Per-sample squared norm, averaged over the batch; local means average over ranks.
-  const auto [out, logits, penalty] = r1_forward(*d.model, real, md, r1_gamma_);
+  const auto [out, logits, penalty] = r1_forward(*d.model, real, md, r1_gamma_, aug);
   d.scaler->scale_loss((real_loss(out, logits, ce) + penalty * static_cast<double>(r1_every_)) / k).backward();
   d.model->end_higher_order();
   at::Tensor p = penalty.detach().to(at::kDouble).reshape({1});

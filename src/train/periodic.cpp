@@ -1,5 +1,6 @@
 #include "shardgan/train/periodic.h"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -146,6 +147,13 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
   if (cfg_.pl_weight > 0) {
     if ((m.step - 1) % cfg_.pl_every == 0) j["pl"] = m.pl;  // on the steps that ran the path-length update
     j["pl_mean"] = m.pl_mean;
+  }
+  // ADA's overfitting heuristic of this step alone: the mean sign of D's logits on (augmented)
+  // real images over every rank; and ADA's p with the r_t of its last adjustment.
+  if (m.real_logits > 0) j["r_t"] = m.real_signs / m.real_logits;
+  if (cfg_.augment.enabled()) {
+    j["ada_p"] = m.ada_p;
+    if (std::isfinite(m.ada_rt)) j["ada_rt"] = m.ada_rt;
   }
   if (cfg_.aux_class_weight > 0) {
     j["class_real"] = m.class_real;  // AC-GAN: D's class head on real images and on G's

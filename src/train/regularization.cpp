@@ -18,10 +18,11 @@
 
 namespace shardgan {
 
-R1Forward r1_forward(ShardedModel& d, const TensorList& real, at::ScalarType md, double gamma) {
+R1Forward r1_forward(ShardedModel& d, const TensorList& real, at::ScalarType md, double gamma,
+                     const std::function<at::Tensor(const at::Tensor&)>& augment) {
   at::Tensor x = real.at(0).detach().requires_grad_(true);
   R1Forward r;
-  r.out = d.forward(TensorList{x, real.at(1)});
+  r.out = d.forward(TensorList{augment ? augment(x) : x, real.at(1)});
   r.logits = r.out.at(0).reshape({-1}).to(md);
   const at::Tensor gx =
       torch::autograd::grad({r.logits.sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
@@ -29,7 +30,7 @@ R1Forward r1_forward(ShardedModel& d, const TensorList& real, at::ScalarType md,
   return r;
 }
 
-void GanObjective::d_reg(TrainedModel d, StepStats& st) {
+void GanObjective::d_reg(TrainedModel d, const StepInputs& in, StepStats& st) {
   const int64_t k = micro_;
   if (static_cast<int64_t>(reg_reals_.size()) != k) {
     throw std::logic_error("GanObjective::d_reg: the step's D update kept " + std::to_string(reg_reals_.size()) +
@@ -47,15 +48,17 @@ void GanObjective::d_reg(TrainedModel d, StepStats& st) {
     // D stays gathered whole (and its units are not checkpointed) from the forward to the
     // penalty's backward, which differentiates D's input gradient again.
     d.model->begin_higher_order();
-    const auto [out, logits, penalty] = r1_forward(*d.model, real, md, r1_gamma_);
+    const auto [out, logits, penalty] = r1_forward(*d.model, real, md, r1_gamma_, augment_for(in, j, AugmentSite::kDReg, 0));
     // logits * 0 keeps every D parameter in the backward (the penalty does not depend on
     // the output layer's bias), as the authors' real_logits * 0: each unit's gradient is
     // then defined, and zero where the penalty does not reach.
     d.scaler->scale_loss((penalty * gain + logits.mean() * 0.0) / static_cast<double>(k)).backward();
     d.model->end_higher_order();
-    const at::Tensor v = host(penalty.detach());
-    loss_finite = loss_finite && std::isfinite(v.item<double>());
-    penalties += v.reshape({1});
+    const at::Tensor v = host(at::stack({penalty.detach(), logits.detach().sign().sum().to(penalty.scalar_type())}));
+    loss_finite = loss_finite && std::isfinite(v[0].item<double>());
+    penalties += v[0].reshape({1});
+    st.real_signs += v[1].item<double>();  // ADA's r_t counts D reg's real passes too, as the authors'
+    st.real_logits += static_cast<double>(logits.numel());
   }
   reg_reals_.clear();
   update_comm().all_reduce(penalties, ReduceOp::kAvg);  // the step's figure: the global batch's mean

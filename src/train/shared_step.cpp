@@ -25,6 +25,10 @@ StepMetrics SharedStepExecutor::step(TrainedModel g, TrainedModel d, const StepI
   if (o.simultaneous_ && o.separate_reg_ && (o.r1_gamma_ > 0 || o.pl_.weight > 0)) {
     throw std::invalid_argument("separate regularization updates (StyleGAN2) need train.update alternating");
   }
+  if (o.aug_ && (o.simultaneous_ || o.d_joint_pass_ || o.paired_)) {
+    throw std::invalid_argument("ADA (augment.mode) needs train.update alternating, train.d_joint_pass false and a "
+                                "model without an image input");
+  }
   StepStats st;  // this rank's
   bool g_loss_finite = true;
   auto update_g = [&] {
@@ -35,7 +39,7 @@ StepMetrics SharedStepExecutor::step(TrainedModel g, TrainedModel d, const StepI
     for (int64_t s = 0; s < o.d_steps_; ++s) o.d_update(g, d, in, s, nullptr, st);
     // Separate regularization (StyleGAN2): D reg after D's updates, G reg after G's. The
     // authors run G's phases first; here, as for every family, D's come first.
-    if (o.r1_update_due(in.step)) o.d_reg(d, st);
+    if (o.r1_update_due(in.step)) o.d_reg(d, in, st);
     g_loss_finite = o.g_pass(g, d, in, nullptr, st);
     update_g();
     if (o.pl_update_due(in.step)) o.g_reg(g, in, st);

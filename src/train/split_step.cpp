@@ -57,6 +57,7 @@ at::Tensor SplitStepExecutor::grads(int32_t j, const at::Tensor& mine) {
 
 StepMetrics SplitStepExecutor::step(TrainedModel g, TrainedModel d, const StepInputs& in) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (obj_.aug_) throw std::invalid_argument("ADA (augment.mode) needs train.placement shared");
   StepStats st;
   const bool is_g = split_.holds_generator();
   // G's loss scale lives on G's ranks: D's side returns unscaled dL_G/dx, which G's side

@@ -63,6 +63,10 @@ Trainer::Trainer(TrainConfig cfg, Communicator& comm, at::Tensor images, at::Ten
   objective_->set_aux_class_weight(cfg_.aux_class_weight);
   objective_->set_separate_regularization(family_.separate_regularization());
   objective_->set_path_length({cfg_.pl_weight, cfg_.pl_every, cfg_.pl_batch_shrink, cfg_.pl_decay});
+  if (cfg_.augment.enabled()) {  // ADA: every image D sees is augmented
+    augment_ = std::make_unique<AdaptiveAugment>(cfg_.augment, cfg_.seed, cfg_.global_batch);
+    objective_->set_augment(augment_.get());
+  }
   if (SplitPlacement* split = models_->split_placement()) {
     executor_ = std::make_unique<SplitStepExecutor>(*objective_, *split);  // collective: the schedule check
   } else {
@@ -150,6 +154,11 @@ StepMetrics Trainer::run_step() {
   r.comm_bytes_shard_group = bytes_after.shard_group - bytes_before.shard_group;
   r.comm_bytes_replicate = bytes_after.replicate - bytes_before.replicate;
   r.comm_bytes_secondary = bytes_after.secondary - bytes_before.secondary;
+  if (augment_) {  // ADA's heuristic, from the step's signs over every rank: the same p everywhere
+    augment_->after_step(counters_.step + 1, r.real_signs, r.real_logits);
+    r.ada_p = augment_->p();
+    r.ada_rt = augment_->last_rt();
+  }
   // Numbered by training steps, 1-based (StyleGAN2's G reg is a second G optimizer step).
   if (ShardedEma* ema = models_->ema(); ema && !r.skipped_g) ema->update(counters_.step + 1);
   ++counters_.step;
@@ -229,6 +238,7 @@ void Trainer::fill_counters() {
   counters_.scalars["nonfinite_steps"] = static_cast<double>(nonfinite_steps_);
   counters_.scalars["nonfinite_in_a_row"] = static_cast<double>(nonfinite_in_a_row_);
   counters_.scalars["pl_mean"] = objective_->pl_mean();  // path length's running mean (exact: a float32 or double)
+  if (augment_) augment_->put_state(counters_.scalars);  // ADA's p and its sums since the last adjustment
 }
 
 std::string Trainer::save() { return ckpt_->save(); }
@@ -254,6 +264,7 @@ void Trainer::load_resolved(const std::string& dir) {
   nonfinite_in_a_row_ = scalar("nonfinite_in_a_row");
   const auto pl = counters_.scalars.find("pl_mean");  // absent in checkpoints of runs without it: 0
   objective_->set_pl_mean(pl == counters_.scalars.end() ? 0.0 : pl->second);
+  if (augment_) augment_->load_state(counters_.scalars);
   data_->restart(counters_.epoch, counters_.batch_in_epoch);
   if (comm_.rank() == 0) spdlog::info("resumed from {} at step {}", dir, counters_.step);
 }

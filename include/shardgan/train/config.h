@@ -12,6 +12,7 @@
 #include "shardgan/optim/loss_scaler.h"
 #include "shardgan/optim/sharded_ema.h"
 #include "shardgan/sharding/sharded_unit.h"
+#include "shardgan/train/augment.h"
 #include "shardgan/util/config_reader.h"
 
 namespace shardgan {
@@ -206,6 +207,8 @@ struct TrainConfig {
   double grad_clip = 0.0;         ///< train.grad_clip: global grad-norm bound per model (0 = off)
   bool ema_enabled = false;       ///< ema.enabled: keep a sharded EMA of G, sample from it too
   EmaConfig ema;                  ///< ema.{decay,start_step}
+  /// augment.*: adaptive discriminator augmentation (ADA; augment.h)
+  AugmentConfig augment;
   LossScalerConfig loss_scale;    ///< loss_scale.{init_scale,growth_interval,hysteresis}
                                   ///<   (active only for float16 compute)
 

@@ -92,6 +92,12 @@ void read_loss_scale(Reader& r, TrainConfig& c);  ///< loss_scale.*
 /// Needs read_sharding and read_optim.
 void read_offload(Reader& r, TrainConfig& c);
 
+// config_augment.cpp
+/// augment.mode, pipe, p, target, speed_kimg, interval (ADA), and their rules against the
+/// placement, the update rule, the joint D pass and the model's images. Needs read_model,
+/// read_train_update.
+void read_augment(Reader& r, TrainConfig& c);
+
 // config_dist.cpp
 /// dist.backend (default from run.device), timeout_s, blocking_wait, progress_thread,
 /// progress_interval_us. Needs read_run.

@@ -5,6 +5,7 @@
 /// 2014; DCGAN) or hinge (Lim & Ye 2017; Miyato et al. 2018; BigGAN).
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "shardgan/sharding/sharded_unit.h"
+#include "shardgan/train/augment.h"
 #include "shardgan/train/step_schedule.h"
 #include "shardgan/train/step_stats.h"
 
@@ -33,6 +35,9 @@ struct StepMetrics : StepStats {
   /// step figures that came before it (Trainer::run).
   double step_time_s = 0;
   int64_t nonfinite_steps = 0;  ///< steps of this run so far with such a skip (the trainer's count)
+  /// ADA (augment.mode not none; the trainer's): p after this step, and the r_t of the last
+  /// adjustment of p (NaN before the first). p is -1 when ADA is off.
+  double ada_p = -1, ada_rt = std::numeric_limits<double>::quiet_NaN();
   double loss_scale_d = 1, loss_scale_g = 1;  ///< current loss scales (1 unless float16)
   /// Where rank 0's step time went (seconds, G and D summed): collectives started or
   /// waited for, master shards read from the offload tier for all-gathers, optimizer
@@ -192,6 +197,17 @@ class GanObjective {
   /// set_pl_mean on resume. Local.
   double pl_mean() const { return pl_mean_; }
   void set_pl_mean(double m) { pl_mean_ = m; }
+  /// ADA (augment.h; Karras et al. 2020, arXiv:2006.06676): every image D sees goes through
+  /// `a`'s pipeline at its current p, the real and the generated ones, in D's updates, in
+  /// G's pass and in D reg, each pass with draws of its own (AdaptiveAugment::draws, this
+  /// rank's rows through StepInputs::local). R1 differentiates D's output with respect to
+  /// the real images before their augmentation, as the authors'. D's logits on real images
+  /// are counted into StepStats::real_signs and real_logits (the input of ADA's heuristic),
+  /// with or without it. nullptr (the default) turns it off. Needs the alternating update,
+  /// the shared placement, separate real and fake D passes and a model without an image
+  /// input (the step throws std::invalid_argument otherwise). `a` must outlive the
+  /// objective. Local; call it alike on every rank.
+  void set_augment(const AdaptiveAugment* a) { aug_ = a; }
   /// The communicator of the models' votes, norms and R1 mean: the world's (default), or
   /// under split placement this rank's group (SplitStepExecutor sets it). `c` must outlive
   /// the objective; nullptr restores the world's.
@@ -288,9 +304,16 @@ class GanObjective {
     double r1 = 0;
     at::Tensor class_ce;
   };
+  /// D's input transform of one pass over micro-batch `j` (set_augment): the augmentation
+  /// of pass `site` of D step `d_step`, on this rank's rows; empty when ADA is off or p is 0.
+  using Augment = std::function<at::Tensor(const at::Tensor&)>;
+  Augment augment_for(const StepInputs& in, int64_t j, AugmentSite site, int64_t d_step) const;
+  static at::Tensor augmented(const Augment& a, const at::Tensor& x) { return a ? a(x) : x; }
+  const AdaptiveAugment* aug_ = nullptr;
+
   /// D's real-image loss of one micro-batch (divided by k), with the R1 penalty when due
-  /// and the class term when on; runs the backward.
-  RealPass d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md);
+  /// and the class term when on; runs the backward. D sees the images through `aug`.
+  RealPass d_real_pass(TrainedModel d, const TensorList& real, at::ScalarType md, const Augment& aug = {});
 
   /// Whether R1 joins D's update now (train.r1_every-th D update, not under separate phases).
   bool r1_folded_due(TrainedModel d) const;
@@ -300,7 +323,7 @@ class GanObjective {
   /// D reg: the R1 penalty alone (times r1_every, divided by k) on the real micro-batches
   /// d_update kept (reg_reals_), D gathered whole, then D's update. Adds R1 to `st`, sets D's
   /// verdicts. Collective.
-  void d_reg(TrainedModel d, StepStats& st);
+  void d_reg(TrainedModel d, const StepInputs& in, StepStats& st);
   /// G reg: the path-length penalty of set_path_length, then G's update. Adds the penalty
   /// and the running mean to `st`, sets G's verdicts. Collective.
   void g_reg(TrainedModel g, const StepInputs& in, StepStats& st);

@@ -41,6 +41,10 @@ struct StepStats {
   /// this step): the penalty mean((a - m)^2) before its weight, and the running mean m of
   /// path lengths after the update.
   double pl = 0, pl_mean = 0;
+  /// D's logits on real images in this step's D updates and D reg (after augmentation when
+  /// ADA is on): the sum of their signs and their count, summed over the ranks (ADA's r_t,
+  /// AdaptiveAugment::after_step).
+  double real_signs = 0, real_logits = 0;
   double grad_norm_d = 0, grad_norm_g = 0;  ///< global gradient norms (0 unless clipping)
   bool skipped_d = false, skipped_g = false;  ///< an update skipped (float16 overflow, inf norm, NaN)
   /// A NaN or Inf in the model's loss or gradients on some rank: its update was skipped.
@@ -70,6 +74,8 @@ void for_each_stat(S& s, F&& f) {
   f("r1", D::kDiscriminator, R::kSame, s.r1);
   f("pl", D::kGenerator, R::kMean, s.pl);
   f("pl_mean", D::kGenerator, R::kSame, s.pl_mean);
+  f("real_signs", D::kDiscriminator, R::kSum, s.real_signs);
+  f("real_logits", D::kDiscriminator, R::kSum, s.real_logits);
   f("grad_norm_d", D::kDiscriminator, R::kSame, s.grad_norm_d);
   f("grad_norm_g", D::kGenerator, R::kSame, s.grad_norm_g);
   f("skipped_d", D::kDiscriminator, R::kAny, s.skipped_d);

@@ -99,6 +99,8 @@ class Trainer {
   /// Under train.placement split a rank holds one of them: the other is not built here
   /// (std::logic_error naming the model).
   ShardedModel& generator();
+  /// ADA's state (augment.mode not none), else nullptr.
+  const AdaptiveAugment* augment() const { return augment_.get(); }
   ShardedModel& discriminator();
   bool holds_generator() const { return models_->holds_generator(); }
   bool holds_discriminator() const { return models_->holds_discriminator(); }
@@ -184,6 +186,7 @@ class Trainer {
   // Declared in the order of construction; the destructor resets them in reverse.
   std::unique_ptr<ModelSet> models_;    // G, D, optimizers, EMA, groups
   std::unique_ptr<DataPipeline> data_;  // the real images, their sampler, the latents
+  std::unique_ptr<AdaptiveAugment> augment_;  // ADA's state (augment.mode not none), read by the objective
   std::unique_ptr<GanObjective> objective_;
   std::unique_ptr<StepExecutor> executor_;  // the placement's step order (destroyed before the objective)
   std::unique_ptr<PeriodicActions> periodic_;
