@@ -254,8 +254,11 @@ void GanObjective::d_update_sharing_forward(TrainedModel d, DynamicLossScaler* g
     }
     const at::Tensor v = host(at::stack({loss_real.detach() + loss_fake.detach(), torch::sigmoid(d_real.detach()).mean(),
                                          torch::sigmoid(d_fake.detach()).mean(), lg.detach(),
-                                         or_zero(class_real, lg), or_zero(class_fake, lg)}));
+                                         or_zero(class_real, lg), or_zero(class_fake, lg),
+                                         d_real.detach().sign().sum().to(lg.scalar_type())}));
     loss_finite = loss_finite && std::isfinite(v[0].item<double>()) && std::isfinite(v[4].item<double>());
+    st.real_signs += v[6].item<double>();  // r_t, as d_update
+    st.real_logits += static_cast<double>(d_real.numel());
     g_loss_finite = g_loss_finite && std::isfinite(v[3].item<double>()) && std::isfinite(v[5].item<double>());
     st.loss_d += v[0].item<double>() / d_steps_;
     st.loss_g += v[3].item<double>();
