@@ -47,13 +47,14 @@ set terminal pngcairo size 1200,380 font ',10'
 set output '{sys.argv[2]}'
 set multiplot layout 1,3 title 'ADA on 2,000 Fashion-MNIST images ({commit})'
 set xlabel 'step'
-set title 'r_t = E[sign D(x_real)] (50-step mean)'
+set title 'r_t = E[sign D(x_{{real}})] (50-step mean)'
 set key bottom right
 plot {plots('rt')}
 set title 'augmentation probability p'
 set key top left
 plot {plots('p')}
-set title 'FID (project classifier, 2,000 samples)'
+set title 'FID (project classifier, 2,000 samples; log scale)'
+set logscale y
 set key top right
 plot {plots('fid')}
 unset multiplot
