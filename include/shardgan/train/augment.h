@@ -139,12 +139,13 @@ class AdaptiveAugment {
   /// count. Then, after step `steps_done` (counted from 1), when it is a multiple of
   /// AugmentConfig::interval and the mode is ada: r_t = the signs' mean since the last
   /// adjustment, p += sign(r_t - target) * global_batch * interval / (speed_kimg * 1000),
-  /// at least 0 (as the authors, no upper clamp: p above 1 acts as 1), and the sums restart. Returns whether it adjusted. Local; its inputs
-  /// are the same on every rank, so is p.
+  /// kept at least 0 (as the authors, with no upper clamp: p above 1 acts as 1), and the
+  /// sums restart. Returns whether it adjusted. Local; its inputs are the same on every
+  /// rank, so is p.
   bool after_step(int64_t steps_done, double sign_sum, double count);
 
-  /// Checkpoint scalars: "ada_p", "ada_sign_sum", "ada_sign_count", "ada_rt" (the same on
-  /// every rank).
+  /// Checkpoint scalars: "ada_p", "ada_sign_sum", "ada_sign_count", and "ada_rt" once p has
+  /// been adjusted (the same on every rank).
   void put_state(std::map<std::string, double>& scalars) const;
   /// Restores put_state's scalars; missing ones (a checkpoint without ADA) keep p at
   /// AugmentConfig::p and the sums at 0.

@@ -99,9 +99,9 @@ class Trainer {
   /// Under train.placement split a rank holds one of them: the other is not built here
   /// (std::logic_error naming the model).
   ShardedModel& generator();
+  ShardedModel& discriminator();
   /// ADA's state (augment.mode not none), else nullptr.
   const AdaptiveAugment* augment() const { return augment_.get(); }
-  ShardedModel& discriminator();
   bool holds_generator() const { return models_->holds_generator(); }
   bool holds_discriminator() const { return models_->holds_discriminator(); }
   /// Parameter counts of both models, on every rank (whichever it holds).
