@@ -10,19 +10,9 @@
 #include <torch/torch.h>
 
 #include "shardgan/train/augment.h"
+#include "shardgan/util/splitmix64.h"
 
 namespace shardgan {
-
-namespace {
-
-uint64_t splitmix(uint64_t x) {  // splitmix64's finalizer (Steele et al. 2014)
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 AdaptiveAugment::AdaptiveAugment(const AugmentConfig& cfg, uint64_t seed, int64_t global_batch)
     : cfg_(cfg),
@@ -37,10 +27,10 @@ AdaptiveAugment::AdaptiveAugment(const AugmentConfig& cfg, uint64_t seed, int64_
 std::pair<at::Tensor, at::Tensor> AdaptiveAugment::draws(int64_t step, AugmentSite site, int64_t d_step) const {
   // A generator per pass, seeded from (run seed, step, site, D step): nothing to carry in a
   // checkpoint, and the same draws in every world size.
-  uint64_t key = splitmix(seed_ ^ 0xA5A5'0ADA'0000'0000ull);
-  key = splitmix(key ^ static_cast<uint64_t>(step));
-  key = splitmix(key ^ static_cast<uint64_t>(site));
-  key = splitmix(key ^ static_cast<uint64_t>(d_step));
+  uint64_t key = splitmix64(seed_ ^ 0xA5A5'0ADA'0000'0000ull);
+  key = splitmix64(key ^ static_cast<uint64_t>(step));
+  key = splitmix64(key ^ static_cast<uint64_t>(site));
+  key = splitmix64(key ^ static_cast<uint64_t>(d_step));
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(key);
   const auto o = torch::TensorOptions().dtype(torch::kDouble);
   at::Tensor u = at::rand({global_batch_, augment_draw::kUniforms}, gen, o);

@@ -1,6 +1,7 @@
 // The augment section of the training configuration (config_sections.h): ADA's keys
 // (augment.h) and their rules against the update rule, the placement and the images.
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "shardgan/models/family.h"
@@ -17,8 +18,15 @@ void read_augment(Reader& r, TrainConfig& c) {
   a.pipe = r.get<std::string>("augment.pipe", a.pipe,
       "the transforms: blit (xflip, rotate90, integer translation), geom (scaling, rotation, anisotropic scaling, "
       "fractional translation), color (brightness, contrast, luma flip, hue, saturation), bg or bgc (all)");
-  require(a.pipe == "blit" || a.pipe == "geom" || a.pipe == "color" || a.pipe == "bg" || a.pipe == "bgc", r,
-          "augment.pipe", "must be blit, geom, color, bg or bgc");
+  // The pipe's transforms come from AugmentStrengths::of_pipe, the one list of pipes.
+  AugmentStrengths st;
+  bool known_pipe = true;
+  try {
+    st = AugmentStrengths::of_pipe(a.pipe);
+  } catch (const std::invalid_argument&) {
+    known_pipe = false;
+  }
+  require(known_pipe, r, "augment.pipe", "must be blit, geom, color, bg or bgc");
   a.p = r.get<double>("augment.p", a.p, "the augmentation probability at the start (ada) or throughout (fixed)");
   require(a.p >= 0 && a.p <= 1, r, "augment.p", "must be in [0, 1]");
   a.target = r.get<double>("augment.target", a.target, "the r_t that ADA steers towards (the paper: 0.6)");
@@ -44,10 +52,11 @@ void read_augment(Reader& r, TrainConfig& c) {
           "with augment.mode ada or fixed (ADA) must be a model that generates from latents (an image-to-image "
           "model's D sees its input beside the image)");
   const ImageShape s = c.family->image_shape();
-  const bool color = a.pipe == "color" || a.pipe == "bgc";
+  const bool color = st.brightness > 0 || st.contrast > 0 || st.lumaflip > 0 || st.hue > 0 || st.saturation > 0;
   require(!on || !color || s.channels == 1 || s.channels == 3, r, "augment.pipe",
           "with colour transforms (color, bgc) needs 1 or 3 image channels");
-  const bool geom = a.pipe != "color";
+  const bool geom = st.xflip > 0 || st.rotate90 > 0 || st.xint > 0 || st.scale > 0 || st.rotate > 0 ||
+                    st.aniso > 0 || st.xfrac > 0;
   require(!on || !geom || (s.height >= 2 && s.width >= 2), r, "augment.pipe",
           "with geometric transforms needs images of at least 2x2 pixels");
 }

@@ -8,6 +8,7 @@
 
 #include "shardgan/nn/layers.h"
 #include "shardgan/nn/sync_batchnorm.h"
+#include "shardgan/util/splitmix64.h"
 
 namespace shardgan {
 namespace {
@@ -30,13 +31,6 @@ void normal_init(nn::Module& m) {
   }
 }
 
-uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // Dropout whose mask for sample b comes from a generator seeded with (seeds[b], salt), so
 // that it follows the sample and not the rank (see the header). Inverted dropout, as
 // torch.nn.Dropout: kept values are scaled by 1 / (1 - p).
@@ -49,7 +43,7 @@ at::Tensor seeded_dropout(const at::Tensor& h, const at::Tensor& seeds, uint64_t
   const int64_t* sp = s.data_ptr<int64_t>();
   at::Tensor mask = torch::empty(h.sizes(), torch::TensorOptions().dtype(at::kFloat));
   for (int64_t b = 0; b < h.size(0); ++b) {
-    auto gen = at::detail::createCPUGenerator(mix64(static_cast<uint64_t>(sp[b]) ^ mix64(salt)));
+    auto gen = at::detail::createCPUGenerator(splitmix64(static_cast<uint64_t>(sp[b]) ^ splitmix64(salt)));
     mask[b].bernoulli_(1.0 - p, gen);
   }
   return h * mask.to(h.device(), h.scalar_type()) * (1.0 / (1.0 - p));

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "shardgan/nn/layers.h"
+#include "shardgan/util/splitmix64.h"
 
 namespace shardgan::stylegan2 {
 
@@ -32,15 +33,6 @@ at::Tensor conv_transposed_stride2(const at::Tensor& x, const at::Tensor& w) {
     return conv_transposed_stride2(x.to(at::kFloat), w.to(at::kFloat)).to(x.scalar_type());
   }
   return at::conv_transpose2d(x, w, {}, {2, 2});
-}
-
-// splitmix64's finalizer (Steele et al. 2014): a bijection of 64-bit words that spreads
-// nearby inputs (seed, seed + 1) far apart.
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
 }
 
 }  // namespace
