@@ -48,7 +48,12 @@ def main():
            "global_batch": int(cfg["train.global_batch"]), "d_steps": int(cfg.get("train.d_steps", 1)),
            "loss": cfg.get("train.loss"), "loss_rtol_step1": r1, "reduction_sqrt_sum": s,
            "note": a.note}
-    # On a GPU: cudaMemGetInfo's bytes in use after each step (context included), largest
+    if cfg.get("model.arch") == "stylegan2":
+        # the regularization figures of each step: r1 (0 on steps without D reg), pl (only on
+        # steps with G reg), pl_mean; None where metrics.jsonl has none
+        rec["reg_losses"] = [[r.get("r1"), r.get("pl"), r.get("pl_mean")] for r in steps]
+        rec["reg_rtol_step1"] = tolerance.reg_rtol_step1(cfg)
+        # On a GPU: cudaMemGetInfo's bytes in use after each step (context included), largest
     used = [r["device_mem_used_bytes"] for r in steps if "device_mem_used_bytes" in r]
     rec.update({"backend": "nccl", "device": "cuda", "cuda_used_after_step_mib": max(used) // 2**20} if used
                else {"backend": "mpi", "device": "cpu"})

@@ -14,6 +14,8 @@ rounding of a different summation order:
                                            dropout) and the PatchGAN D
   - src/nn/sync_batchnorm.cpp              BatchNorm over the global batch
   - include/shardgan/nn/power_iteration.h  the power-iteration pause of D's fake pass
+  - src/models/stylegan2/                  StyleGAN2: benchmarks/peers/stylegan2.py's layers in
+                                           shardgan's units (stylegan2.build_shardgan)
 
 torch.nn.SyncBatchNorm refuses CPU tensors, so SyncBatchNorm here is a port of shardgan's
 autograd function over torch.distributed (gloo): float64 statistics, one all-reduce in
@@ -543,4 +545,7 @@ def build(cfg):
         return (Pix2PixG(m("image_size"), m("g_width"), m("in_channels"), m("channels"), float(cfg["model.dropout"]),
                          m("dropout_blocks")),
                 Pix2PixD(m("d_width"), m("d_layers"), m("in_channels"), m("channels")))
-    raise ValueError(f"model.arch {arch}: only dcgan, biggan and pix2pix")
+    if arch == "stylegan2":  # benchmarks/peers/stylegan2.py in shardgan's unit layout
+        import stylegan2
+        return stylegan2.build_shardgan(cfg)
+    raise ValueError(f"model.arch {arch}: only dcgan, biggan, pix2pix and stylegan2")

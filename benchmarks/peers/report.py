@@ -43,6 +43,10 @@ def table(recs):
         if ref:
             lines.append(f"Losses compared with shardgan N={ref['world_size']} stage {ref['stage']}, "
                          f"r_1 = {ref['loss_rtol_step1']:.2e}.")
+            if ref.get("reg_rtol_step1"):
+                rt = ref["reg_rtol_step1"]
+                lines.append(f"Also the regularization figures r1, pl, pl_mean (relative, r = {rt['r1']:.2e}, "
+                             f"{rt['pl']:.2e}). FSDP2 runs path length under set_reshard_after_backward(False).")
         lines.append("shardgan's VmHWM is each rank's at the end of the run, after the final checkpoint and "
                      "sample grid the trainer always writes; in brackets, rank 0's after the last step "
                      "(metrics.jsonl). The peers read theirs after the last step.")
@@ -53,7 +57,11 @@ def table(recs):
         lines.append("|---|---|---|---|---|---|---|---|---|")
         for r in sorted(mine, key=lambda r: (r["world_size"], ORDER[r["system"]], r["stage"])):
             if r.get("failed"):
-                lines.append(f"| {r['world_size']} | {r['system']} | {r['stage']} | failed (exit {r.get('exit')}) | | | | | |")
+                what = f"failed (exit {r.get('exit')})" if r.get("exit") is not None else "failed"
+                if r.get("fsdp"):
+                    what += f", {r['fsdp']}"
+                err = (r.get("error") or "").replace("|", "/")
+                lines.append(f"| {r['world_size']} | {r['system']} | {r['stage']} | {what} | | | | {err} | |")
                 continue
             # the FSDP2 counterpart: same stage for 2 and 3, reshard_after_forward=True for 0
             peer = [q for q in ok if q["system"] == "fsdp2" and q["world_size"] == r["world_size"]

@@ -6,7 +6,7 @@
 #   MODELS=dcgan NS="1 2" benchmarks/peers/run.sh   # a quick subset
 #
 # Environment (defaults in brackets):
-#   MODELS    sizes to run, from: dcgan biggan60m biggan500m pix2pix  [dcgan biggan60m]
+#   MODELS    sizes to run, from: dcgan biggan60m biggan500m pix2pix stylegan2  [dcgan biggan60m]
 #   NS        world sizes                                              [1 2 4]
 #   STEPS     steps per run; step_s is the median of steps 3-10       [10]
 #   SYSTEMS   shardgan fsdp2 ddp                                       [all three]
@@ -27,6 +27,9 @@
 #             without Open MPI's launcher: scripts/gpu-bundle.sh)
 #   WAIT_QUIET=S  before the first cell and each cell, wait up to S seconds for no
 #             compiler (cc1plus) to run                                [0]
+#   SG2_FSDP_DEFAULTS  stylegan2: after each FSDP2 stage-3 cell, one more attempt at FSDP2's
+#             default settings (reshard_after_backward True), whose crash on path length's
+#             double backward is recorded as a failed line with its error; 0 skips it    [1]
 # Each cell's line says "quiet" or "contended" (a cc1plus ran before or after it) in `note`,
 # and OUT.machine.txt gets `uptime` and the CPU at the start and the end.
 set -uo pipefail
@@ -103,6 +106,17 @@ model_args() {  # config and --set arguments of a size
         --set sharding.generator.compute_dtype=auto --set sharding.discriminator.compute_dtype=auto \
         --set sharding.generator.reduce_dtype=auto --set sharding.discriminator.reduce_dtype=auto ;;
     pix2pix) echo $CONFIGS/fmnist-pix2pix.yaml ;;
+    stylegan2)
+      # configs/fmnist-stylegan2.yaml at the cifar preset (conditional on the 10 classes, D
+      # orig, mapping 2, D's label mapping 8, no style mixing), shrunk: 1x32x32 Fashion-MNIST,
+      # z and w 64, channels min(1024 / r, 64) (0.59M parameters), global batch 16 with mbstd
+      # group 4 (a divisor of the per-rank batch at N = 1, 2, 4), Adam lr 2.5e-3 betas (0, 0.99),
+      # lazy R1 (gamma 0.01) and path length (weight 2, batch shrink 2) each every 2nd step:
+      # steps 0 and 2 run D, D reg, G and G reg, step 1 runs D and G.
+      echo $CONFIGS/fmnist-stylegan2.yaml --set model.preset=cifar --set model.channels=1 --set model.z_dim=64 \
+        --set model.w_dim=64 --set model.channel_base=1024 --set model.channel_max=64 --set model.mbstd_group=4 \
+        --set model.style_mixing=0 --set train.global_batch=16 --set train.r1_gamma=0.01 --set train.r1_every=2 \
+        --set train.pl_weight=2 --set train.pl_every=2 --set train.pl_batch_shrink=2 --set augment.mode=none ;;
     *) echo "unknown model $1" >&2; return 1 ;;
   esac
 }
@@ -123,8 +137,19 @@ for model in $MODELS; do
   for n in $NS; do
     for sys in $SYSTEMS; do
       case $sys in shardgan) stages=$SG_STAGES ;; fsdp2) stages=$FSDP_STAGES ;; ddp) stages=0 ;; esac
+      cells=""
       for st in $stages; do
-        tag=$model-$sys-n$n-s$st
+        cells+=" $st"
+        # StyleGAN2 under FSDP2: the working cell (path length under set_reshard_after_backward
+        # False), then FSDP2's default settings, which crash (docs/results.md#stylegan2-fsdp2)
+        [ "$sys" = fsdp2 ] && [[ $model == stylegan2* ]] && [ "$st" = 3 ] && [ "${SG2_FSDP_DEFAULTS:-1}" = 1 ] \
+          && cells+=" $st:defaults"
+      done
+      for cell in $cells; do
+        st=${cell%%:*}
+        variant=""; extra=()
+        [ "$cell" != "$st" ] && { variant=-${cell#*:}; extra=(--fsdp-defaults); }
+        tag=$model-$sys-n$n-s$st$variant
         log=$WORK/$model/$tag.log
         wait_quiet
         rec=$WORK/$model/$tag.json
@@ -156,7 +181,7 @@ for model in $MODELS; do
           OMP_NUM_THREADS=$(( $(nproc) / n > 0 ? $(nproc) / n : 1 )) \
           "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" $PEERS/train_peer.py \
             --ckpt "$CK" --data "$data" --system "$sys" --stage "$st" --steps "$STEPS" --model "$model" \
-            --out "$rec" --device "$DEVICE" --tf32 "$TF32" > "$log" 2>&1
+            --out "$rec" --device "$DEVICE" --tf32 "$TF32" "${extra[@]}" > "$log" 2>&1
           rc=$?
         fi
         after=$(state)
@@ -169,7 +194,26 @@ print(json.dumps(r))' \
           "$rec" "$([ "$before$after" = quietquiet ] && echo quiet || echo "contended (cc1plus running: $before/$after)")" \
           "$WORK/$model/$tag.gpu" >> "$OUT"
         echo "[peers] $tag: exit $rc, $(( $(date +%s) - t0 )) s, $(state)$( [ $rc -ne 0 ] && echo "; log: $log")"
-        [ -s "$rec" ] || echo "{\"system\": \"$sys\", \"model\": \"$model\", \"world_size\": $n, \"stage\": $st, \"failed\": true, \"exit\": $rc, \"log\": \"$log\"}" >> "$OUT"
+        # a cell that wrote no line (a crash): a failed line with the error from its log (the
+        # signal, Python's fatal error and the innermost frame of train_peer.py that faulthandler
+        # printed)
+        [ -s "$rec" ] || "$PY" - "$sys" "$model" "$n" "$st" "$rc" "$log" "$variant" >> "$OUT" <<'PY'
+import json, re, sys
+sys_, model, n, st, rc, log, variant = sys.argv[1:]
+lines = open(log, errors="replace").read().splitlines() if log else []
+err = []
+for pat in (r"exitcode\s*:\s*-?\d+.*\((SIG\w+)\)", r"(Fatal Python error: .*)", r'(File ".*train_peer\.py", line \d+ in \w+)',
+            r"(\w+Error: .*)"):
+    m = next((re.search(pat, l) for l in lines if re.search(pat, l) and "ChildFailedError" not in l), None)
+    if m:
+        err.append(m.group(1).strip())
+rec = {"system": sys_, "model": model, "world_size": int(n), "stage": int(st), "failed": True, "exit": int(rc),
+       "error": "; ".join(err) or "exit %s" % rc, "log": log}
+if variant == "-defaults":
+    rec["fsdp"] = ("fully_shard per unit, reshard_after_forward=True; default settings for the regularization "
+                   "updates (reshard_after_backward=True)")
+print(json.dumps(rec))
+PY
       done
     done
   done

@@ -128,26 +128,37 @@ def modulated_conv2d(x, weight, styles, demodulate=True, up=False):
     else:
         x = F.conv2d(x, weight, padding=k // 2)
     if demodulate:
-        d = ((weight.unsqueeze(0) * styles.view(n, 1, i, 1, 1)).square().sum(dim=[2, 3, 4]) + 1e-8).rsqrt()
-        x = x * d.view(n, o, 1, 1)
+        # sum_{i,k,l} (w[o,i,k,l] s[n,i])^2 = sum_i s[n,i]^2 sum_{k,l} w[o,i,k,l]^2: the same sum in
+        # the order shardgan's src/models/stylegan2/layers.cpp takes it (no [N, O, I, k, k] tensor)
+        d = (styles.square().matmul(weight.square().sum(dim=[2, 3]).t()) + 1e-8).rsqrt()
+        x = x * d.reshape(n, o, 1, 1)
     return x
 
 
 class SynthesisLayer(nn.Module):
-    def __init__(self, cin, cout, w_dim, resolution, up=False):
+    """noise_strength_shape (): the authors' 0-dim strength (shardgan's parameter too); (1,): the
+    same value as a 1-element vector, which broadcasts identically (FSDP2's fully_shard refuses
+    0-dim parameters; shardgan's checkpoints store it as [1]). const_noise: a noise_const buffer
+    (shardgan has none)."""
+
+    def __init__(self, cin, cout, w_dim, resolution, up=False, noise_strength_shape=(), const_noise=True):
         super().__init__()
         self.affine = FullyConnected(w_dim, cin, bias_init=1.0)
         self.weight = nn.Parameter(torch.randn(cout, cin, 3, 3))
-        self.noise_strength = nn.Parameter(torch.zeros([]))
+        self.noise_strength = nn.Parameter(torch.zeros(list(noise_strength_shape)))
         self.bias = nn.Parameter(torch.zeros(cout))
-        self.register_buffer("noise_const", torch.randn(resolution, resolution))
+        if const_noise:
+            self.register_buffer("noise_const", torch.randn(resolution, resolution))
         self.weight_gain = 1.0 / math.sqrt(cin * 9)
         self.up, self.resolution = up, resolution
 
     def forward(self, x, w, noise="random"):
+        """noise: "random", "const", None (none) or a tensor [N, 1, R, R] (given noise images)."""
         styles = self.affine(w)
         x = modulated_conv2d(x, self.weight * self.weight_gain, styles, demodulate=True, up=self.up)
-        if noise == "random":
+        if isinstance(noise, torch.Tensor):
+            x = x + noise * self.noise_strength
+        elif noise == "random":
             x = x + torch.randn(x.shape[0], 1, self.resolution, self.resolution, dtype=x.dtype) * self.noise_strength
         elif noise == "const":
             x = x + self.noise_const * self.noise_strength
@@ -172,26 +183,28 @@ class ToRGB(nn.Module):
 class SynthesisBlock(nn.Module):
     """One resolution: (const at 4x4 |) conv0 (up) -> conv1 -> toRGB, image skip."""
 
-    def __init__(self, cin, cout, w_dim, resolution, img_channels):
+    def __init__(self, cin, cout, w_dim, resolution, img_channels, **layer_kw):
         super().__init__()
         self.resolution = resolution
         if cin == 0:
             self.const = nn.Parameter(torch.randn(cout, 4, 4))
             self.conv0 = None
         else:
-            self.conv0 = SynthesisLayer(cin, cout, w_dim, resolution, up=True)
-        self.conv1 = SynthesisLayer(cout, cout, w_dim, resolution)
+            self.conv0 = SynthesisLayer(cin, cout, w_dim, resolution, up=True, **layer_kw)
+        self.conv1 = SynthesisLayer(cout, cout, w_dim, resolution, **layer_kw)
         self.torgb = ToRGB(cout, w_dim, img_channels)
         self.num_conv = 1 if cin == 0 else 2
 
     def forward(self, x, img, ws, noise="random"):
-        # ws: [N, num_conv + 1, w_dim]; the last one (toRGB's) is the next block's first
+        # ws: [N, num_conv + 1, w_dim]; the last one (toRGB's) is the next block's first.
+        # noise: a mode for every layer, or a list of num_conv noise tensors (one per conv).
+        n0, n1 = (noise[0], noise[-1]) if isinstance(noise, (list, tuple)) else (noise, noise)
         if self.conv0 is None:
             x = self.const.unsqueeze(0).expand(ws.shape[0], -1, -1, -1)
-            x = self.conv1(x, ws[:, 0], noise)
+            x = self.conv1(x, ws[:, 0], n0)
         else:
-            x = self.conv0(x, ws[:, 0], noise)
-            x = self.conv1(x, ws[:, 1], noise)
+            x = self.conv0(x, ws[:, 0], n0)
+            x = self.conv1(x, ws[:, 1], n1)
         y = self.torgb(x, ws[:, self.num_conv])
         img = y if img is None else upsample2d(img) + y
         return x, img
@@ -207,6 +220,9 @@ class Mapping(nn.Module):
         self.fcs = nn.ModuleList(FullyConnected(dims[i], dims[i + 1], lr_mul, activation="lrelu")
                                  for i in range(num_layers))
         self.w_avg_beta = w_avg_beta
+        # True: w_avg takes the mean over the global batch (shardgan's MappingNetwork: float64
+        # sums and count all-reduced over torch.distributed), not this process's mean
+        self.w_avg_global = False
         if w_avg_beta is not None:
             self.register_buffer("w_avg", torch.zeros(w_dim))
 
@@ -221,7 +237,16 @@ class Mapping(nn.Module):
             x = fc(x)
         if self.w_avg_beta is not None and self.training and update_w_avg:
             with torch.no_grad():
-                self.w_avg.copy_(x.detach().mean(0).lerp(self.w_avg, self.w_avg_beta))
+                if self.w_avg_global:
+                    stats = torch.cat([x.detach().to(torch.float64).sum(0),
+                                       torch.full([1], float(x.shape[0]), dtype=torch.float64, device=x.device)])
+                    import torch.distributed as dist
+                    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+                    mean = (stats[:-1] / stats[-1]).to(self.w_avg.dtype)
+                    self.w_avg.copy_(mean.lerp(self.w_avg, self.w_avg_beta))
+                else:
+                    self.w_avg.copy_(x.detach().mean(0).lerp(self.w_avg, self.w_avg_beta))
         return x
 
 
@@ -321,6 +346,157 @@ class Discriminator(nn.Module):
             cmap = self.mapping(None, c)
             x = (x * cmap).sum(dim=1, keepdim=True) / math.sqrt(self.cmap_dim)
         return x
+
+
+# ---- shardgan's layout (src/models/stylegan2/stylegan2.cpp), for the peer benchmark ------------
+# The same layers as above, as shardgan's units: G "mapping", "b4", ..., "b<R>"; D "b<R>", ...,
+# "b8", "mapping" (conditional), "b4" (the epilogue), so that the checkpoint's names are the
+# module names. Noise comes from the latents' per-sample seeds, bit for bit as shardgan's.
+
+_MASK64 = (1 << 64) - 1
+SEED_LIMIT = 1 << 24  # noise seeds are integers in [0, 2^24) (exact in float32)
+
+
+def splitmix64(x):
+    """include/shardgan/util/splitmix64.h, on Python ints modulo 2^64."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def noise_seed(sample_seed, layer):
+    """src/models/stylegan2/layers.cpp noise_seed: splitmix64(splitmix64(seed) ^ layer)."""
+    return splitmix64(splitmix64(sample_seed & _MASK64) ^ (layer & _MASK64))
+
+
+def draw_noise(seeds, layer, resolution, dtype, device=None):
+    """layers.cpp draw_noise: sample i gets randn([R, R]) in float64 from a fresh CPU generator
+    seeded with noise_seed(seeds[i], layer) (mt19937, as at::make_generator<CPUGeneratorImpl>),
+    then the whole [N, 1, R, R] is cast to `dtype`."""
+    s = seeds.to("cpu", torch.int64).tolist()
+    out = torch.empty(len(s), 1, resolution, resolution, dtype=torch.float64)
+    for i, v in enumerate(s):
+        g = torch.Generator().manual_seed(noise_seed(v, layer))
+        out[i, 0].copy_(torch.randn((resolution, resolution), generator=g, dtype=torch.float64))
+    return out.to(device=device, dtype=dtype)
+
+
+class ShardganGenerator(nn.Module):
+    """shardgan's StyleGAN2 G program (generator_spec): forward(z [B, 2 z_dim + 3], y int64 [B])
+    -> (images [B, C, R, R], ws [B, num_ws, w_dim]). z's columns: main latent, mixing latent,
+    cutoff, noise seed, psi (stylegan2.h). Style mixing (a cutoff < num_ws) and truncation
+    (psi != 1) are refused: the peer benchmark runs the cifar preset, which has neither."""
+
+    def __init__(self, resolution, z_dim, w_dim, c_dim, img_channels, mapping_layers, channel_base, channel_max,
+                 mapping_lr_mult=0.01, w_avg_beta=0.995):
+        super().__init__()
+        self.z_dim, self.c_dim, self.resolution = z_dim, c_dim, resolution
+        self.mapping = Mapping(z_dim, c_dim, w_dim, mapping_layers, lr_mul=mapping_lr_mult,
+                               w_avg_beta=w_avg_beta if w_avg_beta > 0 else None)
+        self.mapping.w_avg_global = True
+        self.order, self.steps = ["mapping"], []
+        w_index = 0
+        res = 4
+        while res <= resolution:
+            cin = 0 if res == 4 else channels(res // 2, channel_base, channel_max)
+            name = f"b{res}"
+            self.add_module(name, SynthesisBlock(cin, channels(res, channel_base, channel_max), w_dim, res,
+                                                 img_channels, noise_strength_shape=(1,), const_noise=False))
+            nc = 1 if res == 4 else 2
+            self.order.append(name)
+            self.steps.append((name, w_index, nc, res))
+            w_index += nc
+            res *= 2
+        self.num_ws = w_index + 1
+
+    def units(self):
+        return [getattr(self, n) for n in self.order]
+
+    def forward(self, z, y=None):
+        zd = self.z_dim
+        ctrl = z[:, 2 * zd:2 * zd + 3].detach().to(torch.float64)
+        if bool((ctrl[:, 0] != self.num_ws).any()) or bool((ctrl[:, 2] != 1).any()):
+            raise ValueError("ShardganGenerator: style mixing and truncation are not matched")
+        seeds = ctrl[:, 1].to(torch.int64)
+        c = F.one_hot(y.to(torch.int64), self.c_dim).to(z.dtype) if self.c_dim > 0 else None
+        w = self.mapping(z[:, :zd], c)
+        ws = w.unsqueeze(1).expand(-1, self.num_ws, -1)
+        x = img = None
+        for name, wi, nc, res in self.steps:
+            noise = [draw_noise(seeds, wi + j, res, ws.dtype, ws.device) for j in range(nc)]
+            x, img = getattr(self, name)(x, img, ws[:, wi:wi + nc + 1], noise)
+        return img, ws
+
+
+class DiscriminatorEpilogue(nn.Module):
+    """D's 4x4 epilogue as shardgan's unit "b4": minibatch stddev, conv, fc, out, projection."""
+
+    def __init__(self, c4, cmap_dim, mbstd_group, mbstd_channels=1):
+        super().__init__()
+        self.conv = Conv2d(c4 + mbstd_channels, c4, 3)
+        self.fc = FullyConnected(c4 * 16, c4, activation="lrelu")
+        self.out = FullyConnected(c4, cmap_dim if cmap_dim > 0 else 1)
+        self.cmap_dim, self.mbstd_group, self.mbstd_channels = cmap_dim, mbstd_group, mbstd_channels
+
+    def forward(self, x, cmap=None):
+        h = minibatch_std(x, self.mbstd_group, self.mbstd_channels)
+        h = self.out(self.fc(self.conv(h).flatten(1)))
+        if self.cmap_dim > 0:
+            h = (h * cmap).sum(dim=1, keepdim=True) / math.sqrt(self.cmap_dim)
+        return h.squeeze(1)
+
+
+class ShardganDiscriminator(nn.Module):
+    """shardgan's StyleGAN2 D program (discriminator_spec): forward(x, y) -> logits [B]."""
+
+    def __init__(self, resolution, c_dim, img_channels, channel_base, channel_max, mbstd_group, architecture,
+                 mapping_lr_mult=0.01, d_mapping_layers=8, mbstd_channels=1):
+        super().__init__()
+        self.c_dim, self.order = c_dim, []
+        res = resolution
+        while res >= 8:
+            name = f"b{res}"
+            self.add_module(name, DiscriminatorBlock(res == resolution, channels(res, channel_base, channel_max),
+                                                     channels(res // 2, channel_base, channel_max), img_channels,
+                                                     architecture))
+            self.order.append(name)
+            res //= 2
+        self.blocks_order = list(self.order)
+        c4 = channels(4, channel_base, channel_max)
+        cmap_dim = c4 if c_dim > 0 else 0
+        if c_dim > 0:
+            self.mapping = Mapping(0, c_dim, cmap_dim, d_mapping_layers, lr_mul=mapping_lr_mult, w_avg_beta=None)
+            self.order.append("mapping")
+        self.b4 = DiscriminatorEpilogue(c4, cmap_dim, mbstd_group, mbstd_channels)
+        self.order.append("b4")
+
+    def units(self):
+        return [getattr(self, n) for n in self.order]
+
+    def forward(self, x, y=None):
+        h = x
+        for name in self.blocks_order:
+            h = getattr(self, name)(None, h) if name == self.blocks_order[0] else getattr(self, name)(h, None)
+        cmap = None
+        if self.c_dim > 0:
+            cmap = self.mapping(None, F.one_hot(y.to(torch.int64), self.c_dim).to(h.dtype))
+        return self.b4(h, cmap)
+
+
+def build_shardgan(cfg):
+    """(G, D) in shardgan's layout for a shardgan config (flat keys, as a checkpoint's resolved
+    `config`): model.{image_size, channels, z_dim, w_dim, n_classes, channel_base, channel_max,
+    mapping_layers, d_arch, mbstd_group}; the fixed fields (mapping lr multiplier 0.01, w_avg
+    beta 0.995, D's label mapping depth 8, one mbstd channel) are StyleGan2Config's."""
+    m = lambda k: int(cfg["model." + k])
+    if float(cfg.get("model.style_mixing", 0)) != 0:
+        raise SystemExit("stylegan2: only model.style_mixing 0 is matched (the cifar preset)")
+    g = ShardganGenerator(m("image_size"), m("z_dim"), m("w_dim"), m("n_classes"), m("channels"),
+                          m("mapping_layers"), m("channel_base"), m("channel_max"))
+    d = ShardganDiscriminator(m("image_size"), m("n_classes"), m("channels"), m("channel_base"), m("channel_max"),
+                              m("mbstd_group"), cfg["model.d_arch"])
+    return g, d
 
 
 # The authors' configurations (stylegan2-ada-pytorch train.py): channel_base = fmaps x 32768,

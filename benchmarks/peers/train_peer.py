@@ -28,6 +28,7 @@ What is matched to shardgan (the checkpoint's resolved config gives the values):
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -69,6 +70,13 @@ def parse_args():
                    help="negative control: leave one generator tensor (its name, or 'first': G's first "
                         "weight) at the copy's own N(0, 0.02) init instead of the checkpoint's value")
     p.add_argument("--note", default="")
+    p.add_argument("--dump-params", default=None, metavar="FILE.pt",
+                   help="after the last step, rank 0 saves G's and D's full parameters and buffers "
+                        "(torch.save; for comparing with shardgan's final checkpoint)")
+    p.add_argument("--fsdp-defaults", action="store_true",
+                   help="stylegan2 under fsdp2: FSDP2's default settings for the regularization updates too "
+                        "(reshard_after_backward True), which crash on path length's double backward; "
+                        "without it G reg runs under set_reshard_after_backward(False)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: each rank on cuda:<LOCAL_RANK>, NCCL instead of gloo, torch's fused Adam")
     p.add_argument("--tf32", type=int, choices=[0, 1], default=1,
@@ -78,6 +86,14 @@ def parse_args():
 
 def main():
     a = parse_args()
+    # A segmentation fault (FSDP2's default settings on path length's double backward) prints
+    # the Python stack, which run.sh puts in the failed cell's line.
+    import faulthandler
+    faulthandler.enable()
+    import warnings
+    # StyleGAN2's G returns ws, an expand() of w (as shardgan's), which FSDP2 warns about; no
+    # in-place op touches it.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     cores = len(os.sched_getaffinity(0))
@@ -114,9 +130,29 @@ def main():
     seed = int(cfg["run.seed"])
     arch = cfg.get("model.arch", "dcgan")
     stage = a.stage if a.stage is not None else (0 if a.system == "ddp" else 3)
+    sg2 = arch == "stylegan2"
+    # StyleGAN2's separate regularization updates (src/train/regularization.cpp): R1 as a D
+    # update of its own every r1_every-th step, path length as a G update of its own every
+    # pl_every-th step; the optimizers' lr x c and betas^c, c = I / (I + 1) for a model whose
+    # regularizer is on (lazy_regularization_ratio, src/train/config_train.cpp).
+    r1_gamma = float(cfg.get("train.r1_gamma", 0))
+    r1_every = int(cfg.get("train.r1_every", 1))
+    pl_weight = float(cfg.get("train.pl_weight", 0)) if sg2 else 0.0
+    pl_every = int(cfg.get("train.pl_every", 4))
+    pl_shrink = int(cfg.get("train.pl_batch_shrink", 2))
+    pl_decay = float(cfg.get("train.pl_decay", 0.01))
+    if r1_gamma > 0 and not sg2:
+        raise SystemExit("train.r1_gamma > 0 is matched for stylegan2 only")
+    lazy_c = {"generator": pl_every / (pl_every + 1.0) if pl_weight > 0 else 1.0,
+              "discriminator": r1_every / (r1_every + 1.0) if r1_gamma > 0 else 1.0}
+    if sg2 and (cfg.get("augment.mode", "none") != "none" or cfg.get("train.update", "alternating") != "alternating"
+                or cfg.get("train.d_joint_pass") or loss != "nonsaturating" or d_steps != 1):
+        raise SystemExit("stylegan2: only augment.mode none, the alternating update, separate real and fake D "
+                         "passes, the nonsaturating loss and d_steps 1 are matched")
 
     # ---- models from the step-0 checkpoint
     nparams = ckpt.count_params(a.ckpt)
+    fsdp_desc = None
     if a.system == "fsdp2":
         # FSDP2's recommended initialization: build on the meta device, shard, materialize
         # only this rank's shards (to_empty), then fill them from the checkpoint. No rank
@@ -132,6 +168,12 @@ def main():
                 fully_shard(u, reshard_after_forward=raf)
             fully_shard(m, reshard_after_forward=raf)
             m.to_empty(device=dev)
+        fsdp_desc = "fully_shard per unit, reshard_after_forward=%s" % raf
+        if sg2:
+            fsdp_desc += ("; default settings for the regularization updates (reshard_after_backward=True)"
+                          if a.fsdp_defaults else
+                          "; G reg (path length) under set_reshard_after_backward(False), resharded by hand "
+                          "after its backward; D reg (R1) default")
     else:
         G, D = models.build(cfg)
     skip = None
@@ -174,8 +216,9 @@ def main():
             raise SystemExit(f"optim.{name}: only constant-lr adam is matched")
         if float(cfg.get(f"optim.{name}.weight_decay", 0)) != 0:
             raise SystemExit(f"optim.{name}.weight_decay must be 0")
-        return torch.optim.Adam(params, lr=float(cfg[f"optim.{name}.lr"]),
-                                betas=(float(cfg[f"optim.{name}.beta1"]), float(cfg[f"optim.{name}.beta2"])),
+        c = lazy_c[name]  # lazy_corrected (src/optim/factory.cpp): lr x c, betas^c (1 without a regularizer)
+        return torch.optim.Adam(params, lr=float(cfg[f"optim.{name}.lr"]) * c,
+                                betas=(float(cfg[f"optim.{name}.beta1"]) ** c, float(cfg[f"optim.{name}.beta2"]) ** c),
                                 eps=float(cfg[f"optim.{name}.eps"]), fused=True if cuda and a.system == "ddp" else None)
 
     opt_g = optim("generator", G.parameters())
@@ -204,7 +247,8 @@ def main():
         inv = np.argsort(order)
         x = imgs[idx[order]][inv]  # h5py reads increasing indices
         x = torch.from_numpy(x).to(torch.float32).div_(127.5).sub_(1.0)
-        y = torch.from_numpy(labels[idx[order]][inv].astype(np.int64)) if arch == "biggan" else None
+        conditional = arch == "biggan" or (sg2 and int(cfg.get("model.n_classes", 0)) > 0)
+        y = torch.from_numpy(labels[idx[order]][inv].astype(np.int64)) if conditional else None
         if paired:
             y = torch.from_numpy(cond[idx[order]][inv]).to(torch.float32).div_(127.5).sub_(1.0)
         return x.to(dev), None if y is None else y.to(dev)
@@ -213,12 +257,21 @@ def main():
     gen = torch.Generator()
     gen.set_state(ckpt.noise_state(a.ckpt))
     z_dim = int(cfg.get("model.z_dim", 0))
+    G_num_ws = G.num_ws if sg2 else 0
 
     def latents():
         if paired:  # one dropout seed per sample (Pix2PixFamily::sample_latents)
             return torch.randint(1 << 62, (B,), generator=gen, dtype=torch.int64), None
         if arch == "dcgan":
             return torch.randn((B, z_dim, 1, 1), generator=gen, dtype=torch.float32), None
+        if sg2:  # StyleGan2Family::sample_latents (style mixing 0: no cutoff draws), then sample_labels
+            zz = torch.randn((B, 2 * z_dim), generator=gen, dtype=torch.float32)
+            seeds = torch.randint(0, 1 << 24, (B,), generator=gen, dtype=torch.int64)
+            z = torch.cat([zz, torch.full((B, 1), float(G_num_ws)), seeds.to(torch.float32).unsqueeze(1),
+                           torch.ones(B, 1)], 1)
+            n_cls = int(cfg.get("model.n_classes", 0))
+            y = torch.randint(n_cls, (B,), generator=gen, dtype=torch.int64) if n_cls > 0 else None
+            return z, y
         z = torch.randn((B, z_dim), generator=gen, dtype=torch.float32)
         y = torch.randint(int(cfg["model.n_classes"]), (B,), generator=gen, dtype=torch.int64)
         return z, y
@@ -280,12 +333,156 @@ def main():
         dist.all_reduce(stats, op=dist.ReduceOp.SUM)
         return (stats / world).tolist()  # a host copy: on a GPU, the step's end
 
-    times, losses = [], []
-    for _ in range(a.steps):
+    # ---- StyleGAN2: SharedStepExecutor::step with separate regularization updates
+    # (src/train/shared_step.cpp, objective.cpp, regularization.cpp): D's update, D reg (R1)
+    # when the step index is a multiple of r1_every, G's update, G reg (path length) when it is
+    # a multiple of pl_every; each an Adam step of its own on the same optimizer as the model's
+    # main update.
+    pl_state = {"mean": 0.0, "filled": 0}
+    fsdp_modules = []
+    if a.system == "fsdp2":
+        from torch.distributed.fsdp import FSDPModule
+        fsdp_modules = [m for m in G.modules() if isinstance(m, FSDPModule)]
+
+    def update(opt):
+        # shardgan's optimizer updates every element of a model; torch's Adam skips a parameter
+        # whose .grad is None. The "* 0" terms of the regularizers give every parameter a
+        # gradient; any that still has none gets zeros (counted in grads_filled_with_zeros).
+        for group in opt.param_groups:
+            for p_ in group["params"]:
+                if p_.grad is None:
+                    p_.grad = torch.zeros_like(p_)
+                    pl_state["filled"] += 1
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def avg(v):
+        t = v.detach().to(torch.float64).reshape(1).clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t / world
+
+    def sg2_step(t):
+        stats = torch.zeros(2, dtype=torch.float64, device=dev)
+        # D's update (d_update): latents {z, y}, the real batch, G's images under no_grad, D on
+        # the real batch (backward), D on the fake batch (backward), Adam.
+        z, y = latents()
+        xr, yr = real_batch()
+        with torch.no_grad():
+            fake = Gw(mine(z), mine(y))[0]
+        with d_real_ctx():
+            d_real = Dw(xr, yr).reshape(-1)
+            loss_real = d_loss_real(d_real)
+            loss_real.backward()
+        d_fake = Dw(fake, mine(y)).reshape(-1)
+        loss_fake = d_loss_fake(d_fake)
+        loss_fake.backward()
+        stats[0] += (loss_real.detach() + loss_fake.detach()).double()
+        update(opt_d)
+        r1 = 0.0
+        if r1_gamma > 0 and t % r1_every == 0:
+            # D reg (d_reg, r1_forward): the penalty alone on the real batch of D's update,
+            # (gamma / 2) mean_i |d sum(D(x)) / dx_i|^2, times r1_every, plus logits.mean() * 0
+            x = xr.detach().requires_grad_(True)
+            logits = Dw(x, yr).reshape(-1)
+            gx, = torch.autograd.grad(logits.sum(), x, create_graph=True)
+            penalty = gx.pow(2).flatten(1).sum(1).mean() * (0.5 * r1_gamma)
+            (penalty * float(r1_every) + logits.mean() * 0.0).backward()
+            r1 = float(avg(penalty).item())  # the global batch's mean, as shardgan's all-reduce
+            update(opt_d)
+        # G's update (g_pass): fresh latents, D frozen (input gradients only)
+        for p_ in D.parameters():
+            p_.requires_grad_(False)
+        z, y = latents()
+        fake = Gw(mine(z), mine(y))[0]
+        lg = g_loss(D_frozen(fake, mine(y)).reshape(-1))
+        lg.backward()
+        for p_ in D.parameters():
+            p_.requires_grad_(True)
+        stats[1] += lg.detach().double()
+        update(opt_g)
+        pl = None
+        if pl_weight > 0 and t % pl_every == 0:
+            # G reg (g_reg): fresh latents, the first B / pl_batch_shrink rows (this rank's
+            # equal share of them), images and styles ws; noise u ~ N(0, 1) / sqrt(H W) from the
+            # latents' generator for the whole path-length batch, drawn after G's forward;
+            # a = sqrt(mean over ws of |d sum(img u) / dw|^2); the running mean in float32,
+            # moved by the mean of a over every rank's samples; penalty mean (a - m)^2, times
+            # pl_weight * pl_every, plus img.sum() * 0.
+            z, y = latents()
+            n = B // pl_shrink
+            ln = n // world
+            zl = z[:n].narrow(0, rank * ln, ln).contiguous().to(dev)
+            yl = None if y is None else y[:n].narrow(0, rank * ln, ln).contiguous().to(dev)
+            keep = a.system == "fsdp2" and not a.fsdp_defaults
+            if keep:  # FSDP2's default resharding crashes the second backward (docs/results.md#stylegan2-fsdp2)
+                G.set_reshard_after_backward(False)
+            img, ws = Gw(zl, yl)
+            noise = torch.randn((n, img.shape[1], img.shape[2], img.shape[3]), generator=gen, dtype=torch.float32)
+            u = noise.narrow(0, rank * ln, ln).to(dev, img.dtype) / math.sqrt(img.shape[2] * img.shape[3])
+            gw, = torch.autograd.grad((img * u).sum(), ws, create_graph=True)
+            lengths = gw.to(torch.float32).square().sum(2).mean(1).sqrt()
+            mean = avg(lengths.detach().mean())
+            m = torch.full((), pl_state["mean"], dtype=torch.float32)
+            m = m + (mean.reshape(()).to(torch.float32) - m) * pl_decay
+            pl_state["mean"] = m.item()
+            penalty = (lengths - m.to(lengths.device)).square().mean()
+            loss_pl = penalty * (pl_weight * float(pl_every)) + img.sum().to(torch.float32) * 0.0
+            loss_pl.backward()
+            if keep:
+                # The gradients are reduce-scattered; the gathered weights must be freed by hand:
+                # FSDP2 does not gather a module that is still unsharded, so without this the next
+                # forward would run on the weights of before the optimizer step (measured: step 2's
+                # loss_d 1.2492 instead of 1.2328).
+                for fm in fsdp_modules:
+                    fm.reshard()
+                G.set_reshard_after_backward(True)
+            pl = float(avg(penalty).item())  # shardgan's step figures: every rank's penalty, averaged
+            update(opt_g)
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+        ld, lgv = (stats / world).tolist()
+        return ld, lgv, [r1 if r1_gamma > 0 else None, pl, pl_state["mean"] if pl_weight > 0 else None]
+
+    times, losses, regs = [], [], []
+    failure = None
+    for t in range(a.steps):
         t0 = time.perf_counter()
-        ld, lg = step()
+        if sg2:
+            try:
+                ld, lg, reg = sg2_step(t)
+            except Exception as e:  # a result (e.g. FSDP2's default settings on the double backward)
+                failure = f"step {t}: {type(e).__name__}: {str(e)[:400]}"
+                break
+            regs.append(reg)
+        else:
+            ld, lg = step()
         times.append(time.perf_counter() - t0)
         losses.append([ld, lg])
+    if failure is not None:
+        print(f"[rank {rank}] {failure}", file=sys.stderr, flush=True)
+        if rank == 0:
+            rec = {"system": a.system, "model": a.model or arch, "world_size": world, "stage": stage,
+                   "failed": True, "error": failure, "fsdp": fsdp_desc, "losses": losses,
+                   "overrides": a.set, "not_loaded": skip, "note": a.note, "torch": torch.__version__}
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+            print(json.dumps(rec), flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)
+    if a.dump_params:
+        from torch.distributed.tensor import DTensor
+        full = {}
+        for tag, m in (("generator", G), ("discriminator", D)):
+            if fsdp_modules or a.system == "fsdp2":
+                for fm in m.modules():
+                    if hasattr(fm, "reshard") and hasattr(fm, "unshard"):
+                        fm.reshard()
+            for name, t in list(m.named_parameters()) + list(m.named_buffers()):
+                v = t.full_tensor() if isinstance(t, DTensor) else t
+                full[f"{tag}/{name}"] = v.detach().cpu().clone()
+        if rank == 0:
+            torch.save(full, a.dump_params)
     hwm = torch.tensor([float(vmhwm_bytes())], dtype=torch.float64, device=dev)
     all_hwm = [torch.zeros(1, dtype=torch.float64, device=dev) for _ in range(world)]
     dist.all_gather(all_hwm, hwm)
@@ -305,10 +502,17 @@ def main():
             "torch": torch.__version__, "backend": "nccl" if cuda else "gloo", "device": a.device, "tf32": bool(a.tf32) if cuda else None,
             "cuda_max_reserved_mib": torch.cuda.max_memory_reserved(dev) // 2**20 if cuda else None,
             "cuda_max_allocated_mib": torch.cuda.max_memory_allocated(dev) // 2**20 if cuda else None,
-            "fsdp": ("fully_shard per unit, reshard_after_forward=%s" % (stage == 3)) if a.system == "fsdp2" else None,
+            "fsdp": fsdp_desc,
             "loss_rtol_step1": r1, "reduction_sqrt_sum": s_red,
             "overrides": a.set, "not_loaded": skip, "note": a.note,
         }
+        if sg2:
+            # [r1, pl, pl_mean] per step, as shardgan's metrics.jsonl: r1 (0 on steps without D
+            # reg), pl (the steps with G reg, else None), pl_mean after the step
+            rec["reg_losses"] = regs
+            rec["reg_rtol_step1"] = tolerance.reg_rtol_step1(cfg)
+            rec["grads_filled_with_zeros"] = pl_state["filled"]
+            rec["lazy_c"] = lazy_c
         line = json.dumps(rec)
         print(line, flush=True)
         if a.out:
