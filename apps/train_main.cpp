@@ -22,6 +22,7 @@
 #include "shardgan/device/host_copy.h"
 #include "shardgan/train/build_info.h"
 #include "shardgan/train/config.h"
+#include "shardgan/train/metrics_record.h"
 #include "shardgan/train/preflight.h"
 #include "shardgan/train/preemption.h"
 #include "shardgan/train/trainer.h"
@@ -36,7 +37,7 @@ namespace {
 struct Options {
   std::string config_path, resume;
   std::vector<std::string> overrides;
-  bool dry_run = false, print_config = false, config_reference = false, version = false;
+  bool dry_run = false, print_config = false, config_reference = false, metrics_reference = false, version = false;
 };
 
 void define_cli(CLI::App& app, Options& o) {
@@ -56,6 +57,8 @@ void define_cli(CLI::App& app, Options& o) {
                "stdout and exit");
   app.add_flag("--config-reference", o.config_reference,
                "print the reference of every config key as Markdown (docs/config.md) and exit");
+  app.add_flag("--metrics-reference", o.metrics_reference,
+               "print the reference of every metrics.jsonl field as Markdown (docs/metrics.md) and exit");
 }
 
 // dist.timeout_s of the config the command line names, read before MPI_Init; the default
@@ -98,13 +101,14 @@ int main(int argc, char** argv) {
   const bool& dry_run = opts.dry_run;
   const bool& print_config = opts.print_config;
   const bool& config_reference = opts.config_reference;
+  const bool& metrics_reference = opts.metrics_reference;
   try {
     app.parse(argc, argv);
     if (opts.version) {
       if (rank == 0) std::printf("%s\n", shardgan::build_info_text().c_str());
       throw CLI::Success();
     }
-    if (config_path.empty() && !config_reference) throw CLI::RequiredError("config");
+    if (config_path.empty() && !config_reference && !metrics_reference) throw CLI::RequiredError("config");
   } catch (const CLI::ParseError& e) {
     // Parse by hand so that help and errors print once and MPI is finalized.
     int code = rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
@@ -112,11 +116,12 @@ int main(int argc, char** argv) {
     return code;
   }
 
-  if (config_reference || print_config) {  // no training: print on rank 0 and leave
+  if (config_reference || metrics_reference || print_config) {  // no training: print on rank 0 and leave
     int code = 0;
     try {
-      const std::string text = config_reference ? shardgan::config_reference_markdown()
-                                                : shardgan::load_config(config_path, overrides).resolved_nested_yaml;
+      const std::string text = config_reference    ? shardgan::config_reference_markdown()
+                               : metrics_reference ? shardgan::metrics_reference_markdown()
+                                                   : shardgan::load_config(config_path, overrides).resolved_nested_yaml;
       if (rank == 0) std::fputs(text.c_str(), stdout);
     } catch (const std::exception& e) {
       if (rank == 0) std::fprintf(stderr, "shardgan-train: error: %s\n", e.what());

@@ -2,7 +2,8 @@
 # The user documentation against the code: docs_test.sh TRAIN SRC
 #  1. docs/config.md is exactly `shardgan-train --config-reference`: a key the reader accepts
 #     and the page lacks, or a key on the page the reader no longer has, fails (regenerate
-#     with `build/shardgan-train --config-reference > docs/config.md`).
+#     with `build/shardgan-train --config-reference > docs/config.md`); docs/metrics.md is
+#     exactly `shardgan-train --metrics-reference` (the table the metrics writer checks).
 #  2. --print-config of each shipped config parses back to the same resolved config.
 #  3. User pages (README.md, CHANGELOG.md, docs/**/*.md outside docs/history/) and the
 #     comments of examples/, scripts/, configs/ and benchmarks/ (the files directly in each
@@ -57,6 +58,15 @@ if [ "$CONTROL" = 0 ]; then
     [ -z "$empty" ] && ok "every key has a meaning" || bad "keys without a meaning: $empty"
   else
     bad "--config-reference failed: $(tail -3 "$T/err.txt")"
+  fi
+  if "$TRAIN" --metrics-reference > "$T/metrics.md" 2> "$T/err.txt"; then
+    if diff -u "$SRC/docs/metrics.md" "$T/metrics.md" > "$T/diff.txt"; then
+      ok "docs/metrics.md equals --metrics-reference ($(grep -c '^| `' "$T/metrics.md") fields)"
+    else
+      bad "docs/metrics.md differs from --metrics-reference (regenerate it): $(head -20 "$T/diff.txt")"
+    fi
+  else
+    bad "--metrics-reference failed: $(tail -3 "$T/err.txt")"
   fi
 
   for cfg in "$SRC"/configs/*.yaml; do

@@ -21,6 +21,15 @@ add_test(NAME eval_train_test
 set_tests_properties(eval_train_test PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED fid_classifier PROCESSORS 2
                      ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
 
+# docs/metrics.md against the keys runs write (tests/metrics_reference_test.sh): a StyleGAN2
+# with R1, path length and ADA, a DCGAN with evaluations; with its controls (a planted key,
+# and SHARDGAN_TEST_CONTROL=metrics_unlisted_field, which the writer must refuse).
+add_test(NAME metrics_reference
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/metrics_reference_test.sh $<TARGET_FILE:shardgan-train>
+                 ${PROJECT_SOURCE_DIR} ${SHARDGAN_FID_CLASSIFIER_FILE})
+set_tests_properties(metrics_reference PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED fid_classifier PROCESSORS 2
+                     ENVIRONMENT "${SHARDGAN_TEST_ENV};OMP_WAIT_POLICY=passive")
+
 # KID, improved precision/recall and IS from feature/logit arrays (src/eval/feature_metrics.cpp)
 # against an independent float64 numpy computation (tests/feature_metrics_ref.py), within 1e-6
 # relative, plus known answers and refusals; skipped (77) without the Python. The control

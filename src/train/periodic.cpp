@@ -13,8 +13,10 @@
 #include "shardgan/train/config.h"
 #include "shardgan/train/image_grid.h"
 #include "shardgan/train/inference.h"
+#include "shardgan/train/metrics_record.h"
 #include "shardgan/util/proc_status.h"
 #include "shardgan/util/progress.h"
+#include "shardgan/util/test_control.h"
 
 namespace shardgan {
 
@@ -162,7 +164,10 @@ void PeriodicActions::log_step(const StepMetrics& m, int64_t g_state_bytes, int6
   if (cfg_.family && cfg_.family->condition_channels() > 0) j["loss_l1"] = m.loss_l1;
   if (m.device_mem_used_bytes >= 0) j["device_mem_used_bytes"] = m.device_mem_used_bytes;
   if (m.device_mem_peak_allocated_bytes >= 0) j["device_mem_peak_allocated_bytes"] = m.device_mem_peak_allocated_bytes;
-  std::ofstream(cfg_.run_dir + "/metrics.jsonl", std::ios::app) << j.dump() << "\n";
+  // Negative control of ctest metrics_reference_control: a field docs/metrics.md does not
+  // list, which append_metrics_record must refuse.
+  if (test_control("metrics_unlisted_field")) j["unlisted_control_field"] = 1;
+  append_metrics_record(cfg_.run_dir, j, MetricsRecord::kStep);
 }
 
 void PeriodicActions::log_eval(const nlohmann::json& record) const {
@@ -204,7 +209,7 @@ void PeriodicActions::log_eval(const nlohmann::json& record) const {
   }
   spdlog::info("{} ({} samples, {:.1f} s)", text, record.value("eval_samples", int64_t{0}),
                record.value("eval_time_s", 0.0));
-  std::ofstream(cfg_.run_dir + "/metrics.jsonl", std::ios::app) << record.dump() << "\n";
+  append_metrics_record(cfg_.run_dir, record, MetricsRecord::kEvaluation);
 }
 
 std::string PeriodicActions::write_samples(ShardedModel& g, ShardedEma* ema, const TensorList& inputs,
